@@ -1,0 +1,30 @@
+# Two commands a user needs: `make demo` and `make test`. Both build .venv first.
+PY ?= python3.11
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint clean-runs
+
+venv: $(STAMP)
+
+# DeepSpeed ships only as an sdist whose setup imports torch: install torch
+# (the CPU wheel on disk) first, then build DeepSpeed without isolation so pip
+# does not fetch a multi-GB CUDA torch just to build it.
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+	$(VPY) -m pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation deepspeed==0.19.8
+	$(VPY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: venv
+	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VPY) jobs/pipeline.py --config configs/tiny-cpu.yaml
+
+test: venv
+	$(VENV)/bin/ruff check medgpt_ray jobs tests bench
+	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VENV)/bin/pytest -q -x tests
+
+lint: venv
+	$(VENV)/bin/ruff check medgpt_ray jobs tests bench

@@ -1,0 +1,1 @@
+"""medgpt-ray: Ray-native runner for the MedicalGPT pipeline."""

@@ -1,0 +1,196 @@
+"""The one configuration model of the pipeline: YAML in, typed objects out.
+
+Unknown keys are errors (a typo must not silently fall back to a default), and
+every error names the file (or `--set`) and the dotted key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+STAGES: tuple[str, ...] = ("pt", "sft", "rm", "dpo")
+# The DAG of ARCHITECTURE.md: rm and dpo both start from the merged SFT model.
+UPSTREAM: dict[str, str | None] = {"pt": None, "sft": "pt", "rm": "sft", "dpo": "sft"}
+DATA_KIND: dict[str, str] = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}
+
+Auto = Literal["auto"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the source and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Strict):
+    rank: Annotated[int, Field(ge=1)] = 8
+    alpha: Annotated[float, Field(gt=0)] = 16
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    # "all-linear" is PEFT's own selector: every linear layer except the output head.
+    targets: str | list[str] = "all-linear"
+
+
+class StageConfig(_Strict):
+    enabled: bool = True
+    method: Literal["auto", "full", "lora", "qlora"] = "auto"
+    lora: LoraConfig = LoraConfig()
+    precision: Literal["auto", "fp32", "bf16", "amp-bf16"] = "auto"
+    lr: Annotated[float, Field(gt=0)] = 2e-5
+    epochs: Annotated[float, Field(gt=0)] = 1.0
+    max_steps: Annotated[int, Field(ge=-1)] = -1  # -1: run `epochs`
+    seq_len: Annotated[int, Field(ge=8)] = 1024
+    micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
+    effective_batch: Annotated[int, Field(ge=1)] = 16  # global: micro x accumulation x workers
+    grad_ckpt: Auto | bool = "auto"
+    zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"
+    offload: Literal["auto", "none", "optimizer", "all"] = "auto"
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.03
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    save_steps: Annotated[int, Field(ge=1)] = 200
+    eval_steps: Annotated[int, Field(ge=1)] | None = None  # None: evaluate once at the end
+    logging_steps: Annotated[int, Field(ge=1)] = 10
+    template: str | None = None  # None: model.template
+    num_workers: Annotated[int, Field(ge=1)] | None = None  # None: resources.num_workers
+
+
+class DPOStageConfig(StageConfig):
+    beta: Annotated[float, Field(gt=0)] = 0.1
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
+
+
+class StagesConfig(_Strict):
+    pt: StageConfig = StageConfig(method="full", lr=5e-5)
+    sft: StageConfig = StageConfig()
+    rm: StageConfig = StageConfig(lr=1e-5)
+    dpo: DPOStageConfig = DPOStageConfig(lr=5e-6)
+
+    def get(self, stage: str) -> StageConfig:
+        return getattr(self, stage)
+
+
+class ModelConfig(_Strict):
+    # A local Hugging Face checkpoint directory, or the preset "tiny". Never a hub id.
+    path: str
+    template: str = "chatml"
+
+
+class DataConfig(_Strict):
+    pretrain: list[str] = []
+    sft: list[str] = []
+    preference: list[str] = []
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    max_records: Annotated[int, Field(ge=1)] | None = None  # per kind, after the split; for smoke runs
+
+    def paths(self, kind: str) -> list[str]:
+        return getattr(self, kind)
+
+
+class ResourcesConfig(_Strict):
+    num_workers: Annotated[int, Field(ge=1)] = 1
+    use_gpu: bool = False
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1
+    # Ray Train's storage; must be shared by all nodes on a multi-node cluster.
+    storage_path: str | None = None
+
+
+class PipelineConfig(_Strict):
+    name: str = "default"
+    output_dir: str = "./runs"
+    seed: int = 42
+    progress_every: Annotated[int, Field(ge=1)] = 10
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    stages: StagesConfig = StagesConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, v: str) -> str:
+        if not v or "/" in v or v.startswith("."):
+            raise ValueError("must be a plain directory name (no '/', not starting with '.')")
+        return v
+
+    def enabled_stages(self) -> list[str]:
+        return [s for s in STAGES if self.stages.get(s).enabled]
+
+    def workers_for(self, stage: str) -> int:
+        return self.stages.get(stage).num_workers or self.resources.num_workers
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{key}'")
+        else:
+            lines.append(f"{source}: {key}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML so numbers and bools keep their type)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE with a dotted KEY")
+    key, raw = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {assignment!r}: empty key")
+    return parts, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_override(tree: dict[str, Any], parts: list[str], value: Any, source: str) -> None:
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{'.'.join(parts[: i + 1])}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return tree
+
+
+def load_config(
+    path: str | Path, sets: list[str] | None = None, overrides_file: str | Path | None = None
+) -> PipelineConfig:
+    """Load YAML, then `--overrides FILE` (dotted keys), then each `--set`, then validate once."""
+    path = Path(path)
+    tree = copy.deepcopy(_read_yaml(path))
+    sources = [str(path)]
+    if overrides_file is not None:
+        ov = _read_yaml(Path(overrides_file))
+        for key, value in ov.items():
+            apply_override(tree, str(key).split("."), value, str(overrides_file))
+        sources.append(str(overrides_file))
+    for s in sets or []:
+        parts, value = parse_set(s)
+        apply_override(tree, parts, value, f"--set {s}")
+    if sets:
+        sources.append("--set")
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, " + ".join(sources))) from None
+
+
+def resolved_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json")

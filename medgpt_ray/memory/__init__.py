@@ -1,0 +1,1 @@
+"""Memory estimation and the planner that turns a stage config into a StagePlan."""

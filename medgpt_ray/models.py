@@ -1,0 +1,152 @@
+"""Load models and tokenizers from local directories only; attach LoRA/QLoRA; merge adapters.
+
+Nothing here downloads: a model path that is not a local checkpoint directory
+is an error, and loads pass `local_files_only=True`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PRESETS = ("tiny",)
+
+
+class ModelPathError(FileNotFoundError):
+    pass
+
+
+class QLoRAUnavailable(RuntimeError):
+    pass
+
+
+def resolve_model_path(path: str) -> Path:
+    """`tiny` -> the cached tiny preset (built if needed); anything else must be a local HF directory."""
+    if path == "tiny":
+        from medgpt_ray.tiny import ensure_tiny
+
+        return ensure_tiny()
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise ModelPathError(
+            f"model.path '{path}' is not a local Hugging Face checkpoint directory (no config.json there); "
+            f"medgpt-ray never downloads models: point model.path at a directory or use the preset 'tiny'"
+        )
+    return p.resolve()
+
+
+def model_config_dict(path: Path) -> dict[str, Any]:
+    return json.loads((path / "config.json").read_text(encoding="utf-8"))
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    # amp-bf16 keeps fp32 master weights (autocast does the bf16 math); bf16 holds weights in bf16.
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tok.pad_token is None:
+        # Reusing EOS as padding is safe here: labels of padding are always -100.
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _quantization_config(method: str):
+    if method != "qlora":
+        return None
+    if not torch.cuda.is_available():
+        raise QLoRAUnavailable(
+            "method 'qlora' needs a CUDA GPU (bitsandbytes 4-bit); this process has none. "
+            "Use method 'lora' on CPU."
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise QLoRAUnavailable(
+            "method 'qlora' needs bitsandbytes: pip install 'medgpt-ray[gpu]'"
+        ) from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+
+
+def load_causal_lm(path: Path, precision: str, method: str):
+    from transformers import AutoModelForCausalLM
+
+    quant = _quantization_config(method)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(precision), "local_files_only": True}
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if quant is not None:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model
+
+
+def load_reward_model(path: Path, precision: str, method: str, pad_token_id: int):
+    from transformers import AutoModelForSequenceClassification
+
+    quant = _quantization_config(method)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(precision), "local_files_only": True, "num_labels": 1}
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+    model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def lora_config(lora, task_type: str):
+    """PEFT LoraConfig from our LoraConfig; SEQ_CLS keeps the fresh reward head trainable and saved."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.targets,
+        task_type=task_type,
+        modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
+    )
+
+
+def save_merged(model, tokenizer, out_dir: Path, dtype: torch.dtype) -> Path:
+    """Merge a PEFT adapter (if any) and save a plain HF directory that `from_pretrained` loads."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    model = model.to(dtype)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def merge_adapter_from_disk(base: Path, adapter: Path, out_dir: Path, dtype: torch.dtype, seq_cls: bool = False):
+    """Reload the base in `dtype` (never 4-bit, also after QLoRA) and merge the saved adapter into it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    tok = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    if seq_cls:
+        base_model = AutoModelForSequenceClassification.from_pretrained(
+            base, dtype=dtype, num_labels=1, local_files_only=True
+        )
+        base_model.config.pad_token_id = tok.pad_token_id
+    else:
+        base_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, local_files_only=True)
+    merged = PeftModel.from_pretrained(base_model, adapter, local_files_only=True).merge_and_unload()
+    return save_merged(merged, tok, out_dir, dtype)

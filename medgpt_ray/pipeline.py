@@ -1,0 +1,404 @@
+"""The stage DAG on Ray: data preparation, fingerprints, skip/resume, Ray Train per stage, summary.
+
+pt -> sft -> {rm, dpo}. Each stage runs as a Ray Train TorchTrainer whose
+workers call the plain stage function (medgpt_ray.stages); this module is the
+only place that knows about Ray Train.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from medgpt_ray import models
+from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, PipelineConfig, resolved_dict
+from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
+from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
+from medgpt_ray.memory.planner import StagePlan, plan_stage
+from medgpt_ray.progress import ProgressActor, ProgressPrinter
+from medgpt_ray.stages.common import StageInputs
+
+# Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
+WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
+              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+class PipelineError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunOptions:
+    from_stage: str | None = None
+    only_stage: str | None = None
+    echo: Any = print
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    status: str  # done | skipped | disabled | failed
+    result: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+
+def connect_ray(num_cpus: int | None = None) -> str:
+    """Join the cluster a `ray job submit` (or RAY_ADDRESS) points at; otherwise start a local one.
+
+    `address="local"` on purpose: after `ray stop`, a stale ray_current_cluster
+    file can make a bare ray.init() try to connect to a dead cluster (FIELD-NOTES).
+    """
+    for k, v in WORKER_ENV.items():
+        os.environ.setdefault(k, v)
+    if ray.is_initialized():
+        return "existing"
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+        return "cluster"
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    return "local"
+
+
+def _run_dir(cfg: PipelineConfig, connected_to: str) -> Path:
+    out = Path(cfg.output_dir)
+    if not out.is_absolute() and connected_to == "cluster" and len(ray.nodes()) > 1:
+        raise ConfigError(
+            f"output_dir: '{cfg.output_dir}' is relative, but this job runs on a {len(ray.nodes())}-node cluster; "
+            f"set an absolute path on storage every node sees (NFS), e.g. --set output_dir=/mnt/shared/runs"
+        )
+    return (out / cfg.name).resolve()
+
+
+def _stage_order(cfg: PipelineConfig) -> list[str]:
+    return cfg.enabled_stages()
+
+
+def _effective_upstream(cfg: PipelineConfig, stage: str) -> str | None:
+    """A disabled stage's dependants start from its input (ARCHITECTURE.md)."""
+    up = UPSTREAM[stage]
+    while up is not None and not cfg.stages.get(up).enabled:
+        up = UPSTREAM[up]
+    return up
+
+
+def _train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Runs in every Ray Train worker: the plain stage function, progress to the actor, result to Ray."""
+    import ray.train
+
+    from medgpt_ray.stages import run_stage
+
+    inputs: StageInputs = config["inputs"]
+    actor = ray.get_actor(config["progress_actor"], namespace=config["namespace"])
+    result = run_stage(inputs, sink=lambda rec: actor.push.remote(rec))
+    metrics = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None}
+    metrics.update({f"eval/{k}": v for k, v in result.get("eval", {}).items()})
+    # Train V2 keeps metrics only when they come with a checkpoint: rank 0 attaches its receipt.
+    if ray.train.get_context().get_world_rank() == 0:
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "result.json").write_text(json.dumps(result, ensure_ascii=False), encoding="utf-8")
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+    else:
+        ray.train.report(metrics, checkpoint=None)
+
+
+def run_stage_on_ray(inputs: StageInputs, cfg: PipelineConfig, storage_path: str, name: str,
+                     progress_actor: str, namespace: str):
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    plan = inputs.plan
+    trainer = TorchTrainer(
+        _train_loop_per_worker,
+        train_loop_config={"inputs": inputs, "progress_actor": progress_actor, "namespace": namespace},
+        scaling_config=ScalingConfig(
+            num_workers=plan.num_workers,
+            use_gpu=plan.use_gpu,
+            resources_per_worker={"CPU": cfg.resources.cpus_per_worker, **({"GPU": 1} if plan.use_gpu else {})},
+        ),
+        run_config=RunConfig(name=name, storage_path=storage_path),
+    )
+    return trainer.fit()
+
+
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig, options: RunOptions | None = None, connected_to: str = "local"):
+        self.cfg = cfg
+        self.opt = options or RunOptions()
+        self.echo = self.opt.echo
+        self.run_dir = _run_dir(cfg, connected_to)
+        self.manifest = Manifest(self.run_dir / "manifest.json")
+        self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
+        for s in (self.opt.from_stage, self.opt.only_stage):
+            if s is not None and s not in STAGES:
+                raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGES)}")
+            if s is not None and not cfg.stages.get(s).enabled:
+                raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)")
+
+    # ---- planning -------------------------------------------------------------------------
+    def _prepare_data(self) -> dict[str, PreparedData]:
+        kinds = sorted({DATA_KIND[s] for s in _stage_order(self.cfg)})
+        prepared: dict[str, PreparedData] = {}
+        for kind in kinds:
+            paths = self.cfg.data.paths(kind)
+            d = prepare_kind(kind, paths, self.run_dir / "data", self.cfg.data.eval_fraction,
+                             self.cfg.data.max_records)
+            q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
+            self.echo(f"data {kind}: {d.source_records} source records -> {d.train_records} train / "
+                      f"{d.eval_records} held out{q}")
+            prepared[kind] = d
+        return prepared
+
+    def _plans(self) -> dict[str, StagePlan]:
+        return {s: plan_stage(s, self.cfg.stages.get(s), self.cfg.workers_for(s), self.cfg.resources.use_gpu)
+                for s in _stage_order(self.cfg)}
+
+    def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
+                     base_config: dict[str, Any], prov: dict[str, Any]) -> str:
+        stage_cfg = self.cfg.stages.get(stage).model_dump(mode="json")
+        stage_cfg.pop("enabled")
+        return sha256_json({
+            "stage": stage, "config": stage_cfg, "plan": plan.to_dict(), "data": data_fp,
+            "upstream": upstream_fp, "base_model": base_config, "template": self._template(stage),
+            "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
+        })
+
+    def _template(self, stage: str) -> str:
+        return self.cfg.stages.get(stage).template or self.cfg.model.template
+
+    # ---- running --------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t0 = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.run_dir / "config.resolved.json", resolved_dict(self.cfg))
+        base_path = models.resolve_model_path(self.cfg.model.path)
+        base_config = models.model_config_dict(base_path)
+        prov = provenance()
+        self.manifest.set_run_info({"config": resolved_dict(self.cfg), "base_model_path": str(base_path),
+                                    **prov})
+        plans = self._plans()
+        order = _stage_order(self.cfg)
+        forced = self._forced_stages(order)
+        if self.opt.only_stage:
+            order = [self.opt.only_stage]
+        # Only the data an about-to-run stage needs is prepared; fingerprints use the source bytes.
+        data_fps = {kind: data_fingerprint(self.cfg.data.paths(kind), self.cfg.data.eval_fraction,
+                                           self.cfg.data.max_records)
+                    for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
+        fingerprints: dict[str, str] = {}
+        for s in _stage_order(self.cfg):
+            up = _effective_upstream(self.cfg, s)
+            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[DATA_KIND[s]],
+                                                fingerprints.get(up) if up else None, base_config, prov)
+
+        to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
+        stale = [s for s in order if s not in to_run]
+        for s in stale:
+            self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
+        # A stage that reruns makes everything downstream of it rerun too.
+        for s in _stage_order(self.cfg):
+            up = _effective_upstream(self.cfg, s)
+            if up in to_run and s not in to_run and s in order:
+                to_run.append(s)
+        prepared = self._prepare_data() if to_run else {}
+
+        namespace = ray.get_runtime_context().namespace
+        actor_name = f"medgpt-progress-{self.cfg.name}-{os.getpid()}"
+        actor = ProgressActor.options(name=actor_name, namespace=namespace).remote()
+        printer = ProgressPrinter(self.cfg.progress_every, echo=self.echo)
+        outcomes: dict[str, StageOutcome] = {}
+        try:
+            for wave in self._waves([s for s in _stage_order(self.cfg) if s in order]):
+                runnable = [s for s in wave if s in to_run]
+                for s in wave:
+                    if s not in to_run:
+                        outcomes[s] = StageOutcome(s, "skipped", self.manifest.entry(s) or {})
+                if not runnable:
+                    continue
+                inputs = {s: self._inputs(s, plans[s], fingerprints[s], base_path, prepared, s in forced)
+                          for s in runnable}
+                self._run_wave(runnable, inputs, fingerprints, actor, actor_name, namespace, printer, outcomes)
+                failed = [o for o in outcomes.values() if o.status == "failed"]
+                if failed:
+                    break
+        finally:
+            printer.feed(ray.get(actor.drain.remote()))
+            ray.kill(actor)
+        for s in STAGES:
+            if s not in outcomes:
+                status = "disabled" if not self.cfg.stages.get(s).enabled else "not-run"
+                outcomes[s] = StageOutcome(s, status, self.manifest.entry(s) or {} if status == "not-run" else {})
+        summary = self._summary(outcomes, time.monotonic() - t0)
+        failed = [o for o in outcomes.values() if o.status == "failed"]
+        if failed:
+            raise PipelineError(f"stage {failed[0].stage} failed: {failed[0].error} "
+                                f"(re-run the same command to resume; run dir {self.run_dir})")
+        return summary
+
+    def _forced_stages(self, order: list[str]) -> set[str]:
+        if self.opt.only_stage:
+            return {self.opt.only_stage}
+        if self.opt.from_stage:
+            start = self.opt.from_stage
+            downstream = {start}
+            for s in order:
+                if _effective_upstream(self.cfg, s) in downstream:
+                    downstream.add(s)
+            return downstream
+        return set()
+
+    def _waves(self, stages: list[str]) -> list[list[str]]:
+        """Stages whose upstream is in an earlier wave; rm and dpo share a wave."""
+        waves: list[list[str]] = []
+        placed: dict[str, int] = {}
+        for s in stages:
+            up = _effective_upstream(self.cfg, s)
+            idx = placed[up] + 1 if up in placed else 0
+            while len(waves) <= idx:
+                waves.append([])
+            waves[idx].append(s)
+            placed[s] = idx
+        return waves
+
+    def _upstream_model(self, stage: str, base_path: Path) -> Path:
+        up = _effective_upstream(self.cfg, stage)
+        if up is None:
+            return base_path
+        entry = self.manifest.entry(up)
+        if not entry or not Path(entry.get("output_model", "")).is_dir():
+            raise PipelineError(
+                f"stage {stage} starts from the output of stage {up}, which is not finished in "
+                f"{self.manifest.path}; run the pipeline without --only-stage first"
+            )
+        return Path(entry["output_model"])
+
+    def _inputs(self, stage: str, plan: StagePlan, fingerprint: str, base_path: Path,
+                prepared: dict[str, PreparedData], forced: bool) -> StageInputs:
+        stage_dir = self.run_dir / stage
+        attempt = stage_dir / "attempt.json"
+        same_attempt = attempt.is_file() and json.loads(attempt.read_text()).get("fingerprint") == fingerprint
+        if stage_dir.exists() and (forced or not same_attempt):
+            # Checkpoints of another configuration must not be resumed from.
+            shutil.rmtree(stage_dir)
+            self.manifest.forget(stage)
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(attempt, {"fingerprint": fingerprint})
+        write_json_atomic(stage_dir / "plan.json", plan.to_dict())
+        if plan.deepspeed is not None:
+            write_json_atomic(stage_dir / "deepspeed.json", plan.deepspeed)
+        data = prepared[DATA_KIND[stage]]
+        return StageInputs(
+            stage=stage, cfg=self.cfg.stages.get(stage), plan=plan,
+            model_path=str(self._upstream_model(stage, base_path)), template=self._template(stage),
+            train_file=data.train_file, eval_file=data.eval_file, out_dir=str(stage_dir),
+            seed=self.cfg.seed, resume=True,
+        )
+
+    def _fits_side_by_side(self, stages: list[str], plans: dict[str, StagePlan]) -> bool:
+        if len(stages) < 2:
+            return False
+        avail = ray.available_resources()
+        need_cpu = sum(plans[s].num_workers * self.cfg.resources.cpus_per_worker for s in stages)
+        need_gpu = sum(plans[s].num_workers for s in stages if plans[s].use_gpu)
+        return need_cpu <= avail.get("CPU", 0) and need_gpu <= avail.get("GPU", 0)
+
+    def _run_wave(self, stages, inputs, fingerprints, actor, actor_name, namespace, printer, outcomes) -> None:
+        plans = {s: inputs[s].plan for s in stages}
+        parallel = self._fits_side_by_side(stages, plans)
+        if parallel:
+            self.echo(f"running {' and '.join(stages)} side by side")
+        threads: dict[str, threading.Thread] = {}
+        results: dict[str, StageOutcome] = {}
+
+        def work(stage: str) -> None:
+            t0 = time.monotonic()
+            p = plans[stage]
+            self.echo(f"[{stage:>3}] start: {p.method}, {p.precision}, {p.num_workers} worker(s) x micro-batch "
+                      f"{p.micro_batch} x accum {p.grad_accum}, ZeRO {p.zero_stage}, model {inputs[stage].model_path}")
+            try:
+                name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
+                run_stage_on_ray(inputs[stage], self.cfg, self.storage_path, name, actor_name, namespace)
+                result_path = Path(inputs[stage].out_dir) / "result.json"
+                result = json.loads(result_path.read_text(encoding="utf-8"))
+                if not Path(result["output_model"], "config.json").is_file():
+                    raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
+                self.manifest.record(stage, {
+                    "fingerprint": fingerprints[stage], "output_model": result["output_model"],
+                    "plan": plans[stage].to_dict(), "result": result,
+                })
+                results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
+            except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
+                results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
+
+        for s in stages:
+            threads[s] = threading.Thread(target=work, args=(s,), name=f"stage-{s}", daemon=True)
+            threads[s].start()
+            if not parallel:
+                self._wait(threads[s], actor, printer)
+        for t in threads.values():
+            self._wait(t, actor, printer)
+        for s in stages:
+            outcomes[s] = results[s]
+            o = results[s]
+            if o.status == "done":
+                self.echo(f"[{s:>3}] done in {o.wall_s:.1f}s: {_result_brief(o.result)}")
+            else:
+                self.echo(f"[{s:>3}] FAILED after {o.wall_s:.1f}s: {o.error}")
+
+    def _wait(self, thread: threading.Thread, actor, printer: ProgressPrinter) -> None:
+        while thread.is_alive():
+            thread.join(timeout=1.0)
+            printer.feed(ray.get(actor.drain.remote()))
+
+    # ---- reporting ------------------------------------------------------------------------
+    def _summary(self, outcomes: dict[str, StageOutcome], wall_s: float) -> dict[str, Any]:
+        stages = {}
+        for s in STAGES:
+            o = outcomes[s]
+            r = o.result.get("result", o.result) if o.status in ("skipped", "not-run") else o.result
+            stages[s] = {
+                "status": o.status,
+                "steps": r.get("steps"),
+                "wall_s": round(o.wall_s, 2) if o.status in ("done", "failed") else r.get("wall_s"),
+                "train_loss_first": r.get("train_loss_first"),
+                "train_loss_last": r.get("train_loss_last"),
+                "eval": r.get("eval", {}),
+                "output_model": r.get("output_model"),
+                "error": o.error,
+            }
+        summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
+                   "stages": stages}
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        self.echo(format_summary(summary))
+        return summary
+
+
+def _result_brief(r: dict[str, Any]) -> str:
+    parts = [f"{r.get('steps')} steps"]
+    if r.get("train_loss_first") is not None:
+        parts.append(f"loss {r['train_loss_first']:.3f} -> {r['train_loss_last']:.3f}")
+    parts += [f"{k} {v:.3f}" for k, v in r.get("eval", {}).items() if isinstance(v, float)]
+    return ", ".join(parts)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    head = f"{'stage':<6}{'status':<10}{'steps':>6}{'wall s':>9}  {'loss first -> last':<20}  eval"
+    lines = [f"summary of run '{summary['name']}' ({summary['wall_s']:.0f}s)", head, "-" * len(head)]
+    for s, st in summary["stages"].items():
+        loss = (f"{st['train_loss_first']:.3f} -> {st['train_loss_last']:.3f}"
+                if st.get("train_loss_first") is not None else "")
+        ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get("eval") or {}).items()
+                       if isinstance(v, float))
+        wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
+        lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}  {loss:<20}  {ev}")
+    lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
+    return "\n".join(lines)

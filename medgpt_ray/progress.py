@@ -1,0 +1,65 @@
+"""Per-step progress from Ray Train workers to the driver, and the line people read.
+
+Ray Train V2 reports metrics only with checkpoints, so workers push each log
+record to a small named actor that the driver polls (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class ProgressActor:
+    def __init__(self) -> None:
+        self._records: list[dict[str, Any]] = []
+
+    def push(self, record: dict[str, Any]) -> None:
+        self._records.append(record)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out, self._records = self._records, []
+        return out
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def progress_line(rec: dict[str, Any]) -> str:
+    step, total = rec.get("step", 0), rec.get("total_steps") or 0
+    eta = rec["time_s"] / step * (total - step) if step and total else None
+    parts = [f"[{rec.get('stage', '?'):>3}] step {step}/{total}"]
+    if "loss" in rec:
+        parts.append(f"loss {rec['loss']:.4f}")
+    if "tokens_per_s" in rec:
+        parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
+    if "learning_rate" in rec:
+        parts.append(f"lr {rec['learning_rate']:.2e}")
+    parts.append(f"ETA {format_eta(eta)}")
+    return "  ".join(parts)
+
+
+class ProgressPrinter:
+    """Prints one line every `every` steps per stage (and the first and last), never raw worker bars."""
+
+    def __init__(self, every: int, echo=print):
+        self.every = every
+        self.echo = echo
+        self._last_printed: dict[str, int] = {}
+
+    def feed(self, records: list[dict[str, Any]]) -> None:
+        for rec in records:
+            if "loss" not in rec:
+                continue
+            stage, step = rec.get("stage", "?"), int(rec.get("step", 0))
+            last = self._last_printed.get(stage)
+            if last is None or step - last >= self.every or step == rec.get("total_steps"):
+                self._last_printed[stage] = step
+                self.echo(progress_line(rec), flush=True)

@@ -1,0 +1,187 @@
+"""What every stage shares: its inputs, TrainingArguments from the plan, progress, results."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from medgpt_ray.config import StageConfig
+from medgpt_ray.memory.planner import StagePlan
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class StageInputs:
+    stage: str
+    cfg: StageConfig
+    plan: StagePlan
+    model_path: str  # the model this stage starts from (base, or the upstream stage's merged model)
+    template: str
+    train_file: str  # canonical records, JSONL
+    eval_file: str
+    out_dir: str  # runs/<name>/<stage>
+    seed: int = 42
+    resume: bool = True
+
+    @property
+    def out(self) -> Path:
+        return Path(self.out_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def latest_checkpoint(ckpt_dir: Path) -> str | None:
+    """The newest complete HF checkpoint (trainer_state.json is written last)."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = []
+    for p in ckpt_dir.iterdir():
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        if m and (p / "trainer_state.json").is_file():
+            found.append((int(m.group(1)), p))
+    return str(max(found)[1]) if found else None
+
+
+def training_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """TrainingArguments shared by every stage, straight from the plan (no "auto" anywhere)."""
+    cfg, plan = inp.cfg, inp.plan
+    kwargs: dict[str, Any] = {
+        "output_dir": str(inp.checkpoint_dir),
+        "per_device_train_batch_size": plan.micro_batch,
+        "per_device_eval_batch_size": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "learning_rate": cfg.lr,
+        "num_train_epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "warmup_steps": cfg.warmup_ratio,  # a float < 1 is a ratio of the total steps
+        "weight_decay": cfg.weight_decay,
+        "max_grad_norm": cfg.max_grad_norm,
+        "lr_scheduler_type": "cosine",
+        "logging_steps": cfg.logging_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps",
+        "save_steps": cfg.save_steps,
+        "save_total_limit": 2,
+        "eval_strategy": "steps" if cfg.eval_steps else "no",
+        "eval_steps": cfg.eval_steps,
+        "bf16": plan.precision in ("bf16", "amp-bf16"),
+        "fp16": False,
+        "use_cpu": not plan.use_gpu,
+        "gradient_checkpointing": plan.grad_ckpt,
+        "gradient_checkpointing_kwargs": {"use_reentrant": False} if plan.grad_ckpt else None,
+        "deepspeed": plan.deepspeed,
+        "seed": inp.seed,
+        "data_seed": inp.seed,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": plan.use_gpu,
+        "ddp_find_unused_parameters": False,
+        "include_num_input_tokens_seen": "non_padding",
+        "remove_unused_columns": False,
+    }
+    return kwargs
+
+
+class StageProgress(TrainerCallback):
+    """Rank 0 appends every log to metrics.jsonl and forwards a compact record to the sink.
+
+    Ray Train V2 only reports metrics with a checkpoint, so per-step progress
+    travels through this callback instead (ARCHITECTURE.md).
+    """
+
+    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None):
+        self.stage = stage
+        self.metrics_path = metrics_path
+        self.sink = sink
+        self._t0 = time.monotonic()
+        self._last_t = self._t0
+        self._last_tokens = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        now = time.monotonic()
+        tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+        dt = max(now - self._last_t, 1e-9)
+        record: dict[str, Any] = {
+            "stage": self.stage,
+            "step": state.global_step,
+            "total_steps": state.max_steps,
+            "time_s": round(now - self._t0, 3),
+            **{k: v for k, v in logs.items() if isinstance(v, int | float)},
+        }
+        if "loss" in logs:
+            # The Trainer counts tokens on every rank but reports rank 0's: scale to the world.
+            record["tokens_per_s"] = (tokens - self._last_tokens) * args.world_size / dt
+            self._last_t, self._last_tokens = now, tokens
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.sink is not None:
+            self.sink(record)
+
+
+def train(trainer, inp: StageInputs) -> Any:
+    """trainer.train(), resuming from the newest checkpoint of an interrupted attempt."""
+    ckpt = latest_checkpoint(inp.checkpoint_dir) if inp.resume else None
+    return trainer.train(resume_from_checkpoint=ckpt), ckpt
+
+
+def loss_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    losses = [h["loss"] for h in log_history if "loss" in h and math.isfinite(h["loss"])]
+    return {
+        "train_loss_first": losses[0] if losses else None,
+        "train_loss_last": losses[-1] if losses else None,
+        "logged_losses": len(losses),
+    }
+
+
+def write_result(inp: StageInputs, result: dict[str, Any]) -> None:
+    """result.json is the stage's receipt; the pipeline records the manifest entry from it."""
+    if not is_rank_zero():
+        return
+    tmp = inp.out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, inp.out / "result.json")
+
+
+def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | None, t0: float) -> dict[str, Any]:
+    return {
+        "stage": inp.stage,
+        "steps": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "resumed_from": resumed_from,
+        "train_runtime_s": round(train_output.metrics.get("train_runtime", 0.0), 3),
+        "wall_s": round(time.monotonic() - t0, 3),
+        "world_size": trainer.args.world_size,
+        **loss_summary(trainer.state.log_history),
+    }

@@ -1,0 +1,87 @@
+"""DPO: TRL DPOTrainer. With LoRA the reference is the adapter-disabled policy (no second copy)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray import models, templates
+from medgpt_ray.stages.common import (
+    Sink,
+    StageInputs,
+    StageProgress,
+    barrier,
+    base_result,
+    is_rank_zero,
+    read_jsonl,
+    train,
+    training_kwargs,
+    write_result,
+)
+
+
+def preference_texts(records: list[dict], tokenizer, template):
+    """Prompt rendered by our template; responses closed by the template's end-of-turn token,
+    which TRL then sees as already ending with EOS when the tokenizer's EOS is that token."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({
+        "prompt": [templates.render_prompt(template, tokenizer, r["conversations"]) for r in records],
+        "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in records],
+        "rejected": [templates.response_text(template, tokenizer, r["rejected"]) for r in records],
+    })
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    from trl import DPOConfig, DPOTrainer
+
+    t0 = time.monotonic()
+    model_path = Path(inp.model_path)
+    tok = models.load_tokenizer(model_path)
+    template = templates.get_template(inp.template)
+    templates.check_template(template, tok)
+    train_ds = preference_texts(read_jsonl(inp.train_file), tok, template)
+    eval_records = read_jsonl(inp.eval_file)
+    eval_ds = preference_texts(eval_records, tok, template) if eval_records else None
+
+    model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
+    ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
+    args = DPOConfig(**training_kwargs(inp), beta=inp.cfg.beta, loss_type=[inp.cfg.loss_type],
+                     max_length=inp.cfg.seq_len, dataset_num_proc=None)
+    trainer = DPOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tok,
+        peft_config=peft_config,
+        callbacks=[StageProgress("dpo", inp.out / "metrics.jsonl", sink)],
+    )
+    out, resumed = train(trainer, inp)
+    eval_metrics = {}
+    if eval_ds is not None:
+        ev = trainer.evaluate()
+        eval_metrics = {"eval_loss": ev["eval_loss"],
+                        "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
+                        "eval_reward_margin": ev.get("eval_rewards/margins"),
+                        "eval_pairs": len(eval_ds)}
+
+    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
+    barrier()
+    if is_rank_zero():
+        templates.apply_to_tokenizer(template, tok)
+        if peft_config is not None:
+            tok.save_pretrained(inp.out / "adapter")
+            models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
+                                           models.torch_dtype(inp.plan.precision))
+        else:
+            tok.save_pretrained(inp.out / "model")
+    barrier()
+    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
+              "train_pairs": len(train_ds), "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result

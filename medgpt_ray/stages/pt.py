@@ -1,0 +1,87 @@
+"""Continued pretraining: HF Trainer on block-packed plain text."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray import models
+from medgpt_ray.stages.common import (
+    Sink,
+    StageInputs,
+    StageProgress,
+    barrier,
+    base_result,
+    is_rank_zero,
+    read_jsonl,
+    train,
+    training_kwargs,
+    write_result,
+)
+
+
+def pack_blocks(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
+    """Concatenate texts (each closed by EOS so documents don't bleed into each other) and cut
+    fixed-size blocks; a corpus shorter than one block still gives one (shorter) block."""
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer.encode(t, add_special_tokens=False))
+        ids.append(tokenizer.eos_token_id)
+    if len(ids) < block_size:
+        return [ids] if ids else []
+    return [ids[i : i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]
+
+
+def _dataset(blocks: list[list[int]]):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"input_ids": blocks, "attention_mask": [[1] * len(b) for b in blocks],
+                              "labels": blocks})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    t0 = time.monotonic()
+    model_path = Path(inp.model_path)
+    tok = models.load_tokenizer(model_path)
+    train_blocks = pack_blocks([r["text"] for r in read_jsonl(inp.train_file)], tok, inp.cfg.seq_len)
+    eval_blocks = pack_blocks([r["text"] for r in read_jsonl(inp.eval_file)], tok, inp.cfg.seq_len)
+    if not train_blocks:
+        raise ValueError(f"pt: no training text in {inp.train_file}")
+
+    model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+
+    trainer = Trainer(
+        model=model,
+        args=TrainingArguments(**training_kwargs(inp)),
+        train_dataset=_dataset(train_blocks),
+        eval_dataset=_dataset(eval_blocks) if eval_blocks else None,
+        data_collator=default_data_collator,
+        callbacks=[StageProgress("pt", inp.out / "metrics.jsonl", sink)],
+    )
+    out, resumed = train(trainer, inp)
+    eval_metrics: dict[str, Any] = {}
+    if eval_blocks:
+        ev = trainer.evaluate()
+        eval_metrics = {"eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))}
+
+    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
+    barrier()
+    if peft_config is not None and is_rank_zero():
+        models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
+                                       models.torch_dtype(inp.plan.precision))
+    elif is_rank_zero():
+        tok.save_pretrained(inp.out / "model")
+    barrier()
+    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
+              "train_blocks": len(train_blocks), "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result

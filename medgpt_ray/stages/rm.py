@@ -1,0 +1,79 @@
+"""Reward model: TRL RewardTrainer (Bradley–Terry on chosen vs rejected), held-out pairwise accuracy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray import models, templates
+from medgpt_ray.stages.common import (
+    Sink,
+    StageInputs,
+    StageProgress,
+    barrier,
+    base_result,
+    is_rank_zero,
+    read_jsonl,
+    train,
+    training_kwargs,
+    write_result,
+)
+
+
+def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
+    from datasets import Dataset
+
+    chosen, rejected = [], []
+    for r in records:
+        enc = templates.encode_preference(tokenizer, template, r, max_len=seq_len)
+        chosen.append(enc["prompt_ids"] + enc["chosen_ids"])
+        rejected.append(enc["prompt_ids"] + enc["rejected_ids"])
+    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    from trl import RewardConfig, RewardTrainer
+
+    t0 = time.monotonic()
+    model_path = Path(inp.model_path)
+    tok = models.load_tokenizer(model_path)
+    template = templates.get_template(inp.template)
+    templates.check_template(template, tok)
+    train_ds = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    eval_records = read_jsonl(inp.eval_file)
+    eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len) if eval_records else None
+
+    model = models.load_reward_model(model_path, inp.plan.precision, inp.plan.method, tok.pad_token_id)
+    peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
+    args = RewardConfig(**training_kwargs(inp), max_length=None, dataset_num_proc=None)
+    trainer = RewardTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tok,
+        peft_config=peft_config,
+        callbacks=[StageProgress("rm", inp.out / "metrics.jsonl", sink)],
+    )
+    out, resumed = train(trainer, inp)
+    eval_metrics = {}
+    if eval_ds is not None:
+        ev = trainer.evaluate()
+        eval_metrics = {"eval_loss": ev["eval_loss"], "eval_accuracy": ev["eval_accuracy"],
+                        "eval_margin": ev.get("eval_margin"), "eval_pairs": len(eval_ds)}
+
+    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
+    barrier()
+    if is_rank_zero():
+        if peft_config is not None:
+            tok.save_pretrained(inp.out / "adapter")
+            models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
+                                           models.torch_dtype(inp.plan.precision), seq_cls=True)
+        else:
+            tok.save_pretrained(inp.out / "model")
+    barrier()
+    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
+              "train_pairs": len(train_ds), "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result

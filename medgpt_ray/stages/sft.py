@@ -1,0 +1,87 @@
+"""Supervised fine-tuning: TRL SFTTrainer on multi-turn conversations, response-only labels.
+
+The conversations are tokenized by templates.encode_sft, so every assistant turn
+(not only the last) is trained and the labels are exact by construction; TRL
+receives `input_ids` + `labels` and leaves them as they are.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray import models, templates
+from medgpt_ray.stages.common import (
+    Sink,
+    StageInputs,
+    StageProgress,
+    barrier,
+    base_result,
+    is_rank_zero,
+    read_jsonl,
+    train,
+    training_kwargs,
+    write_result,
+)
+
+
+def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
+    from datasets import Dataset
+
+    rows = [templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len) for r in records]
+    return Dataset.from_dict({
+        "input_ids": [r["input_ids"] for r in rows],
+        "attention_mask": [r["attention_mask"] for r in rows],
+        "labels": [r["labels"] for r in rows],
+    })
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    from trl import SFTConfig, SFTTrainer
+
+    t0 = time.monotonic()
+    model_path = Path(inp.model_path)
+    tok = models.load_tokenizer(model_path)
+    template = templates.get_template(inp.template)
+    templates.check_template(template, tok)
+    train_ds = encode_conversations(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    eval_records = read_jsonl(inp.eval_file)
+    eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len) if eval_records else None
+
+    model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    args = SFTConfig(**training_kwargs(inp), max_length=None, packing=False, dataset_num_proc=None)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tok,
+        peft_config=peft_config,
+        callbacks=[StageProgress("sft", inp.out / "metrics.jsonl", sink)],
+    )
+    out, resumed = train(trainer, inp)
+    eval_metrics = {}
+    if eval_ds is not None:
+        ev = trainer.evaluate()
+        eval_metrics = {"eval_loss": ev["eval_loss"]}
+        if "eval_mean_token_accuracy" in ev:
+            eval_metrics["eval_token_accuracy"] = ev["eval_mean_token_accuracy"]
+
+    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
+    barrier()
+    if is_rank_zero():
+        # The merged model carries the template, so anything downstream (and users) chat the same way.
+        templates.apply_to_tokenizer(template, tok)
+        if peft_config is not None:
+            tok.save_pretrained(inp.out / "adapter")
+            models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
+                                           models.torch_dtype(inp.plan.precision))
+        else:
+            tok.save_pretrained(inp.out / "model")
+    barrier()
+    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
+              "train_records": len(train_ds), "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result
