@@ -36,11 +36,16 @@ class PipelineError(RuntimeError):
     pass
 
 
+def echo(line: str) -> None:
+    # Flushed: under `ray job submit` stdout is a pipe, and `ray job logs` should show progress live.
+    print(line, flush=True)
+
+
 @dataclass
 class RunOptions:
     from_stage: str | None = None
     only_stage: str | None = None
-    echo: Any = print
+    echo: Any = echo
 
 
 @dataclass
@@ -63,9 +68,12 @@ def connect_ray(num_cpus: int | None = None) -> str:
     if ray.is_initialized():
         return "existing"
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": WORKER_ENV}, log_to_driver=True)
+        # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
+        ray.init(log_to_driver=True)
         return "cluster"
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    # The dashboard (loopback only) serves the State API that Ray Train's placement-group cleaner polls.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+             log_to_driver=True)
     return "local"
 
 
@@ -125,7 +133,10 @@ def run_stage_on_ray(inputs: StageInputs, cfg: PipelineConfig, storage_path: str
             use_gpu=plan.use_gpu,
             resources_per_worker={"CPU": cfg.resources.cpus_per_worker, **({"GPU": 1} if plan.use_gpu else {})},
         ),
-        run_config=RunConfig(name=name, storage_path=storage_path),
+        # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
+        run_config=RunConfig(name=name, storage_path=storage_path,
+                             logging_config=ray.LoggingConfig(log_level="WARNING"),
+                             worker_runtime_env={"env_vars": WORKER_ENV}),
     )
     return trainer.fit()
 
@@ -336,8 +347,10 @@ class Pipeline:
                     "plan": plans[stage].to_dict(), "result": result,
                 })
                 results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
+                self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {_result_brief(result)}")
             except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
                 results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
+                self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
 
         for s in stages:
             threads[s] = threading.Thread(target=work, args=(s,), name=f"stage-{s}", daemon=True)
@@ -348,11 +361,6 @@ class Pipeline:
             self._wait(t, actor, printer)
         for s in stages:
             outcomes[s] = results[s]
-            o = results[s]
-            if o.status == "done":
-                self.echo(f"[{s:>3}] done in {o.wall_s:.1f}s: {_result_brief(o.result)}")
-            else:
-                self.echo(f"[{s:>3}] FAILED after {o.wall_s:.1f}s: {o.error}")
 
     def _wait(self, thread: threading.Thread, actor, printer: ProgressPrinter) -> None:
         while thread.is_alive():

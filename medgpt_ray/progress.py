@@ -62,4 +62,4 @@ class ProgressPrinter:
             last = self._last_printed.get(stage)
             if last is None or step - last >= self.every or step == rec.get("total_steps"):
                 self._last_printed[stage] = step
-                self.echo(progress_line(rec), flush=True)
+                self.echo(progress_line(rec))

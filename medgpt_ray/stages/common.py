@@ -95,8 +95,6 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
         "bf16": plan.precision in ("bf16", "amp-bf16"),
         "fp16": False,
         "use_cpu": not plan.use_gpu,
-        "gradient_checkpointing": plan.grad_ckpt,
-        "gradient_checkpointing_kwargs": {"use_reentrant": False} if plan.grad_ckpt else None,
         "deepspeed": plan.deepspeed,
         "seed": inp.seed,
         "data_seed": inp.seed,
@@ -108,7 +106,39 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
         "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
     }
+    if plan.grad_ckpt:
+        kwargs.update(checkpointing_kwargs())
     return kwargs
+
+
+def checkpointing_kwargs() -> dict[str, Any]:
+    """transformers 5.24 renamed gradient_checkpointing to activation_checkpointing; the GPU image's
+    5.17 may only know the old name. Use whichever this TrainingArguments has."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {prefix: True, f"{prefix}_kwargs": {"use_reentrant": False}}
+
+
+def quiet_libraries(trainer=None) -> None:
+    """Workers print one progress stream (ours); silence library bars and the per-log dict printer."""
+    import warnings
+
+    import datasets
+    import transformers
+    from transformers.trainer_callback import PrinterCallback
+
+    # TRL and transformers call their own renamed APIs (5.24's gradient -> activation checkpointing).
+    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6.*", category=FutureWarning)
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    if trainer is not None:
+        trainer.remove_callback(PrinterCallback)
 
 
 class StageProgress(TrainerCallback):
@@ -152,6 +182,7 @@ class StageProgress(TrainerCallback):
 
 def train(trainer, inp: StageInputs) -> Any:
     """trainer.train(), resuming from the newest checkpoint of an interrupted attempt."""
+    quiet_libraries(trainer)
     ckpt = latest_checkpoint(inp.checkpoint_dir) if inp.resume else None
     return trainer.train(resume_from_checkpoint=ckpt), ckpt
 

@@ -15,6 +15,7 @@ from medgpt_ray.stages.common import (
     barrier,
     base_result,
     is_rank_zero,
+    quiet_libraries,
     read_jsonl,
     train,
     training_kwargs,
@@ -45,6 +46,7 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     t0 = time.monotonic()
+    quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
     train_blocks = pack_blocks([r["text"] for r in read_jsonl(inp.train_file)], tok, inp.cfg.seq_len)

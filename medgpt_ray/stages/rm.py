@@ -14,6 +14,7 @@ from medgpt_ray.stages.common import (
     barrier,
     base_result,
     is_rank_zero,
+    quiet_libraries,
     read_jsonl,
     train,
     training_kwargs,
@@ -36,6 +37,7 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     from trl import RewardConfig, RewardTrainer
 
     t0 = time.monotonic()
+    quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)

@@ -1,0 +1,1 @@
+"""Data: source readers, cleaning ops and the Ray Data cleaning pipeline."""

@@ -1,0 +1,37 @@
+"""Shared fixtures: the tiny model (built once, offline) and one session-scoped local Ray cluster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests that are not about job submission run without Ray's token auth (FIELD-NOTES).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from medgpt_ray.tiny import ensure_tiny
+
+    return ensure_tiny()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
+    yield ray
+    ray.shutdown()

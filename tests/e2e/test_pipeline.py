@@ -1,0 +1,150 @@
+"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py`, then again (skips),
+interrupted mid-SFT (resumes), `--only-stage`, and `ray start --head` + `ray job submit`."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+# Few steps per stage: this checks wiring, the demo checks learning.
+FAST = [
+    "--set", "stages.pt.max_steps=2", "--set", "stages.rm.max_steps=2", "--set", "stages.dpo.max_steps=2",
+    "--set", "data.max_records=48", "--set", "progress_every=1",
+]
+
+
+def pipeline_cmd(repo: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(repo / "jobs" / "pipeline.py"), "--config", str(repo / "configs" / "tiny-cpu.yaml"),
+            "--set", f"output_dir={out}", "--num-cpus", "2", *FAST, *extra]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.pop("RAY_ADDRESS", None)
+    e["RAY_AUTH_MODE"] = "disabled"
+    return e
+
+
+def run(cmd: list[str], timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=kw.pop("env", env()), **kw)
+    assert p.returncode == 0, f"{cmd} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    return p
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "tiny-cpu" / "summary.json").read_text())
+
+
+def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path):
+    out = tmp_path / "runs"
+    sft = ["--set", "stages.sft.max_steps=200", "--set", "stages.sft.save_steps=3"]
+    proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env(), start_new_session=True)
+    ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
+    deadline = time.monotonic() + 400
+    try:
+        while not any(ckpt.glob("checkpoint-*/trainer_state.json")):
+            assert proc.poll() is None, f"pipeline ended before SFT checkpointed:\n{proc.stdout.read()[-4000:]}"
+            assert time.monotonic() < deadline, "no SFT checkpoint within 400 s"
+            time.sleep(0.2)
+    finally:
+        # Ctrl-C, as a user would: the driver shuts its local Ray cluster down.
+        os.killpg(proc.pid, signal.SIGINT)
+        first_log = proc.communicate(timeout=120)[0]
+    assert "[ pt] done" in first_log
+    manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
+    assert set(manifest["stages"]) == {"pt"}, "an interrupted stage must not be in the manifest"
+
+    second = run(pipeline_cmd(repo, out, *sft)).stdout
+    assert "[ pt] done in manifest" in second
+    sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
+    assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
+    assert sft_result["steps"] == 200
+    s = summary(out)
+    assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped", "done", "done", "done"]
+    assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
+    for stage in ("pt", "sft", "rm", "dpo"):
+        plan = json.loads((out / "tiny-cpu" / stage / "plan.json").read_text())
+        assert plan["num_workers"] == 2
+        assert (out / "tiny-cpu" / stage / "metrics.jsonl").is_file()
+    assert "summary of run 'tiny-cpu'" in second
+
+    third = run(pipeline_cmd(repo, out, *sft)).stdout
+    for stage in ("pt", "sft", "rm", "dpo"):
+        assert f"[{stage:>3}] done in manifest" in third
+    assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped"] * 4
+
+    before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+    run(pipeline_cmd(repo, out, *sft, "--only-stage", "dpo"))
+    after = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+    assert after["dpo"]["finished_at"] >= before["dpo"]["finished_at"]
+    assert after["dpo"]["result"]["wall_s"] != before["dpo"]["result"]["wall_s"]
+    for stage in ("pt", "sft", "rm"):
+        assert after[stage] == before[stage]
+
+
+def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
+    p = subprocess.run(pipeline_cmd(repo, tmp_path / "runs", "--only-stage", "dpo"), capture_output=True,
+                       text=True, timeout=300, env=env())
+    assert p.returncode != 0
+    assert "stage dpo starts from the output of stage sft" in p.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_with_token_auth(repo, tmp_path):
+    """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root."""
+    venv_bin = str(Path(sys.executable).parent)
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    e = env()
+    e.update(PATH=f"{venv_bin}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    gcs, dash = free_port(), free_port()
+    head = subprocess.Popen(
+        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
+         "--temp-dir", str(tmp_path / "ray")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    out = tmp_path / "runs"
+    try:
+        deadline = time.monotonic() + 120
+        while subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
+                             env=e, timeout=60).returncode != 0:
+            assert time.monotonic() < deadline, "Ray head did not come up"
+            time.sleep(2)
+        no_token = subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
+                                  text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
+                                  timeout=60)
+        assert no_token.returncode != 0, "the cluster accepted a client without its token"
+        cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", "medgpt-e2e",
+               "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config", "configs/tiny-cpu.yaml",
+               "--set", f"output_dir={out}", "--set", "stages.sft.max_steps=2", *FAST]
+        run(cmd, env=e, cwd=repo)
+        logs = run([f"{venv_bin}/ray", "job", "logs", "--address", address, "medgpt-e2e"], env=e).stdout
+        assert "on cluster Ray" in logs
+        assert "[sft] step 2/2" in logs
+        assert "summary of run 'tiny-cpu'" in logs
+        assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["done"] * 4
+    finally:
+        os.killpg(head.pid, signal.SIGINT)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)

@@ -1,0 +1,46 @@
+"""One stage inside a Ray Train TorchTrainer with 2 CPU workers on the shared local cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from medgpt_ray.config import LoraConfig, PipelineConfig, StageConfig
+from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.pipeline import run_stage_on_ray
+from medgpt_ray.progress import ProgressActor
+from medgpt_ray.stages.common import StageInputs
+
+pytestmark = pytest.mark.ray
+
+
+def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, tiny_model, tmp_path):
+    ray = ray_cluster
+    data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
+                        max_records=24)
+    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
+                      seq_len=128, effective_batch=4, logging_steps=1, save_steps=100)
+    plan = plan_stage("sft", cfg, 2, False)
+    assert plan.micro_batch * plan.grad_accum * 2 == 4
+    out = tmp_path / "sft"
+    out.mkdir()
+    inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
+    pipe_cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "resources": {"num_workers": 2}})
+    actor = ProgressActor.options(name="test-progress", namespace=ray.get_runtime_context().namespace).remote()
+
+    result = run_stage_on_ray(inputs, pipe_cfg, str(tmp_path / "_ray"), "test-sft", "test-progress",
+                              ray.get_runtime_context().namespace)
+
+    receipt = json.loads((out / "result.json").read_text())
+    assert receipt["world_size"] == 2
+    assert result.metrics["steps"] == receipt["steps"] == 3
+    assert result.metrics["train_loss_last"] == pytest.approx(receipt["train_loss_last"])
+    assert result.metrics["eval/eval_loss"] == pytest.approx(receipt["eval"]["eval_loss"])
+    with result.checkpoint.as_directory() as d:
+        assert json.loads((Path(d) / "result.json").read_text())["steps"] == 3
+    progress = ray.get(actor.drain.remote())
+    assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3]
+    ray.kill(actor)

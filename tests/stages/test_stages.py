@@ -1,0 +1,108 @@
+"""Each stage for a few optimizer steps on the tiny model, in a plain process (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from medgpt_ray.config import DPOStageConfig, LoraConfig, StageConfig
+from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.stages import run_stage
+from medgpt_ray.stages.common import StageInputs
+
+KIND = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}
+SOURCES = {
+    "pretrain": ["data/sample/pretrain.jsonl"],
+    "sft": ["data/sample/sft_sharegpt.jsonl"],
+    "preference": ["data/sample/reward.jsonl"],
+}
+
+
+@pytest.fixture(scope="module")
+def data(repo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("data")
+    return {k: prepare_kind(k, [str(repo / p) for p in v], out, 0.1, max_records=32) for k, v in SOURCES.items()}
+
+
+def make_inputs(stage: str, data, model: Path, out: Path, **overrides) -> StageInputs:
+    cls = DPOStageConfig if stage == "dpo" else StageConfig
+    kw = dict(method="full" if stage == "pt" else "lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0),
+              lr=5e-3, max_steps=6, seq_len=128, effective_batch=4, logging_steps=1, save_steps=100)
+    kw.update(overrides)
+    cfg = cls(**kw)
+    d = data[KIND[stage]]
+    out.mkdir(parents=True, exist_ok=True)
+    return StageInputs(stage, cfg, plan_stage(stage, cfg, 1, False), str(model), "chatml",
+                       d.train_file, d.eval_file, str(out))
+
+
+def weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(model_dir) / "model.safetensors"))
+
+
+def changed(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(a[k], b[k]) for k in a if k in b)
+
+
+@pytest.fixture(scope="module")
+def sft_model(data, tiny_model, tmp_path_factory) -> Path:
+    r = run_stage(make_inputs("sft", data, tiny_model, tmp_path_factory.mktemp("sft")))
+    return Path(r["output_model"])
+
+
+def test_pt_loss_goes_down_and_model_reloads(data, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    r = run_stage(make_inputs("pt", data, tiny_model, tmp_path, max_steps=8))
+    assert r["steps"] == 8
+    assert r["train_loss_last"] < r["train_loss_first"]
+    assert r["eval"]["eval_perplexity"] > 1
+    AutoModelForCausalLM.from_pretrained(r["output_model"], local_files_only=True)
+    assert (tmp_path / "metrics.jsonl").read_text().count('"loss"') >= 8
+
+
+def test_sft_trains_lora_and_merges_into_a_plain_model(data, tiny_model, tmp_path):
+    r = run_stage(make_inputs("sft", data, tiny_model, tmp_path, max_steps=8))
+    assert r["train_loss_last"] < r["train_loss_first"]
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    merged = weights(r["output_model"])
+    assert not any("lora" in k for k in merged)
+    assert changed(weights(tiny_model), merged)
+
+
+def test_rm_learns_a_reward_head(data, sft_model, tmp_path):
+    r = run_stage(make_inputs("rm", data, sft_model, tmp_path))
+    assert r["train_loss_last"] < r["train_loss_first"]
+    assert 0.0 <= r["eval"]["eval_accuracy"] <= 1.0
+    assert "score.weight" in weights(r["output_model"])
+
+
+def test_dpo_moves_the_policy_off_its_reference(data, sft_model, tmp_path):
+    r = run_stage(make_inputs("dpo", data, sft_model, tmp_path, beta=0.1))
+    # Loss starts at ln 2 (policy == reference) and must drop below it.
+    assert r["train_loss_first"] == pytest.approx(0.6931, abs=1e-3)
+    assert r["train_loss_last"] < r["train_loss_first"]
+    assert r["eval"]["eval_reward_margin"] > 0
+    assert changed(weights(sft_model), weights(r["output_model"]))
+
+
+def test_interrupted_stage_resumes_from_its_checkpoint(data, tiny_model, tmp_path):
+    first = run_stage(make_inputs("sft", data, tiny_model, tmp_path, max_steps=2, save_steps=2))
+    assert first["resumed_from"] is None
+    assert (tmp_path / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    second = run_stage(make_inputs("sft", data, tiny_model, tmp_path, max_steps=4, save_steps=2))
+    assert second["resumed_from"].endswith("checkpoint-2")
+    assert second["steps"] == 4
+
+
+def test_qlora_without_a_gpu_says_so(tiny_model):
+    from medgpt_ray.models import QLoRAUnavailable, load_causal_lm
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(QLoRAUnavailable, match="needs a CUDA GPU"):
+        load_causal_lm(tiny_model, "bf16", "qlora")
