@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -116,18 +118,23 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
     e = env()
     e.update(PATH=f"{venv_bin}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     gcs, dash = free_port(), free_port()
+    # Short: Ray's unix sockets live under the temp dir and AF_UNIX paths stop at 107 bytes.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="mgr-", dir="/tmp"))
+    head_log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(
         [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-         "--temp-dir", str(tmp_path / "ray")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e, start_new_session=True)
+         "--temp-dir", str(ray_tmp)],
+        stdout=head_log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     out = tmp_path / "runs"
     try:
         deadline = time.monotonic() + 120
         while subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
                              env=e, timeout=60).returncode != 0:
-            assert time.monotonic() < deadline, "Ray head did not come up"
+            log = (tmp_path / "head.log").read_text()[-3000:]
+            assert head.poll() is None, f"ray start exited:\n{log}"
+            assert time.monotonic() < deadline, f"Ray head did not come up:\n{log}"
             time.sleep(2)
         no_token = subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
                                   text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
@@ -139,7 +146,7 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         run(cmd, env=e, cwd=repo)
         logs = run([f"{venv_bin}/ray", "job", "logs", "--address", address, "medgpt-e2e"], env=e).stdout
         assert "on cluster Ray" in logs
-        assert "[sft] step 2/2" in logs
+        assert "[sft] step 1/2" in logs and "[sft] done in" in logs
         assert "summary of run 'tiny-cpu'" in logs
         assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["done"] * 4
     finally:
@@ -148,3 +155,5 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+        head_log.close()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
