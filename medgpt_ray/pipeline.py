@@ -71,8 +71,9 @@ def connect_ray(num_cpus: int | None = None) -> str:
         # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
         ray.init(log_to_driver=True)
         return "cluster"
-    # The dashboard (loopback only) serves the State API that Ray Train's placement-group cleaner polls.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+    # The dashboard (loopback only; started when ray[default] is installed) serves the State API that
+    # Ray Train's placement-group cleaner polls.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
              log_to_driver=True)
     return "local"
 
@@ -344,7 +345,7 @@ class Pipeline:
                     raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
                 self.manifest.record(stage, {
                     "fingerprint": fingerprints[stage], "output_model": result["output_model"],
-                    "plan": plans[stage].to_dict(), "result": result,
+                    "plan": plans[stage].to_dict(), "result": result, "workers": result.get("workers", []),
                 })
                 results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
                 self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {_result_brief(result)}")

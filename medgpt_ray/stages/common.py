@@ -205,8 +205,38 @@ def write_result(inp: StageInputs, result: dict[str, Any]) -> None:
     os.replace(tmp, inp.out / "result.json")
 
 
+def _this_worker() -> dict[str, Any]:
+    import socket
+
+    import torch
+
+    me: dict[str, Any] = {"rank": int(os.environ.get("RANK", "0")), "host": socket.gethostname(),
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": "cpu"}
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        me["device"] = f"cuda:{idx}"
+        me["gpu_name"] = props.name
+        me["pci_bus_id"] = (f"{getattr(props, 'pci_domain_id', 0):04x}:{getattr(props, 'pci_bus_id', 0):02x}:"
+                            f"{getattr(props, 'pci_device_id', 0):02x}")
+    return me
+
+
+def worker_placement() -> list[dict[str, Any]]:
+    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance."""
+    import torch.distributed as dist
+
+    me = _this_worker()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [me]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    return sorted(everyone, key=lambda w: w["rank"])
+
+
 def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | None, t0: float) -> dict[str, Any]:
     return {
+        "workers": worker_placement(),
         "stage": inp.stage,
         "steps": trainer.state.global_step,
         "max_steps": trainer.state.max_steps,

@@ -81,6 +81,9 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
         assert plan["num_workers"] == 2
         assert (out / "tiny-cpu" / stage / "metrics.jsonl").is_file()
     assert "summary of run 'tiny-cpu'" in second
+    manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
+    assert [w["rank"] for w in manifest["stages"]["sft"]["workers"]] == [0, 1]
+    assert manifest["run"]["packages"]["ray"] == "2.60.0"
 
     third = run(pipeline_cmd(repo, out, *sft)).stdout
     for stage in ("pt", "sft", "rm", "dpo"):
@@ -143,7 +146,14 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", "medgpt-e2e",
                "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config", "configs/tiny-cpu.yaml",
                "--set", f"output_dir={out}", "--set", "stages.sft.max_steps=2", *FAST]
-        run(cmd, env=e, cwd=repo)
+        # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
+        # agent": retry that (and only that) for a while.
+        for _ in range(30):
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=e, cwd=repo)
+            if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
+                break
+            time.sleep(2)
+        assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
         logs = run([f"{venv_bin}/ray", "job", "logs", "--address", address, "medgpt-e2e"], env=e).stdout
         assert "on cluster Ray" in logs
         assert "[sft] step 1/2" in logs and "[sft] done in" in logs

@@ -1,0 +1,51 @@
+"""The stage DAG's bookkeeping, without Ray: which stages rerun, in which waves, from which model."""
+
+from __future__ import annotations
+
+import pytest
+
+from medgpt_ray.config import ConfigError, PipelineConfig
+from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions, _effective_upstream
+
+
+def make(tmp_path, **stages) -> PipelineConfig:
+    return PipelineConfig.model_validate({
+        "model": {"path": "tiny"}, "output_dir": str(tmp_path),
+        "stages": {k: {"enabled": v} for k, v in stages.items()},
+    })
+
+
+def test_from_stage_reruns_it_and_everything_downstream(tmp_path):
+    p = Pipeline(make(tmp_path), RunOptions(from_stage="sft"))
+    assert p._forced_stages(["pt", "sft", "rm", "dpo"]) == {"sft", "rm", "dpo"}
+    p = Pipeline(make(tmp_path), RunOptions(from_stage="rm"))
+    assert p._forced_stages(["pt", "sft", "rm", "dpo"]) == {"rm"}
+
+
+def test_only_stage_reruns_it_alone(tmp_path):
+    p = Pipeline(make(tmp_path), RunOptions(only_stage="dpo"))
+    assert p._forced_stages(["pt", "sft", "rm", "dpo"]) == {"dpo"}
+
+
+def test_rm_and_dpo_share_a_wave(tmp_path):
+    p = Pipeline(make(tmp_path))
+    assert p._waves(["pt", "sft", "rm", "dpo"]) == [["pt"], ["sft"], ["rm", "dpo"]]
+
+
+def test_a_disabled_stage_hands_its_input_to_its_dependants(tmp_path):
+    cfg = make(tmp_path, sft=False)
+    assert _effective_upstream(cfg, "dpo") == "pt"
+    assert Pipeline(cfg)._waves(cfg.enabled_stages()) == [["pt"], ["rm", "dpo"]]
+    cfg = make(tmp_path, pt=False, sft=False)
+    assert _effective_upstream(cfg, "rm") is None
+
+
+def test_only_stage_of_a_disabled_stage_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="stages.rm.enabled"):
+        Pipeline(make(tmp_path, rm=False), RunOptions(only_stage="rm"))
+
+
+def test_missing_upstream_output_names_the_stage(tmp_path):
+    p = Pipeline(make(tmp_path))
+    with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft"):
+        p._upstream_model("dpo", tmp_path)
