@@ -105,7 +105,10 @@ def _train_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
 
     from medgpt_ray.stages import run_stage
+    from medgpt_ray.tiny import cache_root
 
+    # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
     inputs: StageInputs = config["inputs"]
     actor = ray.get_actor(config["progress_actor"], namespace=config["namespace"])
     result = run_stage(inputs, sink=lambda rec: actor.push.remote(rec))

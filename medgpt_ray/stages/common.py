@@ -244,5 +244,6 @@ def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | Non
         "train_runtime_s": round(train_output.metrics.get("train_runtime", 0.0), 3),
         "wall_s": round(time.monotonic() - t0, 3),
         "world_size": trainer.args.world_size,
+        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)),
         **loss_summary(trainer.state.log_history),
     }

@@ -25,12 +25,21 @@ from medgpt_ray.stages.common import (
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     from datasets import Dataset
 
-    chosen, rejected = [], []
+    chosen, rejected, too_long = [], [], 0
     for r in records:
-        enc = templates.encode_preference(tokenizer, template, r, max_len=seq_len)
+        try:
+            enc = templates.encode_preference(tokenizer, template, r, max_len=seq_len)
+        except templates.TemplateTokenizerMismatch:
+            raise
+        except templates.TemplateError:
+            # The prompt alone fills seq_len: counted in the result, not scored on an empty answer.
+            too_long += 1
+            continue
         chosen.append(enc["prompt_ids"] + enc["chosen_ids"])
         rejected.append(enc["prompt_ids"] + enc["rejected_ids"])
-    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+    if not chosen:
+        raise ValueError(f"rm: none of the {len(records)} pairs fits seq_len {seq_len}")
+    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), too_long
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
@@ -42,9 +51,9 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    train_ds, too_long = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
     eval_records = read_jsonl(inp.eval_file)
-    eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len) if eval_records else None
+    eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
     model = models.load_reward_model(model_path, inp.plan.precision, inp.plan.method, tok.pad_token_id)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
@@ -76,6 +85,6 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
             tok.save_pretrained(inp.out / "model")
     barrier()
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_pairs": len(train_ds), "output_model": str(inp.out / "model")}
+              "train_pairs": len(train_ds), "skipped_too_long": too_long, "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

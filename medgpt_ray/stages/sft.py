@@ -28,14 +28,25 @@ from medgpt_ray.stages.common import (
 
 
 def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
+    """Tokenize with exact labels; a conversation whose first answer cannot fit in seq_len is left out
+    and counted (the result reports it), never trained on with no target."""
     from datasets import Dataset
 
-    rows = [templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len) for r in records]
+    rows, too_long = [], 0
+    for r in records:
+        try:
+            rows.append(templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len))
+        except templates.TemplateTokenizerMismatch:
+            raise
+        except templates.TemplateError:
+            too_long += 1
+    if not rows:
+        raise ValueError(f"sft: none of the {len(records)} conversations fits seq_len {seq_len}")
     return Dataset.from_dict({
         "input_ids": [r["input_ids"] for r in rows],
         "attention_mask": [r["attention_mask"] for r in rows],
         "labels": [r["labels"] for r in rows],
-    })
+    }), too_long
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
@@ -47,9 +58,9 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds = encode_conversations(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    train_ds, too_long = encode_conversations(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
     eval_records = read_jsonl(inp.eval_file)
-    eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len) if eval_records else None
+    eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
@@ -84,6 +95,6 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
             tok.save_pretrained(inp.out / "model")
     barrier()
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_records": len(train_ds), "output_model": str(inp.out / "model")}
+              "train_records": len(train_ds), "skipped_too_long": too_long, "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

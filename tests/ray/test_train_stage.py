@@ -44,3 +44,27 @@ def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, 
     progress = ray.get(actor.drain.remote())
     assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3]
     ray.kill(actor)
+
+
+def test_deepspeed_zero2_stage_under_ray_train(ray_cluster, repo, tiny_model, tmp_path):
+    """The GPU path's DeepSpeed wiring, on CPU: the planner's ZeRO-2 dict is accepted by HF/TRL as is."""
+    ray = ray_cluster
+    data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
+                        max_records=16)
+    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
+                      seq_len=96, effective_batch=4, micro_batch=2, logging_steps=1, save_steps=100, zero_stage=2,
+                      warmup_ratio=0.0)
+    plan = plan_stage("sft", cfg, 1, False)
+    assert plan.deepspeed["zero_optimization"]["stage"] == 2 and plan.grad_accum == 2
+    out = tmp_path / "sft"
+    out.mkdir()
+    inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
+    pipe_cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}})
+    actor = ProgressActor.options(name="test-progress-ds", namespace=ray.get_runtime_context().namespace).remote()
+    run_stage_on_ray(inputs, pipe_cfg, str(tmp_path / "_ray"), "test-sft-ds", "test-progress-ds",
+                     ray.get_runtime_context().namespace)
+    receipt = json.loads((out / "result.json").read_text())
+    assert receipt["deepspeed"] is True
+    assert receipt["steps"] == 3
+    assert receipt["train_loss_last"] < receipt["train_loss_first"]
+    ray.kill(actor)

@@ -106,3 +106,9 @@ def test_qlora_without_a_gpu_says_so(tiny_model):
         pytest.skip("this machine has a GPU")
     with pytest.raises(QLoRAUnavailable, match="needs a CUDA GPU"):
         load_causal_lm(tiny_model, "bf16", "qlora")
+
+
+def test_conversations_longer_than_seq_len_are_counted_not_trained_blind(data, tiny_model, tmp_path):
+    r = run_stage(make_inputs("sft", data, tiny_model, tmp_path, seq_len=64, max_steps=2))
+    assert r["skipped_too_long"] > 0
+    assert r["train_records"] + r["skipped_too_long"] == 32
