@@ -44,13 +44,47 @@ def run_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_clean_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or directories (.jsonl .json .csv .parquet)")
+    p.add_argument("--out", required=True, help="output directory: data/<kind>/, quarantine/, report.json")
+    p.add_argument("--kind", default="auto", choices=["auto", "pretrain", "sft", "preference"],
+                   help="record kind; auto detects it per file and says what it found")
+    p.add_argument("--config", default=None, help="cleaning YAML (normalize, pii, signoff, quality, dedup)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a cleaning option, e.g. --set dedup.threshold=0.9")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+
+
+def run_clean(args: argparse.Namespace) -> int:
+    from medgpt_ray.config import load_clean_config
+    from medgpt_ray.data.clean import clean_corpus
+    from medgpt_ray.data.readers import DataFileError
+    from medgpt_ray.pipeline import connect_ray, echo
+
+    try:
+        cfg = load_clean_config(args.config, args.sets)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    connect_ray(args.num_cpus)
+    try:
+        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo)
+    except DataFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0 if report["adds_up"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="medgpt-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_args(sub.add_parser("run", help="run the pipeline (pt -> sft -> rm, dpo)"))
+    add_clean_args(sub.add_parser("clean", help="clean a raw corpus with Ray Data"))
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_pipeline(args)
+    if args.command == "clean":
+        return run_clean(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

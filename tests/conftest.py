@@ -31,7 +31,8 @@ def tiny_model() -> Path:
 def ray_cluster():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
+    # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
+    ray.init(address="local", num_cpus=2, dashboard_host="127.0.0.1",
              runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
     yield ray
     ray.shutdown()

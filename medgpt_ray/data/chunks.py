@@ -1,0 +1,77 @@
+"""Split source files into pieces that Ray Data read tasks can take in parallel, keeping line numbers.
+
+A large JSONL file is cut at newline boundaries into byte ranges; each range knows the line number
+it starts at, so every record keeps its true `source_line` for the report and the quarantine. Other
+formats (a JSON array, CSV, Parquet) are read whole by one task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from medgpt_ray.data.readers import RecordError, iter_rows
+
+CHUNK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class SourceChunk:
+    path: str
+    kind: str
+    file_no: int = 0  # position among the run's input files: the first part of every record id
+    start: int = 0  # byte offsets [start, end); end -1 = whole file (non-JSONL)
+    end: int = -1
+    first_line: int = 1
+
+
+def plan_chunks(path: Path, kind: str, file_no: int, chunk_bytes: int = CHUNK_BYTES) -> list[SourceChunk]:
+    if path.suffix.lower() != ".jsonl":
+        return [SourceChunk(str(path), kind, file_no)]
+    size = path.stat().st_size
+    chunks: list[SourceChunk] = []
+    start, line = 0, 1
+    with path.open("rb") as fh:
+        while start < size:
+            fh.seek(min(start + chunk_bytes, size))
+            fh.readline()  # run on to the end of the line the cut fell into
+            end = min(fh.tell(), size) if start + chunk_bytes < size else size
+            fh.seek(start)
+            newlines = fh.read(end - start).count(b"\n")
+            chunks.append(SourceChunk(str(path), kind, file_no, start, end, line))
+            line += newlines
+            start = end
+    return chunks or [SourceChunk(str(path), kind, file_no, 0, 0, 1)]
+
+
+def _row(chunk: SourceChunk, line: int, text: str | None, error: RecordError | None) -> dict:
+    return {"file_no": chunk.file_no, "source_file": chunk.path, "source_line": line, "kind": chunk.kind, "text": text,
+            "error": error.reason if error else None, "raw": error.raw if error else None}
+
+
+def read_chunk(chunk: SourceChunk) -> Iterator[dict]:
+    """Rows of one chunk: the source row as JSON text, or the parse error (raw kept only then)."""
+    if chunk.end < 0:
+        for line, row in iter_rows(Path(chunk.path)):
+            if isinstance(row, RecordError):
+                yield _row(chunk, line, None, row)
+            else:
+                yield _row(chunk, line, json.dumps(row, ensure_ascii=False, default=str), None)
+        return
+    with open(chunk.path, "rb") as fh:
+        fh.seek(chunk.start)
+        data = fh.read(chunk.end - chunk.start)
+    for offset, raw in enumerate(data.split(b"\n")):
+        line = chunk.first_line + offset
+        if line == 1:
+            raw = raw.removeprefix(b"\xef\xbb\xbf")
+        raw = raw.rstrip(b"\r")
+        if not raw.strip():
+            continue
+        try:
+            yield _row(chunk, line, raw.decode("utf-8"), None)
+        except UnicodeDecodeError as e:
+            err = RecordError(f"line is not valid UTF-8 (byte {e.start})", raw=raw.decode("utf-8", "replace"))
+            yield _row(chunk, line, None, err)
