@@ -155,6 +155,9 @@ class DataConfig(_Strict):
     pretrain: list[str] = []
     sft: list[str] = []
     preference: list[str] = []
+    # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
+    raw: list[str] = []
+    clean: CleanConfig = CleanConfig()
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
     max_records: Annotated[int, Field(ge=1)] | None = None  # per kind, after the split; for smoke runs
 

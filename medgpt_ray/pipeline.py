@@ -160,11 +160,34 @@ class Pipeline:
                 raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)")
 
     # ---- planning -------------------------------------------------------------------------
+    def _clean_raw(self, prov: dict[str, Any]) -> None:
+        """Clean `data.raw` with Ray Data as the pipeline's first step; skipped when the sources, the cleaning
+        options and the code are unchanged since the last cleaning of this run."""
+        from medgpt_ray.data.clean import clean_corpus
+
+        clean_dir = self.run_dir / "clean"
+        fp = sha256_json({"sources": data_fingerprint(self.cfg.data.raw, 0.0, None),
+                          "clean": self.cfg.data.clean.model_dump(mode="json"),
+                          "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]}})
+        stamp = clean_dir / "fingerprint.json"
+        if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fp:
+            self.echo(f"[clean] raw sources unchanged since the last cleaning, using {clean_dir / 'data'}")
+            return
+        stamp.unlink(missing_ok=True)
+        report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", self.cfg.data.clean, echo=self.echo)
+        if not report["adds_up"]:
+            raise PipelineError(f"cleaning of data.raw does not add up; see {clean_dir / 'report.json'}")
+        write_json_atomic(stamp, {"fingerprint": fp})
+
+    def _data_paths(self, kind: str) -> list[str]:
+        cleaned = self.run_dir / "clean" / "data" / kind
+        return self.cfg.data.paths(kind) + ([str(cleaned)] if self.cfg.data.raw and cleaned.is_dir() else [])
+
     def _prepare_data(self) -> dict[str, PreparedData]:
         kinds = sorted({DATA_KIND[s] for s in _stage_order(self.cfg)})
         prepared: dict[str, PreparedData] = {}
         for kind in kinds:
-            paths = self.cfg.data.paths(kind)
+            paths = self._data_paths(kind)
             d = prepare_kind(kind, paths, self.run_dir / "data", self.cfg.data.eval_fraction,
                              self.cfg.data.max_records)
             q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
@@ -201,12 +224,14 @@ class Pipeline:
         self.manifest.set_run_info({"config": resolved_dict(self.cfg), "base_model_path": str(base_path),
                                     **prov})
         plans = self._plans()
+        if self.cfg.data.raw:
+            self._clean_raw(prov)
         order = _stage_order(self.cfg)
         forced = self._forced_stages(order)
         if self.opt.only_stage:
             order = [self.opt.only_stage]
         # Only the data an about-to-run stage needs is prepared; fingerprints use the source bytes.
-        data_fps = {kind: data_fingerprint(self.cfg.data.paths(kind), self.cfg.data.eval_fraction,
+        data_fps = {kind: data_fingerprint(self._data_paths(kind), self.cfg.data.eval_fraction,
                                            self.cfg.data.max_records)
                     for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
         fingerprints: dict[str, str] = {}
