@@ -4,8 +4,9 @@ Only wiring lives here; every operator is a pure function in data/ops (tested wi
 
     1. read + convert + clean   streaming over byte-range chunks of the inputs; written to _work/stage1
     2. dedup decisions          exact hash and MinHash-LSH band keys, grouped by key across the cluster
-                                (a shuffle of (key, id, signature) rows, never of the records); each group
-                                marks its later members as duplicates of an earlier one
+                                (a shuffle of small (key, id) rows, never of the records); each group
+                                yields (later, earlier) candidate pairs; near pairs are confirmed on their
+                                MinHash signatures (fetched for candidate records only)
     3. apply + write            marks applied; records sorted by stable id (file, line, index), per kind to
                                 DIR/data/<kind>/part-<first id>.parquet; everything dropped to
                                 DIR/quarantine/part-<first id>.jsonl (0600) with file, line, operator, reason
@@ -42,8 +43,7 @@ FEATURE_FIELDS = [
     ("minhash", pa.binary()),
 ]
 STAGE1_SCHEMA = pa.schema(list(ROW_SCHEMA) + [pa.field(n, t) for n, t in FEATURE_FIELDS])
-MARK_SCHEMA = pa.schema([("id", pa.string()), ("dup_of", pa.string()), ("how", pa.string())])
-MAX_PAIRWISE = 256  # a hot LSH bucket compares each member with at most this many earlier ones
+MAX_PAIRWISE = 32  # a hot LSH bucket pairs each member with at most this many earlier ones
 CANONICAL_TYPES = {
     "pretrain": [("text", pa.string())],
     "sft": [("conversations", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))],
@@ -133,60 +133,67 @@ def stage1_batch(batch: pa.Table, cfg: CleanConfig) -> pa.Table:
 
 
 # ---- stage 2: duplicate marks --------------------------------------------------------------------
+PAIR_SCHEMA = pa.schema([("id", pa.string()), ("cand", pa.string()), ("how", pa.string())])
+
+
 def explode_keys(batch: pa.Table, cfg: CleanConfig) -> pa.Table:
-    """One (key, id, signature) row per exact hash and per LSH band; keys carry the kind, so a pretraining
-    paragraph is never a duplicate of a conversation."""
-    keys, ids, sigs = [], [], []
-    for rid, kind, xh, bands, sig in zip(batch["id"].to_pylist(), batch["kind"].to_pylist(),
-                                         batch["exact_hash"].to_pylist(), batch["band_keys"].to_pylist(),
-                                         batch["minhash"].to_pylist(), strict=True):
+    """One small (key, id) row per exact hash and per LSH band; keys carry the kind, so a pretraining
+    paragraph is never a duplicate of a conversation. Signatures stay out of the shuffle (1 KiB each)."""
+    keys, ids = [], []
+    for rid, kind, xh, bands in zip(batch["id"].to_pylist(), batch["kind"].to_pylist(),
+                                    batch["exact_hash"].to_pylist(), batch["band_keys"].to_pylist(), strict=True):
         if cfg.dedup.exact:
             keys.append(f"{kind}|x|{xh}")
             ids.append(rid)
-            sigs.append(sig)
         if cfg.dedup.near:
             for b in bands or []:
                 keys.append(f"{kind}|b|{b}")
                 ids.append(rid)
-                sigs.append(sig)
-    return pa.table({"key": pa.array(keys, pa.string()), "id": pa.array(ids, pa.string()),
-                     "minhash": pa.array(sigs, pa.binary())})
+    return pa.table({"key": pa.array(keys, pa.string()), "id": pa.array(ids, pa.string())})
 
 
-def mark_group(group: pa.Table, threshold: float) -> pa.Table:
-    """Within one key's group, every member that duplicates an earlier (smaller-id) member is marked,
-    pointing at the earliest such member: exact keys mark all but the first; LSH bands confirm each
-    candidate pair with the signatures' Jaccard estimate."""
-    if group.num_rows < 2:
-        return MARK_SCHEMA.empty_table()
-    order = pc.sort_indices(group, [("id", "ascending")])
-    group = group.take(order)
-    ids = group["id"].to_pylist()
-    key = group["key"][0].as_py()
-    marks: dict[str, tuple[str, str]] = {}
+def group_pairs(ids: list[str], key: str) -> list[tuple[str, str, str]]:
+    """Candidate (later id, earlier id, how) pairs of one key group, ids sorted: an exact group points every
+    member at its first; an LSH bucket pairs each member with up to MAX_PAIRWISE earlier ones."""
     if "|x|" in key:
-        for rid in ids[1:]:
-            marks[rid] = (ids[0], "exact")
-    else:
-        sigs = [np.frombuffer(s, dtype=np.uint64) for s in group["minhash"].to_pylist()]
-        for j in range(1, len(ids)):
-            for i in range(min(j, MAX_PAIRWISE)):
-                if float(np.mean(sigs[i] == sigs[j])) >= threshold:
-                    marks[ids[j]] = (ids[i], "near")
-                    break
-    return pa.table({"id": list(marks), "dup_of": [v[0] for v in marks.values()],
-                     "how": [v[1] for v in marks.values()]}, schema=MARK_SCHEMA)
+        return [(rid, ids[0], "exact") for rid in ids[1:]]
+    return [(ids[j], ids[i], "near") for j in range(1, len(ids)) for i in range(min(j, MAX_PAIRWISE))]
 
 
-def collect_marks(mark_tables: list[pa.Table]) -> dict[str, tuple[str, str]]:
-    """id -> (earliest record it duplicates, exact|near). Only duplicate ids travel here, never records."""
+def candidate_block(block: pa.Table) -> pa.Table:
+    """A block of a key-hash-partitioned, key-sorted shuffle holds whole key groups (what map_groups relies
+    on too): find the groups with numpy and go to Python only for those with two or more members."""
+    if block.num_rows < 2:
+        return PAIR_SCHEMA.empty_table()
+    block = block.take(pc.sort_indices(block, [("key", "ascending"), ("id", "ascending")]))
+    keys = block["key"].to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    sizes = np.diff(np.append(starts, len(keys)))
+    ids = block["id"].to_pylist()
+    pairs: list[tuple[str, str, str]] = []
+    for g in np.flatnonzero(sizes > 1):
+        a, n = int(starts[g]), int(sizes[g])
+        pairs += group_pairs(ids[a:a + n], keys[a])
+    return pa.table({"id": [p[0] for p in pairs], "cand": [p[1] for p in pairs], "how": [p[2] for p in pairs]},
+                    schema=PAIR_SCHEMA)
+
+
+def signatures_of(batch: pa.Table, wanted_ref) -> pa.Table:
+    wanted = ray.get(wanted_ref)
+    mask = pa.array([rid in wanted for rid in batch["id"].to_pylist()], pa.bool_())
+    return batch.select(["id", "minhash"]).filter(mask)
+
+
+def decide_marks(pairs: pa.Table, sigs: dict[str, np.ndarray], threshold: float) -> dict[str, tuple[str, str]]:
+    """id -> (earliest record it duplicates, exact|near). Exact pairs stand; near pairs must reach the
+    Jaccard threshold on the full signatures. The smallest (earlier id) wins: deterministic."""
     marks: dict[str, tuple[str, str]] = {}
-    for t in mark_tables:
-        for rid, dup_of, how in zip(t["id"].to_pylist(), t["dup_of"].to_pylist(), t["how"].to_pylist(),
-                                    strict=True):
-            # Arrival order is arbitrary: the smallest (dup_of, how) wins, so the result is deterministic.
-            if rid not in marks or (dup_of, how) < marks[rid]:
-                marks[rid] = (dup_of, how)
+    for rid, cand, how in zip(pairs["id"].to_pylist(), pairs["cand"].to_pylist(), pairs["how"].to_pylist(),
+                              strict=True):
+        if how == "near" and float(np.mean(sigs[rid] == sigs[cand])) < threshold:
+            continue
+        if rid not in marks or (cand, how) < marks[rid]:
+            marks[rid] = (cand, how)
     return marks
 
 
@@ -266,9 +273,21 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
             .select_columns(["id", "kind", "dropped_by", "exact_hash", "band_keys", "minhash"])
             .filter(expr=col("dropped_by").is_null()))
     keyed = live.map_batches(explode_keys, fn_kwargs={"cfg": cfg}, batch_format="pyarrow", **remote)
-    marks_ds = keyed.groupby("key", num_partitions=partitions).map_groups(
-        mark_group, fn_kwargs={"threshold": cfg.dedup.threshold}, batch_format="pyarrow", **remote)
-    marks = collect_marks(ray.get(marks_ds.to_arrow_refs()))
+    grouped = keyed.repartition(partitions, keys=["key"], sort=True)
+    pair_ds = grouped.map_batches(candidate_block, batch_size=None, batch_format="pyarrow", **remote)
+    pairs = pa.concat_tables([PAIR_SCHEMA.empty_table(), *ray.get(pair_ds.to_arrow_refs())])
+    # Only the signatures of records in a near-duplicate candidate pair come to the driver.
+    near = pairs.filter(pc.equal(pairs["how"], "near"))
+    wanted = set(near["id"].to_pylist()) | set(near["cand"].to_pylist())
+    sigs: dict[str, np.ndarray] = {}
+    if wanted:
+        sig_ds = (ray.data.read_parquet(str(work / "stage1")).select_columns(["id", "minhash"])
+                  .map_batches(signatures_of, fn_kwargs={"wanted_ref": ray.put(wanted)}, batch_format="pyarrow",
+                               **remote))
+        for t in ray.get(sig_ds.to_arrow_refs()):
+            for rid, sig in zip(t["id"].to_pylist(), t["minhash"].to_pylist(), strict=True):
+                sigs[rid] = np.frombuffer(sig, dtype=np.uint64)
+    marks = decide_marks(pairs, sigs, cfg.dedup.threshold)
     clusters = {how: len({d for d, h in marks.values() if h == how}) for how in ("exact", "near")}
     t2 = time.monotonic()
 
