@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -113,11 +113,27 @@ def _with_features(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=STAGE1_SCHEMA)
 
 
-def stage1_batch(batch: pa.Table, cfg: CleanConfig) -> pa.Table:
+def stage1_chunks(items: pa.Table, cfg: CleanConfig) -> Iterator[pa.Table]:
+    """Read whole chunks and clean them batch by batch in the same task: rows never round-trip through
+    Ray as Python dicts, and each yielded table is one output block (streaming, bounded memory)."""
+    from medgpt_ray.data.chunks import read_chunk
+
+    for item in items.to_pylist():
+        rows: list[dict[str, Any]] = []
+        for row in read_chunk(SourceChunk(**item)):
+            rows.append(row)
+            if len(rows) == cfg.batch_size:
+                yield stage1_rows(rows, cfg)
+                rows = []
+        if rows:
+            yield stage1_rows(rows, cfg)
+
+
+def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
     from medgpt_ray.data.ops.dedup import dedup_features
     from medgpt_ray.data.ops.record import clean_table
 
-    table = rows_to_table(convert_rows(batch.to_pylist(), cfg.pii))
+    table = rows_to_table(convert_rows(rows, cfg.pii))
     parts = [_with_features(table.filter(pc.is_valid(table["dropped_by"])))]
     live = table.filter(pc.is_null(table["dropped_by"]))
     for kind in sorted(set(live["kind"].to_pylist())):
@@ -261,9 +277,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    rows = ds.flat_map(_read, **remote)
-    stage1 = rows.map_batches(stage1_batch, fn_kwargs={"cfg": cfg}, batch_format="pyarrow",
-                              batch_size=cfg.batch_size, **remote)
+    stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg}, batch_format="pyarrow", batch_size=1, **remote)
     stage1.write_parquet(str(work / "stage1"))
     t1 = time.monotonic()
 
@@ -322,12 +336,6 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     echo(format_report(report, out))
     return report
-
-
-def _read(item: dict[str, Any]):
-    from medgpt_ray.data.chunks import read_chunk
-
-    return read_chunk(SourceChunk(**item))
 
 
 def build_report(counts: Counter[str], kinds: list[str], clusters: dict[str, int], files: list[str],

@@ -127,6 +127,9 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
     head = subprocess.Popen(
         [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
+         # Another cluster on this machine may hold the agents' default ports.
+         "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+         "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
          "--temp-dir", str(ray_tmp)],
         stdout=head_log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
