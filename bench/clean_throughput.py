@@ -32,8 +32,10 @@ def corpus(records: int, work: Path) -> Path:
     path = work / f"dirty_{records}.jsonl"
     if not path.is_file():
         work.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")  # an interrupted generation must not pass for a corpus
         subprocess.run([sys.executable, str(REPO / "bench" / "make_dirty_corpus.py"), "--records", str(records),
-                        "--out", str(path)], check=True, stdout=subprocess.DEVNULL)
+                        "--out", str(tmp)], check=True, stdout=subprocess.DEVNULL)
+        tmp.rename(path)
     return path
 
 

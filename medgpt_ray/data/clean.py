@@ -281,6 +281,15 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     stage1.write_parquet(str(work / "stage1"))
     t1 = time.monotonic()
 
+    if not any((work / "stage1").glob("*.parquet")):
+        # Inputs with no rows at all (empty files): nothing to dedup or write, but still a report.
+        (out / "quarantine").mkdir(mode=0o700)
+        shutil.rmtree(work, ignore_errors=True)
+        report = build_report(Counter(), [], {"exact": 0, "near": 0}, files, time.monotonic() - t0)
+        (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+        echo(format_report(report, out))
+        return report
+
     echo(f"[clean] 2/3 finding duplicates (exact={cfg.dedup.exact}, near={cfg.dedup.near}) "
          f"[{t1 - t0:.1f}s so far]")
     live = (ray.data.read_parquet(str(work / "stage1"))

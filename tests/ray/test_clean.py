@@ -141,3 +141,20 @@ def test_same_input_same_output(cleaned, repo, tmp_path):
     assert again["emitted"] == json.loads((out / "report.json").read_text())["emitted"]
     assert kept_tables(tmp_path / "again") == kept_tables(out)
     assert quarantine(tmp_path / "again") == quarantine(out)
+
+
+def test_an_empty_input_gives_an_empty_report(ray_cluster, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    report = clean_corpus([str(empty)], tmp_path / "out", "sft", CleanConfig(), echo=lambda _: None)
+    assert report["source_records"] == 0 and report["emitted"] == 0 and report["adds_up"]
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_auto_kind_on_a_file_with_no_known_rows_says_to_pass_kind(ray_cluster, tmp_path):
+    from medgpt_ray.data.readers import DataFileError
+
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"foo": 1, "bar": 2}\n')
+    with pytest.raises(DataFileError, match="pass --kind"):
+        clean_corpus([str(odd)], tmp_path / "out", "auto", CleanConfig(), echo=lambda _: None)
