@@ -196,6 +196,26 @@ def loss_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def save_outputs(trainer, inp: StageInputs, tokenizer, lora: bool, template=None, seq_cls: bool = False) -> None:
+    """adapter/ (LoRA) and model/: a plain HF directory that the next stage and users load directly.
+    The adapter is merged on rank 0 into the base reloaded from disk (never into 4-bit weights)."""
+    from medgpt_ray import models, templates
+
+    trainer.save_model(str(inp.out / ("adapter" if lora else "model")))
+    barrier()
+    if is_rank_zero():
+        if template is not None:
+            # The saved tokenizer carries the template, so downstream stages and users chat the same way.
+            templates.apply_to_tokenizer(template, tokenizer)
+        if lora:
+            tokenizer.save_pretrained(inp.out / "adapter")
+            models.merge_adapter_from_disk(Path(inp.model_path), inp.out / "adapter", inp.out / "model",
+                                           models.torch_dtype(inp.plan.precision), seq_cls=seq_cls)
+        else:
+            tokenizer.save_pretrained(inp.out / "model")
+    barrier()
+
+
 def write_result(inp: StageInputs, result: dict[str, Any]) -> None:
     """result.json is the stage's receipt; the pipeline records the manifest entry from it."""
     if not is_rank_zero():

@@ -11,11 +11,10 @@ from medgpt_ray.stages.common import (
     Sink,
     StageInputs,
     StageProgress,
-    barrier,
     base_result,
-    is_rank_zero,
     quiet_libraries,
     read_jsonl,
+    save_outputs,
     train,
     training_kwargs,
     write_result,
@@ -72,17 +71,7 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
                         "eval_reward_margin": ev.get("eval_rewards/margins"),
                         "eval_pairs": len(eval_ds)}
 
-    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
-    barrier()
-    if is_rank_zero():
-        templates.apply_to_tokenizer(template, tok)
-        if peft_config is not None:
-            tok.save_pretrained(inp.out / "adapter")
-            models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
-                                           models.torch_dtype(inp.plan.precision))
-        else:
-            tok.save_pretrained(inp.out / "model")
-    barrier()
+    save_outputs(trainer, inp, tok, lora=peft_config is not None, template=template)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
               "train_pairs": len(train_ds), "output_model": str(inp.out / "model")}
     write_result(inp, result)

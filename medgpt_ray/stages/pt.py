@@ -12,11 +12,10 @@ from medgpt_ray.stages.common import (
     Sink,
     StageInputs,
     StageProgress,
-    barrier,
     base_result,
-    is_rank_zero,
     quiet_libraries,
     read_jsonl,
+    save_outputs,
     train,
     training_kwargs,
     write_result,
@@ -75,14 +74,7 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         ev = trainer.evaluate()
         eval_metrics = {"eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))}
 
-    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
-    barrier()
-    if peft_config is not None and is_rank_zero():
-        models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
-                                       models.torch_dtype(inp.plan.precision))
-    elif is_rank_zero():
-        tok.save_pretrained(inp.out / "model")
-    barrier()
+    save_outputs(trainer, inp, tok, lora=peft_config is not None)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
               "train_blocks": len(train_blocks), "output_model": str(inp.out / "model")}
     write_result(inp, result)

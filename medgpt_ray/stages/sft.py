@@ -16,11 +16,10 @@ from medgpt_ray.stages.common import (
     Sink,
     StageInputs,
     StageProgress,
-    barrier,
     base_result,
-    is_rank_zero,
     quiet_libraries,
     read_jsonl,
+    save_outputs,
     train,
     training_kwargs,
     write_result,
@@ -82,18 +81,7 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         if "eval_mean_token_accuracy" in ev:
             eval_metrics["eval_token_accuracy"] = ev["eval_mean_token_accuracy"]
 
-    trainer.save_model(str(inp.out / ("adapter" if peft_config else "model")))
-    barrier()
-    if is_rank_zero():
-        # The merged model carries the template, so anything downstream (and users) chat the same way.
-        templates.apply_to_tokenizer(template, tok)
-        if peft_config is not None:
-            tok.save_pretrained(inp.out / "adapter")
-            models.merge_adapter_from_disk(model_path, inp.out / "adapter", inp.out / "model",
-                                           models.torch_dtype(inp.plan.precision))
-        else:
-            tok.save_pretrained(inp.out / "model")
-    barrier()
+    save_outputs(trainer, inp, tok, lora=peft_config is not None, template=template)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
               "train_records": len(train_ds), "skipped_too_long": too_long, "output_model": str(inp.out / "model")}
     write_result(inp, result)
