@@ -8,6 +8,7 @@ only place that knows about Ray Train.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -107,6 +108,8 @@ def _train_loop_per_worker(config: dict[str, Any]) -> None:
     from medgpt_ray.stages import run_stage
     from medgpt_ray.tiny import cache_root
 
+    # Each report's INFO line ("Reporting training result ...") would interleave with the progress lines.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
     # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
     inputs: StageInputs = config["inputs"]
