@@ -233,7 +233,7 @@ class Pipeline:
         forced = self._forced_stages(order)
         if self.opt.only_stage:
             order = [self.opt.only_stage]
-        # Only the data an about-to-run stage needs is prepared; fingerprints use the source bytes.
+        # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
         data_fps = {kind: data_fingerprint(self._data_paths(kind), self.cfg.data.eval_fraction,
                                            self.cfg.data.max_records)
                     for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
@@ -244,14 +244,14 @@ class Pipeline:
                                                 fingerprints.get(up) if up else None, base_config, prov)
 
         to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
-        stale = [s for s in order if s not in to_run]
-        for s in stale:
-            self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
         # A stage that reruns makes everything downstream of it rerun too.
         for s in _stage_order(self.cfg):
             up = _effective_upstream(self.cfg, s)
             if up in to_run and s not in to_run and s in order:
                 to_run.append(s)
+        for s in order:
+            if s not in to_run:
+                self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
         prepared = self._prepare_data() if to_run else {}
 
         namespace = ray.get_runtime_context().namespace
