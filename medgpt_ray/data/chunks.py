@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from medgpt_ray.data.readers import RecordError, iter_rows
+from medgpt_ray.data.files import iter_rows
+from medgpt_ray.data.readers import RecordError
 
 CHUNK_BYTES = 4 << 20  # ~8k dialogue records: enough chunks to keep every core busy
 

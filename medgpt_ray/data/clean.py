@@ -33,7 +33,8 @@ from ray.data.expressions import col
 from medgpt_ray.config import CleanConfig
 from medgpt_ray.data.chunks import SourceChunk, plan_chunks
 from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, rows_to_table
-from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format, expand_paths, iter_rows
+from medgpt_ray.data.files import expand_paths, iter_rows
+from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 
 FEATURE_FIELDS = [
     ("redactions", pa.string()),

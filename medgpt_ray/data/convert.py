@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from medgpt_ray.config import PIIConfig
-from medgpt_ray.data.readers import RecordError, _parse_json_line, to_canonical
+from medgpt_ray.data.files import parse_json_line
+from medgpt_ray.data.readers import RecordError, to_canonical
 
 # Every row of the cleaning pipeline has these columns (quarantined and kept alike).
 ROW_SCHEMA = pa.schema([
@@ -46,7 +47,7 @@ def convert_rows(rows: list[dict[str, Any]], pii: PIIConfig) -> list[dict[str, A
             out.append({**base, "id": rid, "record": None, "raw": r["raw"], "dropped_by": "reader",
                         "reason": r["error"]})
             continue
-        row = _parse_json_line(r["text"])
+        row = parse_json_line(r["text"])
         if isinstance(row, RecordError):
             out.append({**base, "id": rid, "record": None, "raw": row.raw, "dropped_by": "reader",
                         "reason": row.reason})

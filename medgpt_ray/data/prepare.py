@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medgpt_ray.data.readers import load_canonical
+from medgpt_ray.data.files import load_canonical
 from medgpt_ray.manifest import file_sha256
 
 

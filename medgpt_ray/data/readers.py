@@ -25,13 +25,8 @@ messages end up in reports and logs (ARCHITECTURE.md, data cleaning semantics).
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Literal
 
 Kind = Literal["pretrain", "sft", "preference"]
@@ -63,24 +58,6 @@ class RecordError(ValueError):
 
 class DataFileError(ValueError):
     """A problem with a whole file (missing, unreadable, wrong type); the message names the file."""
-
-
-@dataclass
-class Quarantined:
-    file: str
-    line: int
-    reason: str
-    raw: str | None = None  # only for unparseable lines; parsed records are never stored here verbatim
-
-
-@dataclass
-class LoadResult:
-    records: list[dict] = field(default_factory=list)
-    quarantined: list[Quarantined] = field(default_factory=list)
-    source_count: int = 0
-    # per file: detected format -> number of source rows; rows that did not parse count as "unparseable",
-    # rows of no known format as "unknown", so the counts of a file add up to its source rows.
-    detected: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -344,12 +321,12 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
 }
 
 
-def _check_kind(kind: str) -> None:
+def check_kind(kind: str) -> None:
     if kind not in KIND_FORMATS:
         raise ValueError(f"unknown data kind {kind!r} (expected one of {', '.join(KIND_FORMATS)})")
 
 
-def _convert(row: dict, fmt: str, kind: str) -> list[dict]:
+def convert_as(row: dict, fmt: str, kind: str) -> list[dict]:
     if fmt not in KIND_FORMATS[kind]:
         raise RecordError(f"a {fmt} record cannot be used as {kind} data "
                           f"(accepted formats: {', '.join(KIND_FORMATS[kind])})")
@@ -358,186 +335,5 @@ def _convert(row: dict, fmt: str, kind: str) -> list[dict]:
 
 def to_canonical(row: dict, kind: Kind) -> list[dict]:
     """Convert one source row into canonical record(s) of `kind`; RecordError says why it cannot be."""
-    _check_kind(kind)
-    return _convert(row, detect_format(row), kind)
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading files
-# --------------------------------------------------------------------------------------------------
-
-RowOrError = tuple[int, dict | RecordError]
-
-
-def _parse_json_line(text: str) -> dict | RecordError:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:  # e.msg is the parser's reason; str(e) would be the same, never the text
-        return RecordError(f"invalid JSON: {e.msg} (column {e.colno})", raw=text)
-    if not isinstance(obj, dict):
-        return RecordError(f"JSON value is a {type(obj).__name__}, not an object", raw=text)
-    return obj
-
-
-def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if lineno == 1:
-                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM from Windows editors
-            raw = raw.rstrip(b"\r\n")
-            if not raw.strip():
-                continue  # blank lines hold no record
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield lineno, RecordError(f"line is not valid UTF-8 (byte {e.start})",
-                                          raw=raw.decode("utf-8", "replace"))
-                continue
-            yield lineno, _parse_json_line(text)
-
-
-def _iter_json(path: Path) -> Iterator[RowOrError]:
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataFileError(f"{path}: not valid UTF-8 (byte {e.start})") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        if text.lstrip().startswith("{"):  # JSON Lines saved as .json, as `datasets` also accepts
-            yield from _iter_jsonl(path)
-            return
-        raise DataFileError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    if isinstance(obj, dict):  # a single record
-        yield 1, obj
-        return
-    if not isinstance(obj, list):
-        raise DataFileError(f"{path}: top-level JSON value is a {type(obj).__name__}, expected an array of records")
-    for i, item in enumerate(obj, 1):
-        yield i, item if isinstance(item, dict) else RecordError(
-            f"array element is a {type(item).__name__}, not an object", raw=json.dumps(item, ensure_ascii=False))
-
-
-def _decode_csv(path: Path) -> str:
-    """UTF-8 (with or without BOM) when the bytes are valid UTF-8, else GB18030 (a superset of GBK/GB2312,
-    what Toyhom and most Chinese Excel exports use). Strict UTF-8 first: GB18030 decodes almost any bytes."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        pass
-    try:
-        return data.decode("gb18030")
-    except UnicodeDecodeError as e:
-        raise DataFileError(f"{path}: neither UTF-8 nor GB18030 (byte {e.start})") from None
-
-
-def _iter_csv(path: Path) -> Iterator[RowOrError]:
-    # Long answers exceed the csv module's default 128 KiB field limit.
-    csv.field_size_limit(max(csv.field_size_limit(), 64 * 1024 * 1024))
-    reader = csv.reader(io.StringIO(_decode_csv(path), newline=""))
-    try:
-        header = next(reader, None)
-        if header is None:
-            return
-        header = [h.strip() for h in header]
-        if any(not h for h in header) or len(set(header)) != len(header):
-            raise DataFileError(f"{path}: header has empty or repeated column names")
-        number = 0
-        for row in reader:
-            if not row:
-                continue  # blank line
-            number += 1
-            if len(row) != len(header):
-                buf = io.StringIO()
-                csv.writer(buf).writerow(row)
-                yield number, RecordError(f"row has {len(row)} fields, header has {len(header)}",
-                                          raw=buf.getvalue().rstrip("\r\n"))
-                continue
-            yield number, dict(zip(header, row, strict=True))
-    except csv.Error as e:
-        raise DataFileError(f"{path}: CSV error near line {reader.line_num}: {e}") from None
-
-
-def _iter_parquet(path: Path) -> Iterator[RowOrError]:
-    import pyarrow.parquet as pq  # imported here: the JSON/CSV readers must not need pyarrow
-
-    try:
-        pf = pq.ParquetFile(path)
-    except Exception as e:  # pyarrow raises several types for a bad file
-        raise DataFileError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
-    index = 0
-    for batch in pf.iter_batches(batch_size=1024):
-        for row in batch.to_pylist():
-            index += 1
-            yield index, row
-
-
-READERS: dict[str, Callable[[Path], Iterator[RowOrError]]] = {
-    ".jsonl": _iter_jsonl, ".json": _iter_json, ".csv": _iter_csv, ".parquet": _iter_parquet,
-}
-
-
-def iter_rows(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
-    """Yield (line, row) for every source row of a file, or (line, RecordError) for one that does not parse.
-
-    "line" is the physical line (1-based) for .jsonl, the array index + 1 for .json, the data row number
-    (1-based, header and blank lines not counted) for .csv and the row index + 1 for .parquet. A .json file
-    may also hold a single object (line 1) or JSON Lines. Blank .jsonl lines are skipped, not counted as rows.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataFileError(f"{path}: no such file")
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise DataFileError(f"{path}: unsupported file type {path.suffix!r} (expected one of {', '.join(SUFFIXES)})")
-    yield from reader(path)
-
-
-def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files to read, in order: directories expand to their data files (recursive, sorted, hidden skipped)."""
-    out: list[Path] = []
-    seen: set[Path] = set()
-    for p in map(Path, paths):
-        if not p.exists():
-            raise DataFileError(f"{p}: no such file or directory")
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
-            if not found:
-                raise DataFileError(f"{p}: directory holds no {', '.join(SUFFIXES)} files")
-        else:
-            found = [p]
-        for f in found:
-            key = f.resolve()
-            if key not in seen:  # a file named directly and through its folder is read once
-                seen.add(key)
-                out.append(f)
-    return out
-
-
-def load_canonical(paths: Sequence[str | Path], kind: Kind) -> LoadResult:
-    """Read every source row of `paths` as `kind` data: each is converted or quarantined, never dropped."""
-    _check_kind(kind)
-    result = LoadResult()
-    for path in expand_paths(paths):
-        name = str(path)
-        counts: dict[str, int] = result.detected.setdefault(name, {})
-        for line, row in iter_rows(path):
-            result.source_count += 1
-            if isinstance(row, RecordError):
-                counts["unparseable"] = counts.get("unparseable", 0) + 1
-                result.quarantined.append(Quarantined(name, line, row.reason, row.raw))
-                continue
-            try:
-                fmt = detect_format(row)
-            except RecordError as e:
-                counts["unknown"] = counts.get("unknown", 0) + 1
-                result.quarantined.append(Quarantined(name, line, e.reason))
-                continue
-            counts[fmt] = counts.get(fmt, 0) + 1
-            try:
-                result.records.extend(_convert(row, fmt, kind))
-            except RecordError as e:
-                result.quarantined.append(Quarantined(name, line, e.reason))
-    return result
+    check_kind(kind)
+    return convert_as(row, detect_format(row), kind)

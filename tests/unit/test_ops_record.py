@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from medgpt_ray.config import CleanConfig, PIIConfig, SignoffConfig
+from medgpt_ray.data.files import iter_rows
 from medgpt_ray.data.ops.record import (
     CleanOutcome,
     clean_record,
@@ -19,7 +20,7 @@ from medgpt_ray.data.ops.record import (
     text_fields,
 )
 from medgpt_ray.data.ops.signoff import compile_signoffs, strip_signoff
-from medgpt_ray.data.readers import RecordError, iter_rows, to_canonical
+from medgpt_ray.data.readers import RecordError, to_canonical
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "data" / "sample" / "raw"
