@@ -25,7 +25,7 @@ from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, Pipeline
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
 from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
 from medgpt_ray.memory.planner import StagePlan, plan_stage
-from medgpt_ray.progress import ProgressActor, ProgressPrinter
+from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
 from medgpt_ray.stages.common import StageInputs
 
 # Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
@@ -379,7 +379,7 @@ class Pipeline:
                     "plan": plans[stage].to_dict(), "result": result, "workers": result.get("workers", []),
                 })
                 results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
-                self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {_result_brief(result)}")
+                self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
             except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
                 results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
                 self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
@@ -420,25 +420,3 @@ class Pipeline:
         write_json_atomic(self.run_dir / "summary.json", summary)
         self.echo(format_summary(summary))
         return summary
-
-
-def _result_brief(r: dict[str, Any]) -> str:
-    parts = [f"{r.get('steps')} steps"]
-    if r.get("train_loss_first") is not None:
-        parts.append(f"loss {r['train_loss_first']:.3f} -> {r['train_loss_last']:.3f}")
-    parts += [f"{k} {v:.3f}" for k, v in r.get("eval", {}).items() if isinstance(v, float)]
-    return ", ".join(parts)
-
-
-def format_summary(summary: dict[str, Any]) -> str:
-    head = f"{'stage':<6}{'status':<10}{'steps':>6}{'wall s':>9}  {'loss first -> last':<20}  eval"
-    lines = [f"summary of run '{summary['name']}' ({summary['wall_s']:.0f}s)", head, "-" * len(head)]
-    for s, st in summary["stages"].items():
-        loss = (f"{st['train_loss_first']:.3f} -> {st['train_loss_last']:.3f}"
-                if st.get("train_loss_first") is not None else "")
-        ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get("eval") or {}).items()
-                       if isinstance(v, float))
-        wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
-        lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}  {loss:<20}  {ev}")
-    lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
-    return "\n".join(lines)
