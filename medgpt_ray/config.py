@@ -48,7 +48,13 @@ class StageConfig(_Strict):
     seq_len: Annotated[int, Field(ge=8)] = 1024
     micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
     effective_batch: Annotated[int, Field(ge=1)] = 16  # global: micro x accumulation x workers
-    grad_ckpt: Auto | bool = "auto"
+    # true: every decoder layer recomputes its activations; false: none; a fraction in (0, 1): that share
+    # of the layers (selective checkpointing, the first ones).
+    grad_ckpt: Auto | bool | Annotated[float, Field(gt=0, lt=1)] = "auto"
+    # Fused linear cross-entropy (no b x s x vocab logits). pt: Liger's kernel (GPU, gpu extra);
+    # sft and dpo: TRL's chunked LM head, always on; rm has no vocabulary head.
+    fused_ce: Auto | bool = "auto"
+    optim: Literal["auto", "adamw", "adamw-8bit"] = "auto"
     zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"
     offload: Literal["auto", "none", "optimizer", "all"] = "auto"
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.03
@@ -64,6 +70,8 @@ class StageConfig(_Strict):
 class DPOStageConfig(StageConfig):
     beta: Annotated[float, Field(gt=0)] = 0.1
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
+    # Score the reference once before training instead of a no-grad reference pass every step.
+    precompute_ref_log_probs: bool = False
 
 
 class StagesConfig(_Strict):
@@ -171,6 +179,14 @@ class ResourcesConfig(_Strict):
     cpus_per_worker: Annotated[float, Field(gt=0)] = 1
     # Ray Train's storage; must be shared by all nodes on a multi-node cluster.
     storage_path: str | None = None
+    # The planner's per-GPU budget: null reads the device (free memory, less the CUDA context);
+    # a number plans for that card (e.g. 24 for an RTX 4090) wherever the plan is made.
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    memory_margin_gib: Annotated[float, Field(ge=0)] = 2.0
+    # For absolute throughput predictions: a name from medgpt_ray.memory.throughput.GPU_SPECS, or auto.
+    gpu_type: str = "auto"
+    # Halve the micro-batch and resume when a stage hits CUDA OOM (same effective batch).
+    oom_backoff: bool = True
 
 
 class PipelineConfig(_Strict):

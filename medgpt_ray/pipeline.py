@@ -208,7 +208,7 @@ class Pipeline:
         stage_cfg = self.cfg.stages.get(stage).model_dump(mode="json")
         stage_cfg.pop("enabled")
         return sha256_json({
-            "stage": stage, "config": stage_cfg, "plan": plan.to_dict(), "data": data_fp,
+            "stage": stage, "config": stage_cfg, "plan": plan.identity(), "data": data_fp,
             "upstream": upstream_fp, "base_model": base_config, "template": self._template(stage),
             "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
         })

@@ -8,32 +8,15 @@ stay the same, and both are saved as plan.json beside every stage's outputs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.memory.plan import StagePlan, deepspeed_config
+
+__all__ = ["StagePlan", "deepspeed_config", "plan_stage"]
 
 MAX_AUTO_MICRO_BATCH_CPU = 8
 MAX_AUTO_MICRO_BATCH_GPU = 1  # the field reports' 7B-on-24GB setting; the estimator (issue 4) will search
-
-
-@dataclass
-class StagePlan:
-    stage: str
-    method: str
-    precision: str
-    micro_batch: int
-    grad_accum: int
-    num_workers: int
-    use_gpu: bool
-    grad_ckpt: bool
-    zero_stage: int
-    offload: str
-    deepspeed: dict[str, Any] | None
-    reasons: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _pick(value: Any, default: Any, key: str, why: str, reasons: list[str]) -> Any:
@@ -46,37 +29,6 @@ def _pick(value: Any, default: Any, key: str, why: str, reasons: list[str]) -> A
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
-
-
-def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None:
-    """The DeepSpeed dict, with every value concrete (no "auto") and in agreement with TrainingArguments."""
-    if plan.zero_stage == 0:
-        return None
-    zero: dict[str, Any] = {
-        "stage": plan.zero_stage,
-        "overlap_comm": plan.use_gpu,
-        "contiguous_gradients": True,
-        "reduce_bucket_size": 5e7,
-    }
-    if plan.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    if plan.offload in ("optimizer", "all"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.use_gpu}
-    if plan.offload == "all":
-        if plan.zero_stage != 3:
-            raise ConfigError(f"stages.{plan.stage}.offload: 'all' (parameter offload) needs zero_stage 3")
-        zero["offload_param"] = {"device": "cpu", "pin_memory": plan.use_gpu}
-    return {
-        "train_micro_batch_size_per_gpu": plan.micro_batch,
-        "gradient_accumulation_steps": plan.grad_accum,
-        "train_batch_size": plan.micro_batch * plan.grad_accum * plan.num_workers,
-        "gradient_clipping": cfg.max_grad_norm,
-        "bf16": {"enabled": plan.precision in ("bf16", "amp-bf16")},
-        "fp16": {"enabled": False},
-        "zero_optimization": zero,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
 
 
 def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool) -> StagePlan:
@@ -104,6 +56,9 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool) ->
             f"(effective_batch {cfg.effective_batch} / {num_workers} workers)"
         )
     grad_ckpt = _pick(cfg.grad_ckpt, use_gpu, "grad_ckpt", "on for GPUs, off on CPU", reasons)
+    fraction = float(grad_ckpt) if not isinstance(grad_ckpt, bool) else (1.0 if grad_ckpt else 0.0)
+    fused = _pick(cfg.fused_ce, stage in ("sft", "dpo"), "fused_ce", "TRL's chunked LM head for sft/dpo", reasons)
+    optim = _pick(cfg.optim, "adamw", "optim", "AdamW", reasons)
     default_zero = 2 if (use_gpu and num_workers > 1 and method == "full") else 0
     zero = _pick(cfg.zero_stage, default_zero, "zero_stage", "ZeRO-2 for multi-GPU full training, else none",
                  reasons)
@@ -113,6 +68,6 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool) ->
     if method == "qlora" and zero == 3:
         raise ConfigError(f"stages.{stage}.zero_stage: 3 cannot shard 4-bit QLoRA weights; use 0, 1 or 2")
     plan = StagePlan(stage, method, precision, micro, per_worker // micro, num_workers, use_gpu,
-                     bool(grad_ckpt), int(zero), offload, None, reasons)
+                     fraction, bool(fused), optim, int(zero), offload, None, reasons)
     plan.deepspeed = deepspeed_config(plan, cfg)
     return plan

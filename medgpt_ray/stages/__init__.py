@@ -17,3 +17,10 @@ def run_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None
 
     runners = {"pt": pt.run, "sft": sft.run, "rm": rm.run, "dpo": dpo.run}
     return runners[inputs.stage](inputs, sink)
+
+
+def build_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None):
+    """The stage's trainer, built exactly as run_stage builds it, not yet trained (memory calibration)."""
+    import importlib
+
+    return importlib.import_module(f"medgpt_ray.stages.{inputs.stage}").build(inputs, sink)

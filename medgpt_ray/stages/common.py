@@ -15,7 +15,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray.config import StageConfig
-from medgpt_ray.memory.planner import StagePlan
+from medgpt_ray.memory.plan import StagePlan
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -40,6 +40,18 @@ class StageInputs:
     @property
     def checkpoint_dir(self) -> Path:
         return self.out / "checkpoints"
+
+
+@dataclass
+class BuiltStage:
+    """A stage's trainer, ready to train: what `run` goes on with and what the memory calibration measures."""
+
+    trainer: Any
+    tokenizer: Any
+    lora: bool
+    template: Any = None
+    has_eval: bool = False
+    extras: dict[str, Any] | None = None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -106,9 +118,83 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
         "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
     }
-    if plan.grad_ckpt:
+    if plan.ckpt_fraction > 0:
         kwargs.update(checkpointing_kwargs())
+    kwargs["optim"] = optimizer_name(plan)
+    if plan.fused_ce and inp.stage == "pt":
+        # Only the fused linear cross-entropy: the estimator models the stock layers' activations.
+        kwargs["use_liger_kernel"] = True
+        kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": True, "cross_entropy": False,
+                                         "rope": False, "rms_norm": False, "swiglu": False}
     return kwargs
+
+
+def optimizer_name(plan: StagePlan) -> str:
+    if plan.optim == "adamw-8bit":
+        return "adamw_bnb_8bit"
+    return "adamw_torch_fused" if plan.use_gpu else "adamw_torch"
+
+
+class SelectiveCheckpointing(TrainerCallback):
+    """Checkpoint only the first `fraction` of the decoder layers.
+
+    The Trainer switches checkpointing on for every layer when training starts
+    (before on_train_begin). The layers past the fraction are then pinned to
+    "never checkpoint": TRL's DPO switches checkpointing off and on again around
+    its reference pass every step, which would otherwise re-enable them all.
+    Works on the `gradient_checkpointing` flag of transformers'
+    GradientCheckpointingLayer, which 5.17 and 5.24 share.
+    """
+
+    def __init__(self, fraction: float):
+        self.fraction = fraction
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        for layer in layers[round(self.fraction * len(layers)):]:
+            _pin_no_checkpointing(layer)
+
+
+def _pin_no_checkpointing(layer) -> None:
+    cls = type(layer)
+    if getattr(cls, "_medgpt_pinned", False):
+        return
+    # A data descriptor on the class wins over the flag that enable/disable write into the instance.
+    layer.__class__ = type(f"Uncheckpointed{cls.__name__}", (cls,), {
+        "_medgpt_pinned": True,
+        "gradient_checkpointing": property(lambda self: False, lambda self, value: None),
+    })
+
+
+def stage_callbacks(inp: StageInputs, sink: Sink | None) -> list[TrainerCallback]:
+    callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink)]
+    if 0 < inp.plan.ckpt_fraction < 1:
+        callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
+    if os.environ.get(INJECT_OOM_ENV):
+        callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
+    return callbacks
+
+
+# Test hook for the OOM back-off: raise torch.OutOfMemoryError when this optimizer step is reached,
+# once per stage directory (a marker file records that it fired, so the resumed attempt goes on).
+INJECT_OOM_ENV = "MEDGPT_RAY_INJECT_OOM_AT_STEP"
+
+
+class InjectedOOM(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+
+        marker = Path(args.output_dir).parent / ".injected_oom"
+        if state.global_step >= self.step and not marker.exists():
+            barrier()
+            if is_rank_zero():
+                marker.write_text(str(state.global_step))
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
 
 
 def checkpointing_kwargs() -> dict[str, Any]:

@@ -8,13 +8,14 @@ from typing import Any
 
 from medgpt_ray import models, templates
 from medgpt_ray.stages.common import (
+    BuiltStage,
     Sink,
     StageInputs,
-    StageProgress,
     base_result,
     quiet_libraries,
     read_jsonl,
     save_outputs,
+    stage_callbacks,
     train,
     training_kwargs,
     write_result,
@@ -33,10 +34,9 @@ def preference_texts(records: list[dict], tokenizer, template):
     })
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     from trl import DPOConfig, DPOTrainer
 
-    t0 = time.monotonic()
     quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
@@ -51,7 +51,8 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
     args = DPOConfig(**training_kwargs(inp), beta=inp.cfg.beta, loss_type=[inp.cfg.loss_type],
-                     max_length=inp.cfg.seq_len, dataset_num_proc=None)
+                     max_length=inp.cfg.seq_len, dataset_num_proc=None,
+                     precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs)
     trainer = DPOTrainer(
         model=model,
         ref_model=ref_model,
@@ -60,19 +61,30 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=[StageProgress("dpo", inp.out / "metrics.jsonl", sink)],
+        callbacks=stage_callbacks(inp, sink),
     )
+    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
+                      extras={"train_pairs": len(train_ds),
+                              "eval_pairs": len(eval_ds) if eval_ds is not None else 0})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    built = build(inp, sink)
+    trainer, tok = built.trainer, built.tokenizer
+    extras = dict(built.extras or {})
+    eval_pairs = extras.pop("eval_pairs")
     out, resumed = train(trainer, inp)
     eval_metrics = {}
-    if eval_ds is not None:
+    if built.has_eval:
         ev = trainer.evaluate()
         eval_metrics = {"eval_loss": ev["eval_loss"],
                         "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
                         "eval_reward_margin": ev.get("eval_rewards/margins"),
-                        "eval_pairs": len(eval_ds)}
+                        "eval_pairs": eval_pairs}
 
-    save_outputs(trainer, inp, tok, lora=peft_config is not None, template=template)
+    save_outputs(trainer, inp, tok, lora=built.lora, template=built.template)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_pairs": len(train_ds), "output_model": str(inp.out / "model")}
+              **extras, "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

@@ -9,13 +9,14 @@ from typing import Any
 
 from medgpt_ray import models
 from medgpt_ray.stages.common import (
+    BuiltStage,
     Sink,
     StageInputs,
-    StageProgress,
     base_result,
     quiet_libraries,
     read_jsonl,
     save_outputs,
+    stage_callbacks,
     train,
     training_kwargs,
     write_result,
@@ -41,10 +42,9 @@ def _dataset(blocks: list[list[int]]):
                               "labels": blocks})
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     from transformers import Trainer, TrainingArguments, default_data_collator
 
-    t0 = time.monotonic()
     quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
@@ -66,16 +66,24 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         train_dataset=_dataset(train_blocks),
         eval_dataset=_dataset(eval_blocks) if eval_blocks else None,
         data_collator=default_data_collator,
-        callbacks=[StageProgress("pt", inp.out / "metrics.jsonl", sink)],
+        callbacks=stage_callbacks(inp, sink),
     )
+    return BuiltStage(trainer, tok, lora=peft_config is not None, has_eval=bool(eval_blocks),
+                      extras={"train_blocks": len(train_blocks)})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    built = build(inp, sink)
+    trainer, tok = built.trainer, built.tokenizer
     out, resumed = train(trainer, inp)
     eval_metrics: dict[str, Any] = {}
-    if eval_blocks:
+    if built.has_eval:
         ev = trainer.evaluate()
         eval_metrics = {"eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))}
 
-    save_outputs(trainer, inp, tok, lora=peft_config is not None)
+    save_outputs(trainer, inp, tok, lora=built.lora)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_blocks": len(train_blocks), "output_model": str(inp.out / "model")}
+              **(built.extras or {}), "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

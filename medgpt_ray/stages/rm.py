@@ -8,13 +8,14 @@ from typing import Any
 
 from medgpt_ray import models, templates
 from medgpt_ray.stages.common import (
+    BuiltStage,
     Sink,
     StageInputs,
-    StageProgress,
     base_result,
     quiet_libraries,
     read_jsonl,
     save_outputs,
+    stage_callbacks,
     train,
     training_kwargs,
     write_result,
@@ -41,10 +42,9 @@ def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), too_long
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     from trl import RewardConfig, RewardTrainer
 
-    t0 = time.monotonic()
     quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
@@ -64,17 +64,28 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=[StageProgress("rm", inp.out / "metrics.jsonl", sink)],
+        callbacks=stage_callbacks(inp, sink),
     )
+    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
+                      extras={"train_pairs": len(train_ds), "skipped_too_long": too_long,
+                              "eval_pairs": len(eval_ds) if eval_ds is not None else 0})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    built = build(inp, sink)
+    trainer, tok = built.trainer, built.tokenizer
+    extras = dict(built.extras or {})
+    eval_pairs = extras.pop("eval_pairs")
     out, resumed = train(trainer, inp)
     eval_metrics = {}
-    if eval_ds is not None:
+    if built.has_eval:
         ev = trainer.evaluate()
         eval_metrics = {"eval_loss": ev["eval_loss"], "eval_accuracy": ev["eval_accuracy"],
-                        "eval_margin": ev.get("eval_margin"), "eval_pairs": len(eval_ds)}
+                        "eval_margin": ev.get("eval_margin"), "eval_pairs": eval_pairs}
 
-    save_outputs(trainer, inp, tok, lora=peft_config is not None, seq_cls=True)
+    save_outputs(trainer, inp, tok, lora=built.lora, seq_cls=True)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_pairs": len(train_ds), "skipped_too_long": too_long, "output_model": str(inp.out / "model")}
+              **extras, "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

@@ -13,13 +13,14 @@ from typing import Any
 
 from medgpt_ray import models, templates
 from medgpt_ray.stages.common import (
+    BuiltStage,
     Sink,
     StageInputs,
-    StageProgress,
     base_result,
     quiet_libraries,
     read_jsonl,
     save_outputs,
+    stage_callbacks,
     train,
     training_kwargs,
     write_result,
@@ -48,10 +49,9 @@ def encode_conversations(records: list[dict], tokenizer, template, seq_len: int)
     }), too_long
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     from trl import SFTConfig, SFTTrainer
 
-    t0 = time.monotonic()
     quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
@@ -71,18 +71,26 @@ def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=[StageProgress("sft", inp.out / "metrics.jsonl", sink)],
+        callbacks=stage_callbacks(inp, sink),
     )
+    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
+                      extras={"train_records": len(train_ds), "skipped_too_long": too_long})
+
+
+def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    built = build(inp, sink)
+    trainer, tok = built.trainer, built.tokenizer
     out, resumed = train(trainer, inp)
     eval_metrics = {}
-    if eval_ds is not None:
+    if built.has_eval:
         ev = trainer.evaluate()
         eval_metrics = {"eval_loss": ev["eval_loss"]}
         if "eval_mean_token_accuracy" in ev:
             eval_metrics["eval_token_accuracy"] = ev["eval_mean_token_accuracy"]
 
-    save_outputs(trainer, inp, tok, lora=peft_config is not None, template=template)
+    save_outputs(trainer, inp, tok, lora=built.lora, template=built.template)
     result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              "train_records": len(train_ds), "skipped_too_long": too_long, "output_model": str(inp.out / "model")}
+              **(built.extras or {}), "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

@@ -1,0 +1,108 @@
+"""StagePlan: every knob of one stage made concrete, and the DeepSpeed dict that goes with it.
+
+The planner (planner.py) fills it; the stages read it; it is saved as plan.json
+beside every stage's outputs, with the prediction it was chosen on and any OOM
+back-offs that happened while it ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from medgpt_ray.config import ConfigError, StageConfig
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    method: str
+    precision: str
+    micro_batch: int
+    grad_accum: int
+    num_workers: int
+    use_gpu: bool
+    ckpt_fraction: float  # share of decoder layers that recompute activations: 0 none, 1 full
+    fused_ce: bool
+    optim: str  # adamw | adamw-8bit
+    zero_stage: int
+    offload: str
+    deepspeed: dict[str, Any] | None
+    reasons: list[str] = field(default_factory=list)
+    prediction: dict[str, Any] | None = None  # peak_gib, budget_gib, breakdown_gib, tokens_per_s...
+    alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
+    backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
+
+    @property
+    def grad_ckpt(self) -> bool:
+        return self.ckpt_fraction > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagePlan:
+        return cls(**d)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the stage's result (for fingerprints): not the explanation, not the back-offs
+        (a backed-off run trains the same effective batch on the same data)."""
+        d = self.to_dict()
+        for k in ("reasons", "prediction", "alternatives", "backoffs", "micro_batch", "grad_accum", "deepspeed"):
+            d.pop(k)
+        d["per_worker_batch"] = self.micro_batch * self.grad_accum
+        return d
+
+
+def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None:
+    """The DeepSpeed dict, with every value concrete (no "auto") and in agreement with TrainingArguments."""
+    if plan.zero_stage == 0:
+        return None
+    zero: dict[str, Any] = {
+        "stage": plan.zero_stage,
+        "overlap_comm": plan.use_gpu,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e7,
+    }
+    if plan.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        zero["stage3_prefetch_bucket_size"] = 5e7
+        zero["stage3_param_persistence_threshold"] = 1e5
+        zero["stage3_max_live_parameters"] = 1e9
+    if plan.offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.use_gpu}
+    if plan.offload == "all":
+        if plan.zero_stage != 3:
+            raise ConfigError(f"stages.{plan.stage}.offload: 'all' (parameter offload) needs zero_stage 3")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": plan.use_gpu}
+    return {
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "train_batch_size": plan.micro_batch * plan.grad_accum * plan.num_workers,
+        "gradient_clipping": cfg.max_grad_norm,
+        "bf16": {"enabled": plan.precision in ("bf16", "amp-bf16")},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int | None) -> bool:
+    """OOM back-off: half the micro-batch, twice the accumulation (same effective batch).
+    False when there is nothing left to give (micro-batch 1 with full checkpointing)."""
+    if plan.micro_batch == 1 and plan.ckpt_fraction >= 1:
+        return False
+    before = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "ckpt_fraction": plan.ckpt_fraction}
+    if plan.micro_batch > 1:
+        # The largest divisor of the micro-batch up to its half keeps micro x accumulation unchanged.
+        smaller = max(d for d in range(1, plan.micro_batch // 2 + 1) if plan.micro_batch % d == 0)
+        plan.grad_accum *= plan.micro_batch // smaller
+        plan.micro_batch = smaller
+    else:
+        plan.ckpt_fraction = 1.0  # micro-batch 1 already: recompute every layer
+    plan.backoffs.append({"after_step": step, "reason": reason, "before": before,
+                          "after": {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
+                                    "ckpt_fraction": plan.ckpt_fraction}})
+    plan.deepspeed = deepspeed_config(plan, cfg)
+    return True
