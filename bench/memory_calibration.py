@@ -176,11 +176,12 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
 
+    accum = int(c.get("grad_accum", 1))
     cls = DPOStageConfig if c["stage"] == "dpo" else StageConfig
     cfg = cls(method=c["method"], precision=c["precision"], lora=LoraConfig(rank=c["lora_rank"], alpha=16,
               dropout=0.05), seq_len=c["seq_len"], max_steps=steps, micro_batch=c["micro_batch"],
-              effective_batch=c["micro_batch"], save_steps=10**6, logging_steps=1, lr=1e-5)
-    plan = StagePlan(c["stage"], c["method"], c["precision"], c["micro_batch"], 1, 1, True, c["ckpt_fraction"],
+              effective_batch=c["micro_batch"] * accum, save_steps=10**6, logging_steps=1, lr=1e-5)
+    plan = StagePlan(c["stage"], c["method"], c["precision"], c["micro_batch"], accum, 1, True, c["ckpt_fraction"],
                      c["fused_ce"], c["optim"], c["zero"], c["offload"], None)
     plan.deepspeed = deepspeed_config(plan, cfg)
     data = {"pt": "pretrain.jsonl", "sft": "sft.jsonl", "rm": "pref.jsonl", "dpo": "pref.jsonl"}[c["stage"]]
@@ -201,6 +202,7 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
     try:
         built = build_stage(inp, None)
         built.trainer.add_callback(Probe())
+        built.trainer.args.save_strategy = "no"  # a measurement: no checkpoint at the last step (disk)
         out["weights_on_gpu_gib"] = torch.cuda.memory_allocated() / GIB
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -210,13 +212,17 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
         out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
         out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
         out["step_peaks_gib"] = [round(x, 3) for x in step_peak]
-        tokens_per_step = c["micro_batch"] * c["seq_len"] * (2 if c["stage"] in ("rm", "dpo") else 1)
+        tokens_per_step = accum * c["micro_batch"] * c["seq_len"] * (2 if c["stage"] in ("rm", "dpo") else 1)
         if len(step_t) >= 2:
             out["tokens_per_s"] = tokens_per_step * (len(step_t) - 1) / (step_t[-1] - step_t[0])
         out["wall_s"] = time.perf_counter() - t0
     except torch.OutOfMemoryError:
         out["status"] = "oom"
         out["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    finally:
+        import shutil
+
+        shutil.rmtree(inp.out, ignore_errors=True)
     return out
 
 
@@ -229,7 +235,8 @@ def predict(c: dict[str, Any]) -> dict[str, Any]:
 
     setup = TrainSetup(stage=c["stage"], method=c["method"], precision=c["precision"], micro_batch=c["micro_batch"],
                        seq_len=c["seq_len"], ckpt_fraction=c["ckpt_fraction"], fused_ce=c["fused_ce"],
-                       zero=c["zero"], offload=c["offload"], gpus=1, optim=c["optim"], lora_rank=c["lora_rank"])
+                       zero=c["zero"], offload=c["offload"], gpus=1, optim=c["optim"], lora_rank=c["lora_rank"],
+                       padding_mask=False)  # every calibration sample is exactly seq_len tokens: no padding
     est = estimate(load_shape(c["model"]), setup)
     return {"predicted_gib": est.peak_gib, "breakdown_gib": est.breakdown_gib()}
 

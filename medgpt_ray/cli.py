@@ -1,4 +1,4 @@
-"""`medgpt-ray` command line. `run` is the pipeline; other subcommands arrive with their issues."""
+"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory)."""
 
 from __future__ import annotations
 
@@ -80,11 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_args(sub.add_parser("run", help="run the pipeline (pt -> sft -> rm, dpo)"))
     add_clean_args(sub.add_parser("clean", help="clean a raw corpus with Ray Data"))
+    from medgpt_ray.memory import report
+
+    report.add_estimate_args(sub.add_parser("estimate", help="predict one training setup's peak GPU memory"))
+    report.add_plan_args(sub.add_parser("plan", help="plan every stage of a config to fit the GPU memory"))
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_pipeline(args)
     if args.command == "clean":
         return run_clean(args)
+    if args.command == "estimate":
+        return report.run_estimate(args)
+    if args.command == "plan":
+        return report.run_plan(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

@@ -88,6 +88,9 @@ class ModelConfig(_Strict):
     # A local Hugging Face checkpoint directory, or the preset "tiny". Never a hub id.
     path: str
     template: str = "chatml"
+    # The architecture to plan memory for when model.path is not readable where the plan is made (planning a
+    # cluster config on a laptop): a preset of medgpt_ray.memory.shapes. model.path's config.json wins.
+    shape: str | None = None
 
 
 class NormalizeConfig(_Strict):

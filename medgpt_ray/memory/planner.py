@@ -1,73 +1,306 @@
-"""Resolve a stage's `auto` knobs into a concrete StagePlan and its DeepSpeed config.
+"""Turn a stage's config into a StagePlan: the fastest configuration predicted to fit the GPU.
 
-This is the rule-based first planner: explicit values win, `auto` takes a safe
-default for the device. The analytic peak-memory estimator (issue 4) replaces
-the defaults with a search; the StagePlan shape and the DeepSpeed dict it emits
-stay the same, and both are saved as plan.json beside every stage's outputs.
+Every `auto` knob (method lora/qlora, micro-batch, checkpointing fraction, fused
+CE, ZeRO stage and offload) is searched; explicit values are kept and checked.
+The effective batch stays what the config says: micro-batch x accumulation x
+workers. Candidates are scored by the estimator (peak memory) and the throughput
+model (tokens/s); the fastest one whose peak fits budget - margin wins, and the
+plan records it with the best rejected alternatives and why.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+from dataclasses import dataclass, replace
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.memory.estimator import GIB, Estimate, SetupError, TrainSetup, estimate
 from medgpt_ray.memory.plan import StagePlan, deepspeed_config
+from medgpt_ray.memory.shapes import ModelShape
+from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, tokens_per_second
 
-__all__ = ["StagePlan", "deepspeed_config", "plan_stage"]
+__all__ = ["Budget", "PlanError", "StagePlan", "deepspeed_config", "plan_stage"]
 
-MAX_AUTO_MICRO_BATCH_CPU = 8
-MAX_AUTO_MICRO_BATCH_GPU = 1  # the field reports' 7B-on-24GB setting; the estimator (issue 4) will search
-
-
-def _pick(value: Any, default: Any, key: str, why: str, reasons: list[str]) -> Any:
-    if value == "auto":
-        reasons.append(f"{key}: auto -> {default} ({why})")
-        return default
-    reasons.append(f"{key}: {value} (explicit)")
-    return value
+MAX_MICRO_BATCH = 64
+CKPT_STEPS = 8  # checkpointing fractions searched: 0, 1/8, ..., 1 of the layers
 
 
-def _largest_divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+class PlanError(ConfigError):
+    """Nothing fits (or the explicit configuration does not): the message carries the numbers."""
 
 
-def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool) -> StagePlan:
-    reasons: list[str] = []
-    method = _pick(cfg.method, "lora", "method", "LoRA unless full training is asked for", reasons)
-    if method == "qlora" and not use_gpu:
-        raise ConfigError(f"stages.{stage}.method: 'qlora' needs GPUs (bitsandbytes 4-bit); resources.use_gpu is false")
-    default_precision = ("amp-bf16" if method == "full" else "bf16") if use_gpu else "fp32"
-    precision = _pick(cfg.precision, default_precision, "precision", "bf16 on GPU, fp32 on CPU", reasons)
-    if precision != "fp32" and not use_gpu:
-        raise ConfigError(f"stages.{stage}.precision: '{precision}' needs GPUs; use 'fp32' (or auto) on CPU")
+@dataclass(frozen=True)
+class Budget:
+    """Per-GPU memory for the allocator, less a safety margin; None plans without a memory limit (CPU)."""
+
+    gpu_gib: float | None
+    margin_gib: float
+    gpu: GPUSpec
+    source: str
+
+    @property
+    def usable_gib(self) -> float:
+        return float("inf") if self.gpu_gib is None else self.gpu_gib - self.margin_gib
+
+    def describe(self) -> str:
+        if self.gpu_gib is None:
+            return "no GPU memory limit (CPU)"
+        return (f"{self.usable_gib:.1f} GiB = {self.gpu_gib:.1f} GiB ({self.source}) - "
+                f"{self.margin_gib:.1f} GiB margin, {self.gpu.name}")
+
+
+def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu: bool, source: str,
+                detected_name: str | None = None) -> Budget:
+    from medgpt_ray.memory.throughput import spec_for
+
+    if gpu_type != "auto":
+        try:
+            spec = spec_for(gpu_type)
+        except KeyError as e:
+            raise ConfigError(f"resources.gpu_type: {e.args[0]}") from None
+    elif detected_name:
+        try:
+            spec = spec_for(detected_name)
+        except KeyError:
+            spec = GPU_SPECS["rtx4090"]
+    else:
+        spec = GPU_SPECS["rtx4090"] if use_gpu or gpu_gib else GPU_SPECS["cpu"]
+    return Budget(gpu_gib, margin_gib, spec, source)
+
+
+@dataclass
+class Candidate:
+    setup: TrainSetup
+    est: Estimate
+    tokens_per_s: float
+
+    @property
+    def peak_gib(self) -> float:
+        return self.est.peak_gib
+
+    def knobs(self) -> dict[str, Any]:
+        s = self.setup
+        return {"method": s.method, "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
+                "ckpt_fraction": s.ckpt_fraction, "fused_ce": s.fused_ce, "zero_stage": s.zero,
+                "offload": s.offload}
+
+    def label(self) -> str:
+        s = self.setup
+        ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(s.ckpt_fraction, f"ckpt {s.ckpt_fraction:.0%}")
+        zero = f"ZeRO-{s.zero}" + ("" if s.offload == "none" else f"+offload {s.offload}")
+        return (f"{s.method} mb {s.micro_batch}x{s.grad_accum}, {ck}, {'fused CE' if s.fused_ce else 'HF loss'}, "
+                f"{zero}")
+
+
+def liger_available() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
+
+
+def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, use_gpu: bool,
+             reasons: list[str]) -> dict[str, list[Any]]:
+    """The values each knob may take: the explicit one, or the searched set, each with its reason."""
+    where = f"stages.{stage}"
+
+    def note(key: str, value: Any, searched: list[Any], why: str) -> list[Any]:
+        if value == "auto":
+            reasons.append(f"{key}: searched {searched} ({why})")
+            return searched
+        reasons.append(f"{key}: {value} (explicit)")
+        return [value]
+
+    methods = note("method", cfg.method, ["lora", "qlora"] if use_gpu else ["lora"],
+                   "LoRA or QLoRA; full only when asked" if use_gpu else "QLoRA needs a GPU")
+    if "qlora" in methods and not use_gpu:
+        raise ConfigError(f"{where}.method: 'qlora' needs GPUs (bitsandbytes 4-bit); resources.use_gpu is false")
+    if cfg.precision != "auto" and cfg.precision != "fp32" and not use_gpu:
+        raise ConfigError(f"{where}.precision: '{cfg.precision}' needs GPUs; use 'fp32' (or auto) on CPU")
 
     per_worker, rem = divmod(cfg.effective_batch, num_workers)
     if rem or per_worker == 0:
-        raise ConfigError(
-            f"stages.{stage}.effective_batch: {cfg.effective_batch} is not a multiple of the {num_workers} "
-            f"data-parallel workers"
-        )
-    cap = MAX_AUTO_MICRO_BATCH_GPU if use_gpu else MAX_AUTO_MICRO_BATCH_CPU
-    micro = _pick(cfg.micro_batch, _largest_divisor_at_most(per_worker, cap), "micro_batch",
-                  f"largest divisor of the per-worker batch {per_worker} up to {cap}", reasons)
-    if per_worker % micro:
-        raise ConfigError(
-            f"stages.{stage}.micro_batch: {micro} does not divide the per-worker batch {per_worker} "
-            f"(effective_batch {cfg.effective_batch} / {num_workers} workers)"
-        )
-    grad_ckpt = _pick(cfg.grad_ckpt, use_gpu, "grad_ckpt", "on for GPUs, off on CPU", reasons)
-    fraction = float(grad_ckpt) if not isinstance(grad_ckpt, bool) else (1.0 if grad_ckpt else 0.0)
-    fused = _pick(cfg.fused_ce, stage in ("sft", "dpo"), "fused_ce", "TRL's chunked LM head for sft/dpo", reasons)
-    optim = _pick(cfg.optim, "adamw", "optim", "AdamW", reasons)
-    default_zero = 2 if (use_gpu and num_workers > 1 and method == "full") else 0
-    zero = _pick(cfg.zero_stage, default_zero, "zero_stage", "ZeRO-2 for multi-GPU full training, else none",
-                 reasons)
-    offload = _pick(cfg.offload, "none", "offload", "no offload by default", reasons)
-    if offload != "none" and zero == 0:
-        raise ConfigError(f"stages.{stage}.offload: '{offload}' needs zero_stage >= 1")
-    if method == "qlora" and zero == 3:
-        raise ConfigError(f"stages.{stage}.zero_stage: 3 cannot shard 4-bit QLoRA weights; use 0, 1 or 2")
-    plan = StagePlan(stage, method, precision, micro, per_worker // micro, num_workers, use_gpu,
-                     fraction, bool(fused), optim, int(zero), offload, None, reasons)
+        raise ConfigError(f"{where}.effective_batch: {cfg.effective_batch} is not a multiple of the {num_workers} "
+                          f"data-parallel workers")
+    if cfg.micro_batch != "auto" and per_worker % cfg.micro_batch:
+        raise ConfigError(f"{where}.micro_batch: {cfg.micro_batch} does not divide the per-worker batch {per_worker} "
+                          f"(effective_batch {cfg.effective_batch} / {num_workers} workers)")
+    micro = note("micro_batch", cfg.micro_batch, _divisors(per_worker, MAX_MICRO_BATCH),
+                 f"divisors of the per-worker batch {per_worker}")
+
+    step = max(1, shape.layers // CKPT_STEPS)
+    fractions = sorted({k / shape.layers for k in [*range(0, shape.layers + 1, step), shape.layers]})
+    if cfg.grad_ckpt == "auto":
+        ckpt = note("grad_ckpt", "auto", [round(f, 3) for f in fractions], "share of layers recomputing")
+    else:
+        value = 1.0 if cfg.grad_ckpt is True else 0.0 if cfg.grad_ckpt is False else float(cfg.grad_ckpt)
+        ckpt = note("grad_ckpt", value, [], "")
+
+    fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
+                  "dpo": [True], "rm": [False]}[stage]
+    if cfg.fused_ce != "auto":
+        if stage in ("sft", "dpo") and not cfg.fused_ce:
+            raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
+                              f"chunked LM head (no full logits) in every run")
+        if stage == "rm" and cfg.fused_ce:
+            raise ConfigError(f"{where}.fused_ce: the reward model has a 1-wide score head, no vocabulary loss")
+        if stage == "pt" and cfg.fused_ce and not use_gpu:
+            raise ConfigError(f"{where}.fused_ce: Liger's fused linear cross-entropy needs a GPU")
+        if stage == "pt" and cfg.fused_ce and not liger_available():
+            raise ConfigError(f"{where}.fused_ce: needs liger-kernel: pip install 'medgpt-ray[gpu]'")
+    why_fused = ("Liger fused linear CE" + ("" if liger_available() else " unavailable: liger-kernel not installed")
+                 if stage == "pt" else "fixed by the trainer")
+    fused = note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
+
+    optim = note("optim", cfg.optim, ["adamw"], "AdamW")
+    if optim == ["adamw-8bit"] and not use_gpu:
+        raise ConfigError(f"{where}.optim: 'adamw-8bit' needs a GPU (bitsandbytes)")
+
+    zero_pairs = _zero_options(stage, cfg, methods, num_workers, use_gpu)
+    reasons.append(f"zero_stage/offload: {'searched ' if len(zero_pairs) > 1 else ''}"
+                   f"{[f'{z}/{o}' for z, o in zero_pairs]}")
+    return {"method": methods, "micro": micro, "ckpt": ckpt, "fused": fused, "optim": optim, "zero": zero_pairs,
+            "per_worker": [per_worker]}
+
+
+def _zero_options(stage: str, cfg: StageConfig, methods: list[str], num_workers: int,
+                  use_gpu: bool) -> list[tuple[int, str]]:
+    where = f"stages.{stage}"
+    if cfg.offload not in ("auto", "none") and cfg.zero_stage == 0:
+        raise ConfigError(f"{where}.offload: '{cfg.offload}' needs zero_stage >= 1")
+    if cfg.offload == "all" and cfg.zero_stage not in ("auto", 3):
+        raise ConfigError(f"{where}.offload: 'all' (parameter offload) needs zero_stage 3")
+    if cfg.zero_stage == 3 and methods == ["qlora"]:
+        raise ConfigError(f"{where}.zero_stage: 3 cannot shard 4-bit QLoRA weights; use 0, 1 or 2")
+    if cfg.zero_stage != "auto" and cfg.offload != "auto":
+        return [(int(cfg.zero_stage), cfg.offload)]
+    if cfg.zero_stage != "auto":
+        z = int(cfg.zero_stage)
+        return [(z, "none")] + ([(z, "optimizer")] if z >= 1 and use_gpu else []) + \
+            ([(3, "all")] if z == 3 and use_gpu else [])
+    if not use_gpu:
+        return [(0, cfg.offload if cfg.offload != "auto" else "none")] if cfg.offload in ("auto", "none") else \
+            [(3 if cfg.offload == "all" else 2, cfg.offload)]
+    pairs: list[tuple[int, str]] = [(0, "none")]
+    if "full" in methods:
+        pairs += [(2, "optimizer"), (3, "optimizer"), (3, "all")]
+        if num_workers > 1:
+            pairs += [(1, "none"), (2, "none"), (3, "none")]
+    elif num_workers > 1 and "lora" in methods:
+        pairs.append((3, "none"))  # shards the frozen base weights over the workers
+    if cfg.offload != "auto":
+        pairs = [p for p in pairs if p[1] == cfg.offload] or [(3 if cfg.offload == "all" else 2, cfg.offload)]
+    return pairs
+
+
+def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool):
+    per_worker = opts["per_worker"][0]
+    for method, micro, ck, fused, optim, (zero, offload) in itertools.product(
+            opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["optim"], opts["zero"]):
+        precision = cfg.precision if cfg.precision != "auto" else (
+            "fp32" if not use_gpu else "amp-bf16" if method == "full" else "bf16")
+        if method == "qlora" and zero == 3:
+            continue
+        yield TrainSetup(
+            stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
+            ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
+            lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout, grad_accum=per_worker // micro,
+            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
+
+
+def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[Candidate], budget: Budget,
+                    explicit: list[str]) -> str:
+    best = min(cands, key=lambda c: c.peak_gib)
+    lines = [f"stages.{stage}: nothing fits {budget.describe()}.",
+             f"  smallest predicted peak: {best.peak_gib:.1f} GiB with {best.label()}"]
+    if explicit:
+        lines.append(f"  fixed by the config: {', '.join(explicit)}")
+    s0 = replace(best.setup, micro_batch=1, ckpt_fraction=1.0)
+    hints = []
+    if s0.method != "qlora" and s0.zero != 3:
+        q = estimate(shape, replace(s0, method="qlora", precision="bf16", zero=0, offload="none")).peak_gib
+        hints.append(f"method qlora: {q:.1f} GiB")
+    seq = cfg.seq_len
+    while seq > 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib > budget.usable_gib:
+        seq //= 2
+    if seq != cfg.seq_len and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= budget.usable_gib:
+        hints.append(f"seq_len {seq}: {estimate(shape, replace(s0, seq_len=seq)).peak_gib:.1f} GiB")
+    if s0.method != "qlora":
+        for n in (2, 4, 8):
+            p = estimate(shape, replace(s0, zero=3, offload="none", gpus=n)).peak_gib
+            if p <= budget.usable_gib:
+                hints.append(f"{n} GPUs with ZeRO-3: {p:.1f} GiB each")
+                break
+        if s0.method == "full":
+            p = estimate(shape, replace(s0, zero=3, offload="all")).peak_gib
+            hints.append(f"ZeRO-3 with parameter+optimizer offload: {p:.1f} GiB")
+    if hints:
+        lines.append("  what would fit (micro-batch 1, full checkpointing): " + "; ".join(hints))
+    return "\n".join(lines)
+
+
+def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, shape: ModelShape | None = None,
+               budget: Budget | None = None) -> StagePlan:
+    from medgpt_ray.memory.shapes import load_shape
+
+    shape = shape or load_shape("tiny")
+    budget = budget or make_budget(None, 0.0, "auto", use_gpu, "none")
+    reasons: list[str] = [f"budget: {budget.describe()}"]
+    opts = _options(stage, cfg, shape, num_workers, use_gpu, reasons)
+    cands = []
+    for setup in _setups(stage, cfg, opts, num_workers, use_gpu):
+        try:
+            est = estimate(shape, setup)
+        except SetupError:
+            continue
+        cands.append(Candidate(setup, est, tokens_per_second(shape, setup, budget.gpu)))
+    if not cands:
+        raise PlanError(f"stages.{stage}: the explicit settings leave no valid configuration")
+    fits = [c for c in cands if c.peak_gib <= budget.usable_gib]
+    explicit = [f"{k}={v}" for k, v in (("method", cfg.method), ("micro_batch", cfg.micro_batch),
+                                        ("grad_ckpt", cfg.grad_ckpt), ("zero_stage", cfg.zero_stage),
+                                        ("offload", cfg.offload), ("seq_len", cfg.seq_len)) if v != "auto"]
+    if not fits:
+        raise PlanError(_explain_no_fit(stage, cfg, shape, cands, budget, explicit))
+    # Fastest first; among equals, the one with more headroom.
+    chosen = max(fits, key=lambda c: (round(c.tokens_per_s, 6), -c.peak_gib))
+    s = chosen.setup
+    plan = StagePlan(stage, s.method, s.precision, s.micro_batch, s.grad_accum, num_workers, use_gpu,
+                     s.ckpt_fraction, s.fused_ce, s.optim, s.zero, s.offload, None, reasons)
     plan.deepspeed = deepspeed_config(plan, cfg)
+    plan.prediction = {
+        "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,
+        "budget_gib": None if budget.gpu_gib is None else round(budget.usable_gib, 3),
+        "gpu_memory_gib": budget.gpu_gib, "margin_gib": budget.margin_gib, "budget_source": budget.source,
+        "gpu": budget.gpu.name, "tokens_per_s_per_gpu": round(chosen.tokens_per_s, 1),
+        "breakdown_gib": chosen.est.breakdown_gib(), "candidates": len(cands), "fitting": len(fits),
+    }
+    plan.alternatives = _alternatives(chosen, cands, budget)
+    reasons.append(f"chosen: {chosen.label()} (peak {chosen.peak_gib:.1f} GiB, "
+                   f"{chosen.tokens_per_s:,.0f} tokens/s/GPU predicted)")
     return plan
+
+
+def _alternatives(chosen: Candidate, cands: list[Candidate], budget: Budget, n: int = 3) -> list[dict[str, Any]]:
+    """The faster configurations that did not fit, then the next best that did, with why."""
+    out: list[dict[str, Any]] = []
+    faster = sorted((c for c in cands if c.tokens_per_s > chosen.tokens_per_s * 1.0001),
+                    key=lambda c: (-c.tokens_per_s, c.peak_gib))
+    for c in faster[:n]:
+        out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2),
+                    "relative_speed": round(c.tokens_per_s / chosen.tokens_per_s, 3),
+                    "why": f"peak {c.peak_gib:.1f} GiB > budget {budget.usable_gib:.1f} GiB"})
+    slower = sorted((c for c in cands if c.peak_gib <= budget.usable_gib and c is not chosen
+                     and c.tokens_per_s <= chosen.tokens_per_s), key=lambda c: -c.tokens_per_s)
+    for c in slower[:2]:
+        rel = c.tokens_per_s / chosen.tokens_per_s
+        out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2), "relative_speed": round(rel, 3),
+                    "why": f"fits, predicted {100 * (1 - rel):.0f}% slower"})
+    return out
+
+
+def peak_gib(shape: ModelShape, setup: TrainSetup) -> float:
+    return estimate(shape, setup).peak_bytes / GIB

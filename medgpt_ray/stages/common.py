@@ -118,8 +118,8 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
         "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
     }
-    if plan.ckpt_fraction > 0:
-        kwargs.update(checkpointing_kwargs())
+    # Always explicit: TRL's configs default to checkpointing on, the plan may say off.
+    kwargs.update(checkpointing_kwargs(plan.ckpt_fraction > 0))
     kwargs["optim"] = optimizer_name(plan)
     if plan.fused_ce and inp.stage == "pt":
         # Only the fused linear cross-entropy: the estimator models the stock layers' activations.
@@ -197,7 +197,7 @@ class InjectedOOM(TrainerCallback):
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
 
 
-def checkpointing_kwargs() -> dict[str, Any]:
+def checkpointing_kwargs(enabled: bool = True) -> dict[str, Any]:
     """transformers 5.24 renamed gradient_checkpointing to activation_checkpointing; the GPU image's
     5.17 may only know the old name. Use whichever this TrainingArguments has."""
     import dataclasses
@@ -206,7 +206,7 @@ def checkpointing_kwargs() -> dict[str, Any]:
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    return {prefix: True, f"{prefix}_kwargs": {"use_reentrant": False}}
+    return {prefix: enabled, f"{prefix}_kwargs": {"use_reentrant": False} if enabled else None}
 
 
 def quiet_libraries(trainer=None) -> None:

@@ -1,0 +1,247 @@
+"""Analytic peak GPU memory of one training stage: predicts torch.cuda.max_memory_allocated().
+
+The model follows what PyTorch keeps alive, term by term, for the real shape
+(GQA attention, SwiGLU MLP, RMSNorm, SDPA without an s^2 term), and takes the
+larger of the two moments where training peaks:
+
+  backward start: weights + optimizer states (+ reference model) + every saved
+                  activation + the loss's transient memory + grads that already
+                  exist (head grads; all grads when accumulating) + autocast's
+                  bf16 weight copies (fp32 master weights)
+  optimizer step: weights + optimizer states + all gradients
+
+Constants that PyTorch/HF implementation details decide (bytes per logit of HF's
+loss, the allocator's fixed overhead) were measured on an H200 by
+bench/memory_calibration.py; each says where it comes from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from medgpt_ray.memory.shapes import ModelShape
+
+GIB = 2**30
+
+# bitsandbytes NF4 with double quantization: 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 blocks.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# HF's default causal-LM loss per logit at its peak: bf16 logits (2) upcast to fp32 (4), log_softmax's saved
+# fp32 output (4), and part of the fp32 gradient in flight. Measured: 10.6 B/logit (Qwen2.5-0.5B, 4x1024 tokens).
+HF_LOSS_BYTES_PER_LOGIT = 10.6
+# Chunked LM heads (TRL's fused head, Liger's fused linear CE) keep a few hidden-size fp32 buffers per token.
+FUSED_HEAD_BYTES_PER_HIDDEN = 12
+# CUDA caching allocator, cuBLAS workspace and library buffers seen in max_memory_allocated on an idle model.
+RUNTIME_OVERHEAD_BYTES = 0.25 * GIB
+# DeepSpeed's ZeRO gradient reduction buckets (reduce_bucket_size 5e7 elements, bf16 + fp32 copies).
+ZERO_BUCKET_BYTES = 5e7 * 6
+# ZeRO-3 parameter offload: gathered parameters live on the GPU up to the prefetch bucket plus one layer.
+ZERO3_LIVE_PARAM_ELEMENTS = 5e7
+
+Stage = Literal["pt", "sft", "rm", "dpo"]
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    stage: str
+    method: str  # full | lora | qlora
+    precision: str  # bf16 | amp-bf16 | fp32
+    micro_batch: int
+    seq_len: int
+    ckpt_fraction: float = 1.0  # 0 none, 1 every layer, in between: that share of the layers
+    fused_ce: bool = False
+    zero: int = 0
+    offload: str = "none"  # none | optimizer | all
+    gpus: int = 1
+    optim: str = "adamw"  # adamw | adamw-8bit
+    lora_rank: int = 8
+    lora_dropout: float = 0.05
+    grad_accum: int = 1
+    dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
+    # Padded batches carry an attention mask, and SDPA then repeats k/v to every head (no GQA kernel).
+    # None: the stage's usual batches (pt packs full blocks; sft, rm and dpo pad).
+    padding_mask: bool | None = None
+
+    def sequences(self) -> int:
+        """Sequences in one forward: rm and dpo score chosen and rejected together."""
+        return self.micro_batch * (2 if self.stage in ("rm", "dpo") else 1)
+
+    def tokens(self) -> int:
+        return self.sequences() * self.seq_len
+
+
+@dataclass
+class Estimate:
+    peak_bytes: float
+    breakdown: dict[str, float] = field(default_factory=dict)  # bytes, the terms of the peak moment
+    moment: str = ""
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def breakdown_gib(self) -> dict[str, float]:
+        return {k: round(v / GIB, 3) for k, v in self.breakdown.items() if v}
+
+
+class SetupError(ValueError):
+    pass
+
+
+def check_setup(s: TrainSetup) -> None:
+    if s.stage not in ("pt", "sft", "rm", "dpo"):
+        raise SetupError(f"stage {s.stage!r}: one of pt, sft, rm, dpo")
+    if s.method not in ("full", "lora", "qlora"):
+        raise SetupError(f"method {s.method!r}: one of full, lora, qlora")
+    if s.precision not in ("bf16", "amp-bf16", "fp32"):
+        raise SetupError(f"precision {s.precision!r}: one of bf16, amp-bf16, fp32")
+    if s.zero not in (0, 1, 2, 3):
+        raise SetupError(f"zero {s.zero}: one of 0, 1, 2, 3")
+    if s.offload not in ("none", "optimizer", "all"):
+        raise SetupError(f"offload {s.offload!r}: one of none, optimizer, all")
+    if s.offload != "none" and s.zero == 0:
+        raise SetupError(f"offload {s.offload!r} needs ZeRO (--zero 1, 2 or 3)")
+    if s.offload == "all" and s.zero != 3:
+        raise SetupError("offload 'all' (parameters too) needs ZeRO-3")
+    if s.method == "qlora" and s.zero == 3:
+        raise SetupError("ZeRO-3 cannot shard 4-bit QLoRA weights")
+    if s.method == "qlora" and s.precision == "fp32":
+        raise SetupError("QLoRA computes in bf16: precision bf16")
+    if not 0 <= s.ckpt_fraction <= 1:
+        raise SetupError(f"ckpt fraction {s.ckpt_fraction}: between 0 and 1")
+    if s.micro_batch < 1 or s.seq_len < 1 or s.gpus < 1 or s.grad_accum < 1:
+        raise SetupError("micro-batch, sequence length, GPUs and accumulation must be >= 1")
+
+
+def _params(shape: ModelShape, s: TrainSetup) -> tuple[float, float]:
+    """(all parameters of the trained model, trainable ones)."""
+    total = shape.params
+    if s.stage == "rm":  # sequence classification: a 1-wide score head instead of the LM head
+        total = total - shape.head_params + shape.hidden
+    if s.method == "full":
+        return total, total
+    trainable = shape.lora_params(s.lora_rank) + (shape.hidden if s.stage == "rm" else 0)
+    return total, trainable
+
+
+def _weight_bytes(shape: ModelShape, s: TrainSetup, total: float, trainable: float) -> float:
+    if s.method == "qlora":
+        return NF4_BYTES_PER_PARAM * shape.linear_params + 2 * (total - shape.linear_params) + 4 * trainable
+    if s.method == "lora":
+        base = 4 if s.precision == "fp32" else 2
+        return base * total + 4 * trainable  # PEFT keeps adapters in fp32
+    return 4 * total if s.precision in ("amp-bf16", "fp32") else 2 * total
+
+
+def _layer_activation_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """Bytes one decoder layer saves for backward, per token."""
+    h, inter, kv = shape.hidden, shape.intermediate, shape.kv_dim
+    deepspeed = s.zero > 0 and s.method == "full"
+    # The residual stream is fp32 when fp32 weights run under autocast (HF's bf16=True); DeepSpeed casts to bf16.
+    stream = 4 if (s.precision in ("amp-bf16", "fp32") and not deepspeed) else 2
+    e = 4 if s.precision == "fp32" else 2  # activations inside the layer (autocast -> bf16)
+    trainable_base = s.method == "full"
+    # RMSNorm: its fp32 input, and the normalized tensor when the norm weight is trained.
+    norm = 4 * h + (stream * h if trainable_base else 0)
+    # SDPA keeps q, k, v, out (+ fp32 logsumexp); k/v are repeated to all heads when a padding mask is present
+    # (SFT/RM/DPO batches), while full blocks attend without one through the GQA kernel.
+    padded = s.stage != "pt" if s.padding_mask is None else s.padding_mask
+    kv_eff = h if padded else kv
+    attn = e * (2 * h + 2 * kv_eff) + 4 * shape.heads
+    mlp = e * 3 * inter  # SiLU's input, its output and the up projection, for the product's backward
+    total = 2 * norm + attn + mlp
+    if trainable_base or s.method == "qlora":
+        # Linear inputs, kept for weight grads (full) or by bitsandbytes' 4-bit matmul (QLoRA).
+        total += e * (3 * h + inter)
+    if s.method != "full":
+        # LoRA: the bf16 copy of each adapted input (after dropout) that lora_A saves, and lora_B's input.
+        total += e * (6 * h + inter) + 7 * e * s.lora_rank
+    return total
+
+
+def _loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float:
+    """Transient memory of the loss at the start of backward."""
+    tokens = s.tokens()
+    if s.stage == "rm":
+        return 4 * tokens * shape.hidden * 0  # score head: a scalar per sequence
+    if s.stage in ("sft", "dpo") or s.fused_ce:
+        head_grad = 4 * shape.vocab * shape.hidden if (trainable_head and s.stage == "pt") else 0
+        return FUSED_HEAD_BYTES_PER_HIDDEN * tokens * shape.hidden + head_grad
+    return HF_LOSS_BYTES_PER_LOGIT * tokens * shape.vocab
+
+
+def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
+    check_setup(s)
+    n = s.gpus if s.zero > 0 else 1
+    total, trainable = _params(shape, s)
+    full = s.method == "full"
+    deepspeed = s.zero > 0
+    b: dict[str, float] = {}
+
+    # --- static: weights, master copy, optimizer states --------------------------------------------------------
+    if deepspeed and full:
+        # DeepSpeed bf16: bf16 module weights, fp32 master + Adam states partitioned over the data-parallel ranks.
+        b["weights"] = 2 * total / (n if s.zero == 3 else 1)
+        if s.offload == "all":
+            b["weights"] = 2 * ZERO3_LIVE_PARAM_ELEMENTS + 2 * shape.small_params
+        on_gpu = s.offload == "none"
+        b["master_weights"] = 4 * trainable / (n if s.zero >= 1 else 1) if on_gpu else 0
+    else:
+        # ZeRO-3 shards the frozen base of LoRA too; ZeRO-1/2 leave the weights whole on every GPU.
+        b["weights"] = _weight_bytes(shape, s, total, trainable) / (n if s.zero == 3 else 1)
+        on_gpu = s.offload == "none"
+    state_bytes = 8.0 if s.optim == "adamw" else 2.0
+    if s.optim == "adamw-8bit" and full:
+        # HF keeps 32-bit states for embeddings under 8-bit Adam (stability): count those at 8 bytes.
+        optimizer = 2.0 * (trainable - shape.embedding_params) + 8.0 * shape.embedding_params
+    else:
+        # Adam's two moments have the parameter's dtype: fp32 except pure-bf16 full training.
+        if full and s.precision == "bf16" and not deepspeed:
+            state_bytes = 4.0 if s.optim == "adamw" else 2.0
+        optimizer = state_bytes * trainable
+    b["optimizer_states"] = optimizer / (n if s.zero >= 1 else 1) if on_gpu else 0
+
+    grad_bytes = 2 if (full and s.precision == "bf16" and not deepspeed) else 4
+    if deepspeed and full:
+        grads = (4 * trainable / (n if s.zero >= 2 else 1) if on_gpu else 0) + ZERO_BUCKET_BYTES
+    else:
+        grads = grad_bytes * trainable
+
+    if s.stage == "dpo" and full and s.dpo_reference != "precomputed":
+        b["reference_model"] = (2 if deepspeed or s.precision == "bf16" else 4) * total / (n if s.zero == 3 else 1)
+
+    static = sum(b.values())
+
+    # --- activations -------------------------------------------------------------------------------------------
+    tokens = s.tokens()
+    per_layer = _layer_activation_bytes(shape, s)
+    stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
+    k = round(s.ckpt_fraction * shape.layers)
+    saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
+    recompute = per_layer if k else 0  # a checkpointed layer's activations, rebuilt during its backward
+    # Around the layers: embedding output and final norm; the LM head input when the head trains.
+    edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
+    b["activations"] = tokens * (saved + edges)
+    b["recompute"] = tokens * recompute
+    # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
+    e = 4 if s.precision == "fp32" else 2
+    b["backward_working_set"] = tokens * e * (3 * shape.intermediate + 2 * shape.hidden)
+    trainable_head = full
+    b["loss"] = _loss_bytes(shape, s, trainable_head)
+    if full and s.precision == "amp-bf16" and not deepspeed:
+        # Autocast's bf16 copies of the linear weights and the LM head, saved for backward.
+        b["autocast_weight_copies"] = 2 * (shape.linear_params + shape.vocab * shape.hidden)
+    if s.grad_accum > 1 or (full and not deepspeed):
+        # Accumulating grads live through the next micro-batch; without accumulation only the first ones
+        # (the LM head/embedding, produced first in backward) coexist with the activations.
+        early = grads if s.grad_accum > 1 else grad_bytes * (shape.vocab * shape.hidden)
+        b["gradients"] = early
+    b["runtime_overhead"] = RUNTIME_OVERHEAD_BYTES
+    backward_start = sum(b.values())
+
+    step = static + grads + RUNTIME_OVERHEAD_BYTES
+    if step > backward_start:
+        return Estimate(step, {**{k: v for k, v in b.items() if k in (
+            "weights", "master_weights", "optimizer_states", "reference_model")},
+            "gradients": grads, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "optimizer step")
+    return Estimate(backward_start, b, "backward start")

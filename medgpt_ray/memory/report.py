@@ -1,0 +1,133 @@
+"""The people-facing side of the planner: `medgpt-ray estimate` and `medgpt-ray plan`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from medgpt_ray.config import ConfigError
+from medgpt_ray.memory.estimator import SetupError, TrainSetup, estimate
+from medgpt_ray.memory.plan import StagePlan
+from medgpt_ray.memory.shapes import PRESETS, ShapeError, load_shape
+from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
+
+
+def add_estimate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help=f"a local model directory (config.json only) or a preset: {', '.join(['tiny', *PRESETS])}")
+    p.add_argument("--stage", required=True, choices=["pt", "sft", "rm", "dpo"])
+    p.add_argument("--method", required=True, choices=["full", "lora", "qlora"])
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--precision", required=True, choices=["bf16", "amp-bf16", "fp32"],
+                   help="bf16: weights in bf16; amp-bf16: fp32 master weights, bf16 autocast")
+    p.add_argument("--micro-batch", type=int, required=True)
+    p.add_argument("--seq-len", type=int, required=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true")
+    g.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false")
+    p.add_argument("--ckpt-layers", type=float, default=1.0, metavar="FRACTION",
+                   help="with --grad-ckpt: share of the layers checkpointed (default 1: all)")
+    f = p.add_mutually_exclusive_group(required=True)
+    f.add_argument("--fused-ce", dest="fused_ce", action="store_true")
+    f.add_argument("--no-fused-ce", dest="fused_ce", action="store_false")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    p.add_argument("--offload", default="none", choices=["none", "optimizer", "all"])
+    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--optim", default="adamw", choices=["adamw", "adamw-8bit"])
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--gpu-type", default="rtx4090", choices=sorted(GPU_SPECS), help="for the tokens/s prediction")
+    p.add_argument("--json", action="store_true", help="print {peak_gib, breakdown, ...} as JSON")
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    if args.grad_ckpt and not 0 < args.ckpt_layers <= 1:
+        print(f"error: --ckpt-layers {args.ckpt_layers}: a fraction in (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        shape = load_shape(args.model)
+        setup = TrainSetup(stage=args.stage, method=args.method, precision=args.precision,
+                           micro_batch=args.micro_batch, seq_len=args.seq_len,
+                           ckpt_fraction=args.ckpt_layers if args.grad_ckpt else 0.0, fused_ce=args.fused_ce,
+                           zero=args.zero, offload=args.offload, gpus=args.gpus, optim=args.optim,
+                           lora_rank=args.lora_rank, grad_accum=args.grad_accum)
+        est = estimate(shape, setup)
+    except (ShapeError, SetupError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    tps = tokens_per_second(shape, setup, GPU_SPECS[args.gpu_type])
+    if args.json:
+        print(json.dumps({"model": shape.name, "params": shape.params, "peak_gib": round(est.peak_gib, 3),
+                          "moment": est.moment, "breakdown": est.breakdown_gib(),
+                          "tokens_per_s_per_gpu": round(tps, 1), "gpu_type": args.gpu_type,
+                          "setup": setup.__dict__}, indent=1))
+        return 0
+    print(f"{shape.name} ({shape.params / 1e9:.2f}B params), {args.stage} {args.method}, {args.precision}, "
+          f"micro-batch {args.micro_batch} x seq {args.seq_len}")
+    print(f"predicted peak allocated: {est.peak_gib:.2f} GiB (at {est.moment})")
+    for k, v in sorted(est.breakdown_gib().items(), key=lambda kv: -kv[1]):
+        print(f"  {k:24s} {v:8.2f} GiB")
+    print(f"predicted throughput on {GPU_SPECS[args.gpu_type].name}: {tps:,.0f} tokens/s per GPU")
+    return 0
+
+
+def _knobs(d: dict[str, Any]) -> str:
+    ck = d["ckpt_fraction"]
+    ck_s = {0.0: "no ckpt", 1.0: "full ckpt"}.get(ck, f"ckpt {ck:.0%}")
+    zero = f"ZeRO-{d['zero_stage']}" + ("" if d["offload"] == "none" else f"+off:{d['offload']}")
+    return (f"{d['method']:5s} mb {d['micro_batch']}x{d['grad_accum']:<3d} {ck_s:9s} "
+            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {zero}")
+
+
+def format_plan(plan: StagePlan) -> list[str]:
+    p = plan.prediction or {}
+    budget = p.get("budget_gib")
+    budget_s = "none (CPU)" if budget is None else \
+        f"{budget:.1f} GiB ({p.get('gpu_memory_gib')} - {p.get('margin_gib')} margin)"
+    head = (f"stage {plan.stage}: {p.get('model', '?')} on {plan.num_workers} worker(s), budget {budget_s}, "
+            f"{p.get('fitting', '?')}/{p.get('candidates', '?')} candidates fit")
+    rows = [head, f"  {'':10s}{'configuration':46s} {'peak GiB':>9s} {'speed':>6s}  note"]
+    chosen = plan.to_dict()
+    rows.append(f"  {'chosen':10s}{_knobs(chosen):46s} {p.get('peak_gib', 0):9.2f} {1.0:6.2f}  "
+                f"{p.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s/GPU predicted on {p.get('gpu', '?')}")
+    for alt in plan.alternatives:
+        tag = "rejected" if "budget" in alt["why"] else "runner-up"
+        rows.append(f"  {tag:10s}{_knobs(alt):46s} {alt['peak_gib']:9.2f} {alt['relative_speed']:6.2f}  {alt['why']}")
+    for b in plan.backoffs:
+        rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
+    return rows
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    from medgpt_ray.cli import add_config_args
+
+    add_config_args(p)
+    p.add_argument("--gpu-mem-gib", type=float, default=None,
+                   help="per-GPU memory to plan for (default: resources.gpu_memory_gib, the local GPU, else 24)")
+    p.add_argument("--margin-gib", type=float, default=None, help="safety margin (default resources.memory_margin_gib)")
+    p.add_argument("--json", action="store_true", help="print every stage's plan.json")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from medgpt_ray.config import load_config
+    from medgpt_ray.memory.stage_plans import plan_all
+
+    try:
+        cfg = load_config(args.config, args.sets, args.overrides)
+        if args.gpu_mem_gib is not None:
+            cfg.resources.gpu_memory_gib = args.gpu_mem_gib
+        if args.margin_gib is not None:
+            cfg.resources.memory_margin_gib = args.margin_gib
+        plans, errors = plan_all(cfg, default_gpu_gib=24.0)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"plans": {s: p.to_dict() for s, p in plans.items()}, "errors": errors}, indent=1))
+    else:
+        for plan in plans.values():
+            print("\n".join(format_plan(plan)))
+        for msg in errors.values():
+            print(msg)
+    return 1 if errors else 0

@@ -1,0 +1,114 @@
+"""Predicted training throughput (tokens/s per GPU): FLOPs, recompute, and what is not FLOPs.
+
+time per micro-batch = FLOPs / (peak * efficiency(tokens)) + memory-bound loss + offload traffic,
+plus the optimizer step once per accumulation cycle. The planner ranks its
+candidates by it; Tune reports predicted run times from it. The GPU table holds
+dense bf16 tensor-core peaks (fp32 accumulate) and memory bandwidths from the
+vendors' data sheets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.memory.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    bf16_tflops: float
+    mem_bw_gbs: float
+    mem_gib: float
+    pcie_gbs: float  # host <-> device, per direction, as measured on typical boards
+
+
+GPU_SPECS: dict[str, GPUSpec] = {
+    "rtx4090": GPUSpec("NVIDIA GeForce RTX 4090", 165.2, 1008, 24, 22),
+    "rtx3090": GPUSpec("NVIDIA GeForce RTX 3090", 71.0, 936, 24, 22),
+    "a100-40gb": GPUSpec("NVIDIA A100 40GB", 312.0, 1555, 40, 22),
+    "a100-80gb": GPUSpec("NVIDIA A100 80GB", 312.0, 2039, 80, 22),
+    "h100": GPUSpec("NVIDIA H100 80GB HBM3", 989.0, 3350, 80, 50),
+    "h200": GPUSpec("NVIDIA H200", 989.0, 4800, 141, 50),
+    "cpu": GPUSpec("CPU", 1.0, 50, 0, 50),
+}
+
+# Share of the peak that large HF/TRL training steps reach (calibrated against the H200 runs of
+# bench/throughput_outcome.py); small micro-batches reach less: efficiency(T) = MAX * T / (T + T_HALF).
+MAX_EFFICIENCY = 0.45
+T_HALF_NUMERATOR = 2.5e9  # T_HALF = this / hidden^2 tokens: wide layers saturate the GPU with fewer tokens
+QLORA_DEQUANT_FACTOR = 1.25  # NF4 weights are dequantized before every matmul, forward and backward
+HF_LOSS_BYTES_MOVED_PER_LOGIT = 24  # upcast, log_softmax, gradient: memory-bound passes over b*s*V
+CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU Adam on a desktop CPU
+# Every micro-batch pays for its kernel launches whatever its size: ~30 kernels per decoder layer and ~8 more
+# per LoRA-adapted projection, per pass (forward, backward, recompute), at a few microseconds each. Small
+# micro-batches on fast GPUs are bound by it, which is why a larger micro-batch can beat less recompute.
+LAUNCH_SECONDS = 6e-6
+KERNELS_PER_LAYER = 30
+KERNELS_PER_LORA_PROJECTION = 8
+
+
+def spec_for(name: str) -> GPUSpec:
+    key = name.lower().replace("nvidia", "").replace("geforce", "").replace(" ", "").replace("-", "")
+    for k, spec in GPU_SPECS.items():
+        if k.replace("-", "") in key or key in k.replace("-", ""):
+            return spec
+    raise KeyError(f"unknown GPU {name!r}; known: {', '.join(GPU_SPECS)}")
+
+
+def flops_per_token(shape: ModelShape, s: TrainSetup) -> float:
+    """Training FLOPs per token: forward, backward (input grads; weight grads when trained), recompute."""
+    linear = 2 * shape.linear_params
+    attention = 2 * shape.layers * s.seq_len * shape.hidden  # causal: half of QK^T and AV
+    head = 0 if s.stage == "rm" else 2 * shape.vocab * shape.hidden
+    forward = linear + attention + head
+    layers_fwd = linear + attention
+    if s.method == "full":
+        backward = 2 * forward
+    else:
+        backward = forward + 2 * 2 * shape.lora_params(s.lora_rank)
+        if s.stage == "pt":
+            backward += 0  # frozen head: input grad only, already in `forward`
+    recompute = s.ckpt_fraction * layers_fwd
+    total = forward + backward + recompute
+    if s.method == "qlora":
+        total += (QLORA_DEQUANT_FACTOR - 1) * (2 * forward + recompute - head)
+    if s.stage == "dpo" and s.dpo_reference != "precomputed":
+        total += forward  # the reference model's (or adapter-off policy's) forward
+    return total
+
+
+def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
+    """Seconds for one optimizer step's share of one micro-batch on one GPU."""
+    tokens = s.tokens()
+    t_half = T_HALF_NUMERATOR / shape.hidden**2
+    eff = MAX_EFFICIENCY * tokens / (tokens + t_half)
+    seconds = tokens * flops_per_token(shape, s) / (gpu.bf16_tflops * 1e12 * eff)
+    kernels = shape.layers * (KERNELS_PER_LAYER + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
+    seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
+    if s.stage == "pt" and not s.fused_ce:
+        seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)
+    trainable = shape.params if s.method == "full" else shape.lora_params(s.lora_rank)
+    n = max(s.gpus, 1)
+    per_step = 0.0
+    if s.offload in ("optimizer", "all"):
+        # Gradients down, updated bf16 weights up, Adam on the CPU: once per optimizer step.
+        per_step += (4 + 2) * trainable / n / (gpu.pcie_gbs * 1e9) + trainable / n / CPU_ADAM_PARAMS_PER_S
+    else:
+        per_step += 16 * 2 * trainable / n / (gpu.mem_bw_gbs * 1e9)  # fused AdamW: read/write weights+states
+    if s.offload == "all":
+        # ZeRO-3 parameter offload: the bf16 weights cross PCIe for forward, backward (and recompute).
+        seconds += 2 * shape.params * (2 + s.ckpt_fraction) / (gpu.pcie_gbs * 1e9)
+    if n > 1:
+        # Data-parallel gradient reduction over PCIe without peer-to-peer (consumer cards): a ring all-reduce
+        # moves 2(n-1)/n of the bf16 gradients per optimizer step; ZeRO-3 also gathers weights every pass.
+        per_step += 2 * (n - 1) / n * 2 * trainable / (gpu.pcie_gbs * 1e9 / 2)
+        if s.zero == 3:
+            seconds += 3 * 2 * shape.params * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
+    return seconds + per_step / s.grad_accum
+
+
+def tokens_per_second(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
+    """Trained tokens per second per GPU (rm and dpo count both responses of a pair)."""
+    return s.tokens() / step_seconds(shape, s, gpu)
