@@ -41,10 +41,11 @@ T_HALF_NUMERATOR = 2.5e9  # T_HALF = this / hidden^2 tokens: wide layers saturat
 QLORA_DEQUANT_FACTOR = 1.25  # NF4 weights are dequantized before every matmul, forward and backward
 HF_LOSS_BYTES_MOVED_PER_LOGIT = 24  # upcast, log_softmax, gradient: memory-bound passes over b*s*V
 CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU Adam on a desktop CPU
-# Every micro-batch pays for its kernel launches whatever its size: ~30 kernels per decoder layer and ~8 more
-# per LoRA-adapted projection, per pass (forward, backward, recompute), at a few microseconds each. Small
-# micro-batches on fast GPUs are bound by it, which is why a larger micro-batch can beat less recompute.
-LAUNCH_SECONDS = 6e-6
+# Every micro-batch pays for its eager-mode ops whatever its size: ~30 per decoder layer and ~8 more per
+# LoRA-adapted projection, per pass (forward, backward, recompute). Measured on the H200 (7B LoRA through TRL,
+# bench/results/throughput_outcome_h200.json): ~0.3 s per micro-batch, i.e. ~40 us per op with Python and
+# launch overhead. It is why a larger micro-batch beats less recompute on fast GPUs.
+LAUNCH_SECONDS = 4e-5
 KERNELS_PER_LAYER = 30
 KERNELS_PER_LORA_PROJECTION = 8
 
