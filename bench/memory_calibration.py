@@ -39,10 +39,10 @@ CAP_24_GIB = 24.0
 
 def run_cfg(model: str, stage: str, method: str, precision: str, mb: int, seq: int, ckpt: float,
             fused: bool = False, zero: int = 0, offload: str = "none", rank: int = 8, optim: str = "adamw",
-            tag: str = "") -> dict[str, Any]:
+            tag: str = "", kernels: bool = False) -> dict[str, Any]:
     return {"model": model, "stage": stage, "method": method, "precision": precision, "micro_batch": mb,
             "seq_len": seq, "ckpt_fraction": ckpt, "fused_ce": fused or stage in ("sft", "dpo"), "zero": zero,
-            "offload": offload, "lora_rank": rank, "optim": optim, "tag": tag}
+            "offload": offload, "lora_rank": rank, "optim": optim, "tag": tag, "fused_kernels": kernels}
 
 
 def matrix() -> list[dict[str, Any]]:
@@ -89,6 +89,11 @@ def matrix() -> list[dict[str, Any]]:
         run_cfg(q7, "rm", "lora", "bf16", 2, 1024, 1),
         run_cfg(q7, "sft", "qlora", "bf16", 4, 2048, 1),
         run_cfg(q7, "dpo", "qlora", "bf16", 2, 1024, 1),
+        # Liger's RMSNorm/SwiGLU/RoPE kernels (id suffix -lk)
+        run_cfg(q05, "pt", "full", "amp-bf16", 4, 1024, 0, fused=True, kernels=True),
+        run_cfg(q05, "sft", "lora", "bf16", 8, 1024, 0, kernels=True),
+        run_cfg(q7, "sft", "lora", "bf16", 4, 2048, 0.5, kernels=True),
+        run_cfg(q7, "dpo", "lora", "bf16", 4, 1024, 0.75, kernels=True),
     ]
 
 
@@ -96,7 +101,8 @@ def cfg_id(c: dict[str, Any]) -> str:
     z = f"-z{c['zero']}{'' if c['offload'] == 'none' else '-off' + c['offload']}" if c["zero"] else ""
     return (f"{c['model']}-{c['stage']}-{c['method']}{'-r' + str(c['lora_rank']) if c['method'] != 'full' else ''}"
             f"-{c['precision']}-mb{c['micro_batch']}-s{c['seq_len']}-ck{c['ckpt_fraction']}"
-            f"{'-fce' if c['fused_ce'] else ''}{'-8bit' if c['optim'] == 'adamw-8bit' else ''}{z}")
+            f"{'-fce' if c['fused_ce'] else ''}{'-8bit' if c['optim'] == 'adamw-8bit' else ''}{z}"
+            f"{'-lk' if c.get('fused_kernels') else ''}")
 
 
 # --- preparation (GPU machine) -------------------------------------------------------------------------------
@@ -182,7 +188,8 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
               dropout=0.05), seq_len=c["seq_len"], max_steps=steps, micro_batch=c["micro_batch"],
               effective_batch=c["micro_batch"] * accum, save_steps=10**6, logging_steps=1, lr=1e-5)
     plan = StagePlan(c["stage"], c["method"], c["precision"], c["micro_batch"], accum, 1, True, c["ckpt_fraction"],
-                     c["fused_ce"], c["optim"], c["zero"], c["offload"], None)
+                     c["fused_ce"], c["optim"], c["zero"], c["offload"], None,
+                     fused_kernels=bool(c.get("fused_kernels")))
     plan.deepspeed = deepspeed_config(plan, cfg)
     data = {"pt": "pretrain.jsonl", "sft": "sft.jsonl", "rm": "pref.jsonl", "dpo": "pref.jsonl"}[c["stage"]]
     inp = StageInputs(c["stage"], cfg, plan, str(workdir / "models" / c["model"]), "chatml",
@@ -235,7 +242,8 @@ def predict(c: dict[str, Any]) -> dict[str, Any]:
 
     setup = TrainSetup(stage=c["stage"], method=c["method"], precision=c["precision"], micro_batch=c["micro_batch"],
                        seq_len=c["seq_len"], ckpt_fraction=c["ckpt_fraction"], fused_ce=c["fused_ce"],
-                       zero=c["zero"], offload=c["offload"], gpus=1, optim=c["optim"], lora_rank=c["lora_rank"])
+                       zero=c["zero"], offload=c["offload"], gpus=1, optim=c["optim"], lora_rank=c["lora_rank"],
+                       fused_kernels=bool(c.get("fused_kernels")))
     est = estimate(load_shape(c["model"]), setup)
     return {"predicted_gib": est.peak_gib, "breakdown_gib": est.breakdown_gib()}
 

@@ -47,7 +47,8 @@ def planned(stage: str, seq_len: int) -> dict[str, Any]:
     return {"plan": plan.to_dict(), "run": {**calib.run_cfg("qwen2.5-7b", stage, "lora", plan.precision,
                                                            plan.micro_batch, seq_len, plan.ckpt_fraction,
                                                            fused=plan.fused_ce, zero=plan.zero_stage,
-                                                           offload=plan.offload, rank=8),
+                                                           offload=plan.offload, rank=8,
+                                                           kernels=plan.fused_kernels),
                                             "grad_accum": plan.grad_accum}}
 
 

@@ -54,6 +54,9 @@ class StageConfig(_Strict):
     # Fused linear cross-entropy (no b x s x vocab logits). pt: Liger's kernel (GPU, gpu extra);
     # sft and dpo: TRL's chunked LM head, always on; rm has no vocabulary head.
     fused_ce: Auto | bool = "auto"
+    # Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPU, gpu extra): fewer, leaner ops, less activation
+    # memory. pt, sft and dpo (causal LMs).
+    fused_kernels: Auto | bool = "auto"
     optim: Literal["auto", "adamw", "adamw-8bit"] = "auto"
     zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"
     offload: Literal["auto", "none", "optimizer", "all"] = "auto"

@@ -24,9 +24,14 @@ from medgpt_ray import models
 from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, PipelineConfig, resolved_dict
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
 from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
-from medgpt_ray.memory.planner import StagePlan, plan_stage
+from medgpt_ray.memory.backoff import is_cuda_oom
+from medgpt_ray.memory.budget import probe_cluster_gpu
+from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.memory.planner import StagePlan
+from medgpt_ray.memory.report import plan_line
+from medgpt_ray.memory.stage_plans import plan_all
 from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
-from medgpt_ray.stages.common import StageInputs
+from medgpt_ray.stages.common import INJECT_OOM_ENV, StageInputs
 
 # Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
@@ -126,6 +131,13 @@ def _train_loop_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(metrics, checkpoint=None)
 
 
+def _worker_env() -> dict[str, str]:
+    env = dict(WORKER_ENV)
+    if os.environ.get(INJECT_OOM_ENV):  # the OOM back-off test hook reaches the workers too
+        env[INJECT_OOM_ENV] = os.environ[INJECT_OOM_ENV]
+    return env
+
+
 def run_stage_on_ray(inputs: StageInputs, cfg: PipelineConfig, storage_path: str, name: str,
                      progress_actor: str, namespace: str):
     from ray.train import RunConfig, ScalingConfig
@@ -143,7 +155,7 @@ def run_stage_on_ray(inputs: StageInputs, cfg: PipelineConfig, storage_path: str
         # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
         run_config=RunConfig(name=name, storage_path=storage_path,
                              logging_config=ray.LoggingConfig(log_level="WARNING"),
-                             worker_runtime_env={"env_vars": WORKER_ENV}),
+                             worker_runtime_env={"env_vars": _worker_env()}),
     )
     return trainer.fit()
 
@@ -200,8 +212,14 @@ class Pipeline:
         return prepared
 
     def _plans(self) -> dict[str, StagePlan]:
-        return {s: plan_stage(s, self.cfg.stages.get(s), self.cfg.workers_for(s), self.cfg.resources.use_gpu)
-                for s in _stage_order(self.cfg)}
+        """Every stage planned to fit the GPUs before any of them is touched; a config that does not fit
+        is refused here, with the numbers."""
+        plans, errors = plan_all(self.cfg, probe=probe_cluster_gpu)
+        if errors:
+            raise ConfigError("\n".join(errors.values()))
+        for s, p in plans.items():
+            self.echo(f"[{s:>3}] plan: {plan_line(p)}")
+        return plans
 
     def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
                      base_config: dict[str, Any], prov: dict[str, Any]) -> str:
@@ -333,6 +351,10 @@ class Pipeline:
             # Checkpoints of another configuration must not be resumed from.
             shutil.rmtree(stage_dir)
             self.manifest.forget(stage)
+        if same_attempt and (stage_dir / "plan.json").is_file():
+            # An interrupted attempt that had backed off after an OOM resumes at the smaller micro-batch.
+            keep_backoffs(plan, StagePlan.from_dict(json.loads((stage_dir / "plan.json").read_text())),
+                          self.cfg.stages.get(stage))
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(attempt, {"fingerprint": fingerprint})
         write_json_atomic(stage_dir / "plan.json", plan.to_dict())
@@ -369,7 +391,7 @@ class Pipeline:
                       f"{p.micro_batch} x accum {p.grad_accum}, ZeRO {p.zero_stage}, model {inputs[stage].model_path}")
             try:
                 name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
-                run_stage_on_ray(inputs[stage], self.cfg, self.storage_path, name, actor_name, namespace)
+                self._run_with_backoff(inputs[stage], name, actor_name, namespace)
                 result_path = Path(inputs[stage].out_dir) / "result.json"
                 result = json.loads(result_path.read_text(encoding="utf-8"))
                 if not Path(result["output_model"], "config.json").is_file():
@@ -393,6 +415,37 @@ class Pipeline:
             self._wait(t, actor, printer)
         for s in stages:
             outcomes[s] = results[s]
+
+    def _run_with_backoff(self, inp: StageInputs, name: str, actor_name: str, namespace: str) -> None:
+        """Run the stage; on CUDA OOM halve the micro-batch (same effective batch), record it in plan.json and
+        resume from the last checkpoint, until micro-batch 1 with full checkpointing also fails."""
+        from medgpt_ray.stages.common import latest_checkpoint
+
+        plan, attempt = inp.plan, 0
+        while True:
+            try:
+                run_stage_on_ray(inp, self.cfg, self.storage_path, name + (f"-b{attempt}" if attempt else ""),
+                                 actor_name, namespace)
+                return
+            except Exception as e:
+                if not (self.cfg.resources.oom_backoff and is_cuda_oom(e)):
+                    raise
+                ckpt = latest_checkpoint(inp.checkpoint_dir)
+                step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+                before = (plan.micro_batch, plan.grad_accum, plan.ckpt_fraction)
+                if not halve_micro_batch(plan, inp.cfg, "CUDA out of memory", step):
+                    raise PipelineError(
+                        f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
+                        f"(predicted peak {(plan.prediction or {}).get('peak_gib')} GiB); nothing left to give: "
+                        f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
+                    ) from e
+                attempt += 1
+                write_json_atomic(inp.out / "plan.json", plan.to_dict())
+                if plan.deepspeed is not None:
+                    write_json_atomic(inp.out / "deepspeed.json", plan.deepspeed)
+                self.echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {before[0]} x accum {before[1]}: "
+                          f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
+                          f"resuming from {'step ' + str(step) if ckpt else 'the start'}")
 
     def _wait(self, thread: threading.Thread, actor, printer: ProgressPrinter) -> None:
         while thread.is_alive():

@@ -68,3 +68,14 @@ def read_local_gpus() -> list[GPUMemory]:
 def smallest(gpus: list[GPUMemory]) -> GPUMemory | None:
     """A stage must fit its tightest GPU."""
     return min(gpus, key=lambda g: g.allocator_gib) if gpus else None
+
+
+def probe_cluster_gpu() -> GPUMemory | None:
+    """The tightest GPU: read on this machine, or by a one-GPU Ray task when the driver has none."""
+    import ray
+
+    local = smallest(read_local_gpus())
+    if local is not None or not ray.cluster_resources().get("GPU"):
+        return local
+    probe = ray.remote(num_gpus=1, num_cpus=0)(lambda: smallest(read_local_gpus()))
+    return ray.get(probe.remote(), timeout=300)

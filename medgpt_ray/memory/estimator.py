@@ -66,6 +66,7 @@ class TrainSetup:
     lora_dropout: float = 0.05
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
+    fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
 
     def sequences(self) -> int:
         """Sequences in one forward: rm and dpo score chosen and rejected together."""
@@ -110,6 +111,8 @@ def check_setup(s: TrainSetup) -> None:
         raise SetupError("offload 'all' (parameters too) needs ZeRO-3")
     if s.method == "qlora" and s.zero == 3:
         raise SetupError("ZeRO-3 cannot shard 4-bit QLoRA weights")
+    if s.fused_kernels and s.stage == "rm":
+        raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo")
     if s.method == "qlora" and s.precision == "fp32":
         raise SetupError("QLoRA computes in bf16: precision bf16")
     if not 0 <= s.ckpt_fraction <= 1:
@@ -146,12 +149,15 @@ def _layer_activation_bytes(shape: ModelShape, s: TrainSetup) -> float:
     stream = 4 if (s.precision in ("amp-bf16", "fp32") and not deepspeed) else 2
     e = 4 if s.precision == "fp32" else 2  # activations inside the layer (autocast -> bf16)
     trainable_base = s.method == "full"
-    # RMSNorm: its fp32 input, and the normalized tensor when the norm weight is trained.
-    norm = 4 * h + (stream * h if trainable_base else 0)
+    # RMSNorm: its fp32 input, and the normalized tensor when the norm weight is trained. Liger's kernel keeps
+    # only its input as it came (and a per-row fp32 rstd) and derives the weight grad from it.
+    norm = stream * h + 4 if s.fused_kernels else 4 * h + (stream * h if trainable_base else 0)
     # SDPA keeps q, k, v, out (+ fp32 logsumexp). HF repeats k/v to every head before SDPA whenever the batch
     # carries an attention mask, which every stage's collator passes: GQA's small k/v save nothing here.
     attn = e * 4 * h + 4 * shape.heads
-    mlp = e * 3 * inter  # SiLU's input, its output and the up projection, for the product's backward
+    # SiLU's input, its output and the up projection, for the product's backward; Liger's SwiGLU keeps the
+    # two projections and recomputes SiLU.
+    mlp = e * (2 if s.fused_kernels else 3) * inter
     total = 2 * norm + attn + mlp
     if trainable_base or s.method == "qlora":
         # Linear inputs, kept for weight grads (full) or by bitsandbytes' 4-bit matmul (QLoRA).
@@ -229,7 +235,10 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
     k = round(s.ckpt_fraction * shape.layers)
     saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
-    recompute = per_layer if k else 0  # a checkpointed layer's activations, rebuilt during its backward
+    # A checkpointed layer rebuilds its activations during its backward. The checkpointed layers are the first
+    # ones, reached last by backward, when the later layers' activations are already freed: the rebuild only
+    # adds to the peak when every layer is checkpointed.
+    recompute = per_layer if k == shape.layers else 0
     # Around the layers: embedding output and final norm; the LM head input when the head trains.
     edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
     b["activations"] = tokens * (saved + edges) * scale

@@ -32,6 +32,7 @@ class StagePlan:
     prediction: dict[str, Any] | None = None  # peak_gib, budget_gib, breakdown_gib, tokens_per_s...
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
     backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
+    fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
 
     @property
     def grad_ckpt(self) -> bool:
@@ -45,13 +46,12 @@ class StagePlan:
         return cls(**d)
 
     def identity(self) -> dict[str, Any]:
-        """What decides the stage's result (for fingerprints): not the explanation, not the back-offs
-        (a backed-off run trains the same effective batch on the same data)."""
-        d = self.to_dict()
-        for k in ("reasons", "prediction", "alternatives", "backoffs", "micro_batch", "grad_accum", "deepspeed"):
-            d.pop(k)
-        d["per_worker_batch"] = self.micro_batch * self.grad_accum
-        return d
+        """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs
+        accumulation, checkpointing, fused CE, ZeRO and offload compute the same updates, so a finished stage
+        is not retrained because the planner (or an OOM back-off) chose another memory layout."""
+        return {"stage": self.stage, "method": self.method, "precision": self.precision, "optim": self.optim,
+                "num_workers": self.num_workers, "use_gpu": self.use_gpu,
+                "per_worker_batch": self.micro_batch * self.grad_accum}
 
 
 def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None:
@@ -106,3 +106,13 @@ def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int 
                                     "ckpt_fraction": plan.ckpt_fraction}})
     plan.deepspeed = deepspeed_config(plan, cfg)
     return True
+
+
+def keep_backoffs(plan: StagePlan, previous: StagePlan, cfg: StageConfig) -> None:
+    """Resume an interrupted attempt where its OOM back-offs left it (same per-worker batch only)."""
+    if not previous.backoffs or previous.micro_batch * previous.grad_accum != plan.micro_batch * plan.grad_accum:
+        return
+    plan.micro_batch, plan.grad_accum = previous.micro_batch, previous.grad_accum
+    plan.ckpt_fraction = max(plan.ckpt_fraction, previous.ckpt_fraction)
+    plan.backoffs = previous.backoffs
+    plan.deepspeed = deepspeed_config(plan, cfg)

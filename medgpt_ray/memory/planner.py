@@ -83,15 +83,15 @@ class Candidate:
     def knobs(self) -> dict[str, Any]:
         s = self.setup
         return {"method": s.method, "micro_batch": s.micro_batch, "grad_accum": s.grad_accum,
-                "ckpt_fraction": s.ckpt_fraction, "fused_ce": s.fused_ce, "zero_stage": s.zero,
-                "offload": s.offload}
+                "ckpt_fraction": s.ckpt_fraction, "fused_ce": s.fused_ce, "fused_kernels": s.fused_kernels,
+                "zero_stage": s.zero, "offload": s.offload}
 
     def label(self) -> str:
         s = self.setup
         ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(s.ckpt_fraction, f"ckpt {s.ckpt_fraction:.0%}")
         zero = f"ZeRO-{s.zero}" + ("" if s.offload == "none" else f"+offload {s.offload}")
         return (f"{s.method} mb {s.micro_batch}x{s.grad_accum}, {ck}, {'fused CE' if s.fused_ce else 'HF loss'}, "
-                f"{zero}")
+                f"{'Liger kernels, ' if s.fused_kernels else ''}{zero}")
 
 
 def liger_available() -> bool:
@@ -155,6 +155,17 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
                  if stage == "pt" else "fixed by the trainer")
     fused = note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
 
+    if cfg.fused_kernels is True:
+        if stage == "rm":
+            raise ConfigError(f"{where}.fused_kernels: Liger's kernels are applied to the causal-LM stages "
+                              f"(pt, sft, dpo), not the reward model")
+        if not use_gpu or not liger_available():
+            raise ConfigError(f"{where}.fused_kernels: Liger's kernels need a GPU and liger-kernel "
+                              f"(pip install 'medgpt-ray[gpu]')")
+    kernels_auto = [False, True] if (use_gpu and liger_available() and stage != "rm") else [False]
+    kernels = note("fused_kernels", cfg.fused_kernels, kernels_auto,
+                   "Liger RMSNorm/SwiGLU/RoPE" + ("" if liger_available() else ": liger-kernel not installed"))
+
     optim = note("optim", cfg.optim, ["adamw"], "AdamW")
     if optim == ["adamw-8bit"] and not use_gpu:
         raise ConfigError(f"{where}.optim: 'adamw-8bit' needs a GPU (bitsandbytes)")
@@ -162,8 +173,8 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
     zero_pairs = _zero_options(stage, cfg, methods, num_workers, use_gpu)
     reasons.append(f"zero_stage/offload: {'searched ' if len(zero_pairs) > 1 else ''}"
                    f"{[f'{z}/{o}' for z, o in zero_pairs]}")
-    return {"method": methods, "micro": micro, "ckpt": ckpt, "fused": fused, "optim": optim, "zero": zero_pairs,
-            "per_worker": [per_worker]}
+    return {"method": methods, "micro": micro, "ckpt": ckpt, "fused": fused, "kernels": kernels, "optim": optim,
+            "zero": zero_pairs, "per_worker": [per_worker]}
 
 
 def _zero_options(stage: str, cfg: StageConfig, methods: list[str], num_workers: int,
@@ -198,8 +209,9 @@ def _zero_options(stage: str, cfg: StageConfig, methods: list[str], num_workers:
 
 def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool):
     per_worker = opts["per_worker"][0]
-    for method, micro, ck, fused, optim, (zero, offload) in itertools.product(
-            opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["optim"], opts["zero"]):
+    for method, micro, ck, fused, kernels, optim, (zero, offload) in itertools.product(
+            opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["kernels"], opts["optim"],
+            opts["zero"]):
         precision = cfg.precision if cfg.precision != "auto" else (
             "fp32" if not use_gpu else "amp-bf16" if method == "full" else "bf16")
         if method == "qlora" and zero == 3:
@@ -208,7 +220,8 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
             lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout, grad_accum=per_worker // micro,
-            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
+            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
+            fused_kernels=kernels)
 
 
 def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[Candidate], budget: Budget,
@@ -219,26 +232,28 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
     if explicit:
         lines.append(f"  fixed by the config: {', '.join(explicit)}")
     s0 = replace(best.setup, micro_batch=1, ckpt_fraction=1.0)
+    usable = budget.usable_gib
+
+    def option(label: str, setup: TrainSetup) -> str:
+        p = estimate(shape, setup).peak_gib
+        return f"{label}: {p:.1f} GiB ({'fits' if p <= usable else 'still over'})"
+
     hints = []
-    if s0.method != "qlora" and s0.zero != 3:
-        q = estimate(shape, replace(s0, method="qlora", precision="bf16", zero=0, offload="none")).peak_gib
-        hints.append(f"method qlora: {q:.1f} GiB")
-    seq = cfg.seq_len
-    while seq > 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib > budget.usable_gib:
-        seq //= 2
-    if seq != cfg.seq_len and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= budget.usable_gib:
-        hints.append(f"seq_len {seq}: {estimate(shape, replace(s0, seq_len=seq)).peak_gib:.1f} GiB")
     if s0.method != "qlora":
-        for n in (2, 4, 8):
-            p = estimate(shape, replace(s0, zero=3, offload="none", gpus=n)).peak_gib
-            if p <= budget.usable_gib:
-                hints.append(f"{n} GPUs with ZeRO-3: {p:.1f} GiB each")
+        hints.append(option("method qlora", replace(s0, method="qlora", precision="bf16", zero=0, offload="none")))
+    for seq in (cfg.seq_len // 2, cfg.seq_len // 4, cfg.seq_len // 8):
+        if seq >= 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= usable:
+            hints.append(option(f"seq_len {seq}", replace(s0, seq_len=seq)))
+            break
+    if s0.method != "qlora":
+        for n in (2, 4, 8, 16):
+            if n > s0.gpus and estimate(shape, replace(s0, zero=3, offload="none", gpus=n)).peak_gib <= usable:
+                hints.append(option(f"{n} GPUs with ZeRO-3", replace(s0, zero=3, offload="none", gpus=n)))
                 break
         if s0.method == "full":
-            p = estimate(shape, replace(s0, zero=3, offload="all")).peak_gib
-            hints.append(f"ZeRO-3 with parameter+optimizer offload: {p:.1f} GiB")
+            hints.append(option("ZeRO-3 with parameter+optimizer offload", replace(s0, zero=3, offload="all")))
     if hints:
-        lines.append("  what would fit (micro-batch 1, full checkpointing): " + "; ".join(hints))
+        lines.append("  other options at micro-batch 1 with full checkpointing: " + "; ".join(hints))
     return "\n".join(lines)
 
 
@@ -270,6 +285,7 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     s = chosen.setup
     plan = StagePlan(stage, s.method, s.precision, s.micro_batch, s.grad_accum, num_workers, use_gpu,
                      s.ckpt_fraction, s.fused_ce, s.optim, s.zero, s.offload, None, reasons)
+    plan.fused_kernels = s.fused_kernels
     plan.deepspeed = deepspeed_config(plan, cfg)
     plan.prediction = {
         "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,

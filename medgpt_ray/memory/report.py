@@ -36,6 +36,7 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload", default="none", choices=["none", "optimizer", "all"])
     p.add_argument("--gpus", type=int, default=1)
     p.add_argument("--optim", default="adamw", choices=["adamw", "adamw-8bit"])
+    p.add_argument("--fused-kernels", action="store_true", help="Liger's RMSNorm/SwiGLU/RoPE kernels (pt, sft, dpo)")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--gpu-type", default="rtx4090", choices=sorted(GPU_SPECS), help="for the tokens/s prediction")
     p.add_argument("--json", action="store_true", help="print {peak_gib, breakdown, ...} as JSON")
@@ -51,7 +52,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                            micro_batch=args.micro_batch, seq_len=args.seq_len,
                            ckpt_fraction=args.ckpt_layers if args.grad_ckpt else 0.0, fused_ce=args.fused_ce,
                            zero=args.zero, offload=args.offload, gpus=args.gpus, optim=args.optim,
-                           lora_rank=args.lora_rank, grad_accum=args.grad_accum)
+                           lora_rank=args.lora_rank, grad_accum=args.grad_accum, fused_kernels=args.fused_kernels)
         est = estimate(shape, setup)
     except (ShapeError, SetupError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -77,7 +78,19 @@ def _knobs(d: dict[str, Any]) -> str:
     ck_s = {0.0: "no ckpt", 1.0: "full ckpt"}.get(ck, f"ckpt {ck:.0%}")
     zero = f"ZeRO-{d['zero_stage']}" + ("" if d["offload"] == "none" else f"+off:{d['offload']}")
     return (f"{d['method']:5s} mb {d['micro_batch']}x{d['grad_accum']:<3d} {ck_s:9s} "
-            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {zero}")
+            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {'liger ' if d.get('fused_kernels') else ''}{zero}")
+
+
+def plan_line(p: StagePlan) -> str:
+    """One line per stage for the pipeline's log."""
+    pred = p.prediction or {}
+    ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(p.ckpt_fraction, f"ckpt {p.ckpt_fraction:.0%} of layers")
+    budget = pred.get("budget_gib")
+    fit = f"predicted peak {pred.get('peak_gib', 0):.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
+    return (f"{p.method}, micro-batch {p.micro_batch} x accum {p.grad_accum} x {p.num_workers} worker(s), {ck}, "
+            f"{'fused CE' if p.fused_ce else 'unfused CE'}, {'Liger kernels, ' if p.fused_kernels else ''}"
+            f"ZeRO-{p.zero_stage}"
+            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}")
 
 
 def format_plan(plan: StagePlan) -> list[str]:

@@ -91,7 +91,7 @@ class ShapeError(ValueError):
     pass
 
 
-def shape_from_config(cfg: dict[str, Any], name: str) -> ModelShape:
+def shape_from_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelShape:
     text = cfg.get("text_config", cfg)
     try:
         heads = int(text["num_attention_heads"])
@@ -107,7 +107,7 @@ def shape_from_config(cfg: dict[str, Any], name: str) -> ModelShape:
             qkv_bias=bool(text.get("attention_bias", text.get("model_type", cfg.get("model_type")) == "qwen2")),
         )
     except KeyError as e:
-        raise ShapeError(f"{name}: config.json has no {e.args[0]!r}; not a decoder-only transformer config") from None
+        raise ShapeError(f"{source}: no {e.args[0]!r}; not a decoder-only transformer config") from None
 
 
 def load_shape(model: str) -> ModelShape:
@@ -128,4 +128,4 @@ def load_shape(model: str) -> ModelShape:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ShapeError(f"{cfg_file}: invalid JSON ({e})") from None
-    return shape_from_config(cfg, path.name)
+    return shape_from_config(cfg, path.name, str(cfg_file))

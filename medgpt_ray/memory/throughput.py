@@ -47,6 +47,7 @@ CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU Adam on a desktop CPU
 # launch overhead. It is why a larger micro-batch beats less recompute on fast GPUs.
 LAUNCH_SECONDS = 4e-5
 KERNELS_PER_LAYER = 30
+KERNELS_PER_LAYER_FUSED = 18  # Liger: one kernel per RMSNorm, SwiGLU and RoPE instead of several each
 KERNELS_PER_LORA_PROJECTION = 8
 
 
@@ -86,7 +87,8 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     t_half = T_HALF_NUMERATOR / shape.hidden**2
     eff = MAX_EFFICIENCY * tokens / (tokens + t_half)
     seconds = tokens * flops_per_token(shape, s) / (gpu.bf16_tflops * 1e12 * eff)
-    kernels = shape.layers * (KERNELS_PER_LAYER + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
+    per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
+    kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
     seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
     if s.stage == "pt" and not s.fused_ce:
         seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)

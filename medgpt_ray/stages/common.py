@@ -121,11 +121,13 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
     # Always explicit: TRL's configs default to checkpointing on, the plan may say off.
     kwargs.update(checkpointing_kwargs(plan.ckpt_fraction > 0))
     kwargs["optim"] = optimizer_name(plan)
-    if plan.fused_ce and inp.stage == "pt":
-        # Only the fused linear cross-entropy: the estimator models the stock layers' activations.
+    flce = plan.fused_ce and inp.stage == "pt"  # sft/dpo: TRL's own chunked head, which Liger must not replace
+    if flce or plan.fused_kernels:
+        # Exactly the kernels the plan chose: the estimator models each one's activations.
         kwargs["use_liger_kernel"] = True
-        kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": True, "cross_entropy": False,
-                                         "rope": False, "rms_norm": False, "swiglu": False}
+        kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": flce, "cross_entropy": False,
+                                         "rope": plan.fused_kernels, "rms_norm": plan.fused_kernels,
+                                         "swiglu": plan.fused_kernels}
     return kwargs
 
 

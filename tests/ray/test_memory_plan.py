@@ -1,0 +1,78 @@
+"""The planner drives the pipeline, and a CUDA OOM backs the micro-batch off instead of failing the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medgpt_ray.config import ConfigError, PipelineConfig
+from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions
+from medgpt_ray.stages.common import INJECT_OOM_ENV
+
+pytestmark = pytest.mark.ray
+
+
+def _sft_only(tmp_path, name: str, sft: dict, resources: dict | None = None) -> PipelineConfig:
+    return PipelineConfig.model_validate({
+        "name": name, "output_dir": str(tmp_path), "model": {"path": "tiny"},
+        "data": {"sft": ["data/sample/sft_sharegpt.jsonl"], "eval_fraction": 0.1, "max_records": 64},
+        "resources": {"num_workers": 1, **(resources or {})},
+        "stages": {"pt": {"enabled": False}, "rm": {"enabled": False}, "dpo": {"enabled": False},
+                   "sft": {"method": "lora", "seq_len": 256, "effective_batch": 8, "max_steps": 3,
+                           "logging_steps": 1, **sft}},
+    })
+
+
+def test_the_plan_chosen_for_a_budget_is_what_runs(ray_cluster, repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(repo)
+    # A simulated 0.27 GiB card (the CPU has no allocator to cap): the tiny model no longer fits at
+    # micro-batch 8 without checkpointing, so the planner must trade.
+    cfg = _sft_only(tmp_path, "budget", {}, {"gpu_memory_gib": 0.27, "memory_margin_gib": 0.0})
+    lines: list[str] = []
+    summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
+    assert summary["stages"]["sft"]["status"] == "done"
+    plan = json.loads((tmp_path / "budget" / "sft" / "plan.json").read_text())
+    assert plan["prediction"]["peak_gib"] <= 0.27 < plan["alternatives"][0]["peak_gib"]
+    assert plan["micro_batch"] < 8 and plan["micro_batch"] * plan["grad_accum"] == 8
+    result = json.loads((tmp_path / "budget" / "sft" / "result.json").read_text())
+    assert result["steps"] == 3
+    assert any(line.startswith("[sft] plan: lora, micro-batch") and "predicted peak" in line for line in lines)
+
+
+def test_a_config_predicted_not_to_fit_is_refused_before_anything_runs(ray_cluster, repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(repo)
+    cfg = _sft_only(tmp_path, "refused", {"micro_batch": 8, "grad_ckpt": False},
+                    {"gpu_memory_gib": 0.27, "memory_margin_gib": 0.0})
+    with pytest.raises(ConfigError, match=r"stages.sft: nothing fits 0.3 GiB.*micro_batch=8"):
+        Pipeline(cfg, RunOptions(echo=lambda _: None)).run()
+    assert not (tmp_path / "refused" / "sft").exists()
+
+
+def test_oom_backs_off_to_half_the_micro_batch_and_resumes(ray_cluster, repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv(INJECT_OOM_ENV, "2")
+    cfg = _sft_only(tmp_path, "oom", {"micro_batch": 4, "save_steps": 1})
+    lines: list[str] = []
+    summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
+    assert summary["stages"]["sft"]["status"] == "done"
+    stage_dir = tmp_path / "oom" / "sft"
+    assert (stage_dir / ".injected_oom").is_file()  # the hook really fired
+    plan = json.loads((stage_dir / "plan.json").read_text())
+    assert (plan["micro_batch"], plan["grad_accum"]) == (2, 4)
+    [backoff] = plan["backoffs"]
+    assert backoff["before"]["micro_batch"] == 4 and backoff["after"]["grad_accum"] == 4
+    result = json.loads((stage_dir / "result.json").read_text())
+    assert result["resumed_from"].endswith("checkpoint-1") and result["steps"] == 3
+    assert any("CUDA out of memory at micro-batch 4 x accum 2: backing off to 2 x 4" in line for line in lines)
+    manifest = json.loads((tmp_path / "oom" / "manifest.json").read_text())
+    assert manifest["stages"]["sft"]["plan"]["backoffs"] == plan["backoffs"]
+
+
+def test_oom_at_micro_batch_one_with_full_checkpointing_gives_up_clearly(ray_cluster, repo, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv(INJECT_OOM_ENV, "1")
+    cfg = _sft_only(tmp_path, "giveup", {"micro_batch": 1, "grad_ckpt": True, "effective_batch": 2})
+    with pytest.raises(PipelineError, match="out of GPU memory at micro-batch 1 with full checkpointing"):
+        Pipeline(cfg, RunOptions(echo=lambda _: None)).run()

@@ -1,0 +1,195 @@
+"""The planner: fastest configuration that fits, explicit values checked, clear refusals, OOM back-off rules."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from medgpt_ray.cli import main
+from medgpt_ray.config import LoraConfig, StageConfig, load_config
+from medgpt_ray.memory.backoff import is_cuda_oom
+from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.memory.planner import PlanError, make_budget, plan_stage
+from medgpt_ray.memory.shapes import PRESETS
+
+Q7 = PRESETS["qwen2.5-7b"]
+RTX4090 = make_budget(24, 2, "rtx4090", True, "test")
+
+
+def sft_7b(**kw) -> StageConfig:
+    return StageConfig(**{"method": "lora", "lora": LoraConfig(rank=8), "seq_len": 2048, "effective_batch": 32, **kw})
+
+
+def test_chosen_configuration_fits_and_keeps_the_effective_batch():
+    plan = plan_stage("sft", sft_7b(), 4, True, Q7, RTX4090)
+    assert plan.prediction["peak_gib"] <= 22.0
+    assert plan.micro_batch * plan.grad_accum * plan.num_workers == 32
+    # Something faster was considered and rejected for memory, with the numbers.
+    rejected = [a for a in plan.alternatives if "budget" in a["why"]]
+    assert rejected and all(a["peak_gib"] > 22.0 and a["relative_speed"] > 1 for a in rejected)
+    assert plan.deepspeed is None or plan.deepspeed["train_micro_batch_size_per_gpu"] == plan.micro_batch
+
+
+def test_more_memory_buys_a_faster_plan():
+    small = plan_stage("sft", sft_7b(), 1, True, Q7, make_budget(24, 2, "h200", True, "test"))
+    big = plan_stage("sft", sft_7b(), 1, True, Q7, make_budget(80, 2, "h200", True, "test"))
+    assert big.prediction["tokens_per_s_per_gpu"] > small.prediction["tokens_per_s_per_gpu"]
+    assert big.ckpt_fraction < small.ckpt_fraction or big.micro_batch > small.micro_batch
+
+
+def test_explicit_values_win_and_are_checked():
+    plan = plan_stage("sft", sft_7b(micro_batch=2, grad_ckpt=True), 4, True, Q7, RTX4090)
+    assert (plan.micro_batch, plan.grad_accum, plan.ckpt_fraction) == (2, 4, 1.0)
+    with pytest.raises(PlanError) as e:
+        plan_stage("sft", sft_7b(micro_batch=8, grad_ckpt=False), 4, True, Q7, RTX4090)
+    msg = str(e.value)
+    assert "stages.sft: nothing fits 22.0 GiB" in msg and "micro_batch=8" in msg and "grad_ckpt=False" in msg
+    assert "smallest predicted peak" in msg
+
+
+def test_nothing_fits_says_what_would():
+    # 7B full fine-tuning fits one 24 GiB card only with ZeRO's CPU offload, which the planner finds...
+    offloaded = plan_stage("sft", sft_7b(method="full"), 1, True, Q7, RTX4090)
+    assert offloaded.zero_stage >= 2 and offloaded.offload != "none"
+    # ...and when ZeRO is ruled out, the refusal says what would fit instead.
+    with pytest.raises(PlanError) as e:
+        plan_stage("sft", sft_7b(method="full", zero_stage=0), 1, True, Q7, RTX4090)
+    msg = str(e.value)
+    assert "other options" in msg and "method qlora" in msg and "offload" in msg and "(fits)" in msg
+
+
+def test_auto_method_may_choose_qlora_on_a_small_card():
+    plan = plan_stage("sft", sft_7b(method="auto"), 1, True, Q7, make_budget(12, 1, "rtx4090", True, "test"))
+    assert plan.method == "qlora" and plan.prediction["peak_gib"] <= 11.0
+
+
+def test_cpu_without_budget_plans_for_speed_and_refuses_gpu_only_knobs():
+    plan = plan_stage("sft", StageConfig(method="lora", seq_len=256, effective_batch=8), 2, False)
+    assert (plan.precision, plan.ckpt_fraction, plan.micro_batch, plan.grad_accum) == ("fp32", 0.0, 4, 1)
+    with pytest.raises(Exception, match="needs GPUs"):
+        plan_stage("sft", StageConfig(method="qlora", effective_batch=8), 1, False)
+    with pytest.raises(Exception, match="fused_ce: false is not available"):
+        plan_stage("sft", StageConfig(fused_ce=False, effective_batch=8), 1, False)
+
+
+def test_a_tiny_budget_forces_smaller_micro_batches_and_checkpointing():
+    from medgpt_ray.memory.shapes import load_shape
+
+    cfg = StageConfig(method="lora", seq_len=384, effective_batch=8)
+    roomy = plan_stage("sft", cfg, 1, False, load_shape("tiny"), make_budget(10, 0, "auto", False, "test"))
+    tight = plan_stage("sft", cfg, 1, False, load_shape("tiny"), make_budget(0.27, 0, "auto", False, "test"))
+    assert roomy.micro_batch == 8 and roomy.ckpt_fraction == 0.0
+    assert tight.micro_batch < 8 and tight.prediction["peak_gib"] <= 0.27
+
+
+def test_halving_keeps_the_effective_batch_until_nothing_is_left():
+    plan = plan_stage("sft", sft_7b(micro_batch=8, grad_ckpt=0.5), 1, True, Q7, make_budget(200, 2, "h200", True, "t"))
+    seen = []
+    while halve_micro_batch(plan, sft_7b(), "CUDA out of memory", step=3):
+        seen.append((plan.micro_batch, plan.grad_accum, plan.ckpt_fraction))
+    assert seen == [(4, 8, 0.5), (2, 16, 0.5), (1, 32, 0.5), (1, 32, 1.0)]
+    assert len(plan.backoffs) == 4 and plan.backoffs[0]["before"]["micro_batch"] == 8
+    odd = plan_stage("sft", sft_7b(effective_batch=3, micro_batch=3), 1, True, Q7,
+                     make_budget(200, 2, "h200", True, "t"))
+    assert halve_micro_batch(odd, sft_7b(effective_batch=3), "oom", 0) and (odd.micro_batch, odd.grad_accum) == (1, 3)
+
+
+def test_resumed_attempt_keeps_its_backoffs_and_fingerprint_identity_ignores_memory_knobs():
+    budget = make_budget(200, 2, "h200", True, "t")
+    planned = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
+    previous = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
+    halve_micro_batch(previous, sft_7b(), "oom", 5)
+    assert previous.identity() == planned.identity()
+    keep_backoffs(planned, previous, sft_7b())
+    assert (planned.micro_batch, planned.grad_accum, len(planned.backoffs)) == (4, 8, 1)
+
+
+def test_oom_is_recognised_through_ray_train_wrappers():
+    from ray.train import WorkerGroupError
+
+    wrapped = WorkerGroupError("rank 1 failed", {1: torch.OutOfMemoryError("CUDA out of memory. Tried to ...")})
+    assert is_cuda_oom(wrapped)
+    assert not is_cuda_oom(WorkerGroupError("rank 0 failed", {0: ValueError("bad record")}))
+    try:
+        try:
+            raise torch.OutOfMemoryError("x")
+        except torch.OutOfMemoryError as inner:
+            raise RuntimeError("stage failed") from inner
+    except RuntimeError as outer:
+        assert is_cuda_oom(outer)
+
+
+ESTIMATE = ["estimate", "--model", "qwen2.5-7b", "--stage", "sft", "--method", "lora", "--precision", "bf16",
+            "--micro-batch", "2", "--seq-len", "2048", "--grad-ckpt", "--fused-ce"]
+
+
+def _json(capsys, argv) -> dict:
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_estimate_cli_every_flag(capsys, tmp_path):
+    base = _json(capsys, ESTIMATE)
+    assert set(base) >= {"peak_gib", "breakdown"} and base["breakdown"]["weights"] > 14
+    assert _json(capsys, ESTIMATE + ["--ckpt-layers", "0.5"])["peak_gib"] > base["peak_gib"]
+    assert _json(capsys, [*ESTIMATE[:-2], "--no-grad-ckpt", "--fused-ce"])["peak_gib"] > base["peak_gib"]
+    assert _json(capsys, ESTIMATE + ["--lora-rank", "64"])["peak_gib"] > base["peak_gib"]
+    q = _json(capsys, [a if a != "lora" else "qlora" for a in ESTIMATE])
+    assert q["peak_gib"] < base["peak_gib"] - 8
+    full = [a if a not in ("lora", "bf16") else {"lora": "full", "bf16": "amp-bf16"}[a] for a in ESTIMATE]
+    z0 = _json(capsys, full)["peak_gib"]
+    z3 = _json(capsys, full + ["--zero", "3", "--gpus", "8"])["peak_gib"]
+    off = _json(capsys, full + ["--zero", "3", "--offload", "all"])["peak_gib"]
+    adam8 = _json(capsys, full + ["--optim", "adamw-8bit"])["peak_gib"]
+    assert z3 < z0 and off < z0 and adam8 < z0
+    assert _json(capsys, full + ["--zero", "2", "--offload", "optimizer"])["breakdown"].get("optimizer_states", 0) == 0
+    pt = [*ESTIMATE[:4], "pt", *ESTIMATE[5:-1]]
+    assert _json(capsys, pt + ["--no-fused-ce"])["peak_gib"] > _json(capsys, pt + ["--fused-ce"])["peak_gib"]
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 151936,
+                                                      "hidden_size": 896, "num_hidden_layers": 24,
+                                                      "num_attention_heads": 14, "num_key_value_heads": 2,
+                                                      "intermediate_size": 4864, "tie_word_embeddings": True}))
+    from_dir = _json(capsys, [*ESTIMATE[:2], str(tmp_path), *ESTIMATE[3:]])
+    assert from_dir["peak_gib"] == _json(capsys, [*ESTIMATE[:2], "qwen2.5-0.5b", *ESTIMATE[3:]])["peak_gib"]
+    assert main(ESTIMATE) == 0 and "predicted peak allocated" in capsys.readouterr().out
+
+
+def test_estimate_cli_errors_name_the_problem(capsys, tmp_path):
+    assert main([*ESTIMATE[:2], str(tmp_path / "nope"), *ESTIMATE[3:]]) == 2
+    assert "neither a preset" in capsys.readouterr().err
+    assert main(ESTIMATE + ["--offload", "optimizer"]) == 2
+    assert "needs ZeRO" in capsys.readouterr().err
+
+
+def test_estimate_is_a_console_command():
+    out = subprocess.run([sys.executable, "-m", "medgpt_ray.cli", *ESTIMATE, "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    assert json.loads(out)["peak_gib"] > 14
+
+
+def test_plan_cli_on_the_shipped_4090_config(capsys, repo):
+    cfg = str(repo / "configs/qwen2.5-7b-4x4090.yaml")
+    assert main(["plan", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    for stage in ("pt", "sft", "rm", "dpo"):
+        assert f"stage {stage}: qwen2.5-7b on 4 worker(s), budget 22.0 GiB" in out
+    assert "chosen" in out and "rejected" in out
+    assert main(["plan", "--config", cfg, "--gpu-mem-gib", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "nothing fits 3.0 GiB" in out and "method qlora" in out
+    assert main(["plan", "--config", cfg, "--json", "--margin-gib", "1"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans["sft"]["prediction"]["budget_gib"] == 23.0
+
+
+def test_planning_a_config_whose_model_is_elsewhere_needs_a_shape(tmp_path, repo):
+    from medgpt_ray.config import ConfigError
+    from medgpt_ray.memory.stage_plans import plan_all
+
+    cfg = load_config(repo / "configs/qwen2.5-7b-4x4090.yaml", ["model.shape=null"])
+    with pytest.raises(ConfigError, match="set model.shape"):
+        plan_all(cfg, default_gpu_gib=24)
