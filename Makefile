@@ -23,8 +23,8 @@ demo: venv
 	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VPY) jobs/pipeline.py --config configs/tiny-cpu.yaml
 
 test: venv
-	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample
+	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample bench
 	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VENV)/bin/pytest -q tests/unit tests/stages tests/ray tests/e2e
 
 lint: venv
-	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample
+	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample bench

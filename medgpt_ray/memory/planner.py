@@ -47,8 +47,8 @@ class Budget:
     def describe(self) -> str:
         if self.gpu_gib is None:
             return "no GPU memory limit (CPU)"
-        return (f"{self.usable_gib:.1f} GiB = {self.gpu_gib:.1f} GiB ({self.source}) - "
-                f"{self.margin_gib:.1f} GiB margin, {self.gpu.name}")
+        return (f"{gib(self.usable_gib)} = {gib(self.gpu_gib)} ({self.source}) - "
+                f"{gib(self.margin_gib)} margin, {self.gpu.name}")
 
 
 def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu: bool, source: str,
@@ -66,8 +66,12 @@ def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu
         except KeyError:
             spec = GPU_SPECS["rtx4090"]
     else:
-        spec = GPU_SPECS["rtx4090"] if use_gpu or gpu_gib else GPU_SPECS["cpu"]
+        spec = GPU_SPECS["rtx4090"] if use_gpu else GPU_SPECS["cpu"]
     return Budget(gpu_gib, margin_gib, spec, source)
+
+
+def gib(x: float) -> str:
+    return f"{x:.2f} GiB" if x < 10 else f"{x:.1f} GiB"
 
 
 @dataclass
@@ -228,7 +232,7 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
                     explicit: list[str]) -> str:
     best = min(cands, key=lambda c: c.peak_gib)
     lines = [f"stages.{stage}: nothing fits {budget.describe()}.",
-             f"  smallest predicted peak: {best.peak_gib:.1f} GiB with {best.label()}"]
+             f"  smallest predicted peak: {gib(best.peak_gib)} with {best.label()}"]
     if explicit:
         lines.append(f"  fixed by the config: {', '.join(explicit)}")
     s0 = replace(best.setup, micro_batch=1, ckpt_fraction=1.0)
@@ -236,7 +240,7 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
 
     def option(label: str, setup: TrainSetup) -> str:
         p = estimate(shape, setup).peak_gib
-        return f"{label}: {p:.1f} GiB ({'fits' if p <= usable else 'still over'})"
+        return f"{label}: {gib(p)} ({'fits' if p <= usable else 'still over'})"
 
     hints = []
     if s0.method != "qlora":
@@ -308,7 +312,7 @@ def _alternatives(chosen: Candidate, cands: list[Candidate], budget: Budget, n: 
     for c in faster[:n]:
         out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2),
                     "relative_speed": round(c.tokens_per_s / chosen.tokens_per_s, 3),
-                    "why": f"peak {c.peak_gib:.1f} GiB > budget {budget.usable_gib:.1f} GiB"})
+                    "why": f"peak {gib(c.peak_gib)} > budget {gib(budget.usable_gib)}"})
     slower = sorted((c for c in cands if c.peak_gib <= budget.usable_gib and c is not chosen
                      and c.tokens_per_s <= chosen.tokens_per_s), key=lambda c: -c.tokens_per_s)
     for c in slower[:2]:

@@ -180,7 +180,7 @@ def test_plan_cli_on_the_shipped_4090_config(capsys, repo):
     assert "chosen" in out and "rejected" in out
     assert main(["plan", "--config", cfg, "--gpu-mem-gib", "5"]) == 1
     out = capsys.readouterr().out
-    assert "nothing fits 3.0 GiB" in out and "method qlora" in out
+    assert "nothing fits 3.00 GiB" in out and "method qlora" in out
     assert main(["plan", "--config", cfg, "--json", "--margin-gib", "1"]) == 0
     plans = json.loads(capsys.readouterr().out)["plans"]
     assert plans["sft"]["prediction"]["budget_gib"] == 23.0
