@@ -68,6 +68,9 @@ class StageConfig(_Strict):
     logging_steps: Annotated[int, Field(ge=1)] = 10
     template: str | None = None  # None: model.template
     num_workers: Annotated[int, Field(ge=1)] | None = None  # None: resources.num_workers
+    # GPUs by PCIe topology (medgpt_ray/placement.py), or an explicit list of GPU indices on each node
+    # (PCI bus order, as nvidia-smi numbers them), checked against the node's topology.
+    placement: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
 
 
 class DPOStageConfig(StageConfig):
@@ -193,6 +196,11 @@ class ResourcesConfig(_Strict):
     gpu_type: str = "auto"
     # Halve the micro-batch and resume when a stage hits CUDA OOM (same effective batch).
     oom_backoff: bool = True
+    # The GPU nodes' `nvidia-smi topo -m` (a file, or a name in cluster/topologies/); null reads a GPU node.
+    # Multi-node stages assume every node has this shape.
+    topology_file: str | None = None
+    # NCCL/CUDA variables for the workers; they win over the presets derived from the topology.
+    nccl_env: dict[str, str] = {}
 
 
 class PipelineConfig(_Strict):

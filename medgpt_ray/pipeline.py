@@ -30,8 +30,11 @@ from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
 from medgpt_ray.memory.planner import StagePlan
 from medgpt_ray.memory.report import plan_line
 from medgpt_ray.memory.stage_plans import plan_all
+from medgpt_ray.placement import StagePlacement, bind_worker_device, ray_train_resources
 from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
 from medgpt_ray.stages.common import INJECT_OOM_ENV, StageInputs
+from medgpt_ray.topology import Topology
+from medgpt_ray.wave_placement import find_topology, place_wave
 
 # Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
@@ -118,6 +121,7 @@ def _train_loop_per_worker(config: dict[str, Any]) -> None:
     # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
     inputs: StageInputs = config["inputs"]
+    bind_worker_device()  # the GPU the placement chose for this local rank, before CUDA is touched
     actor = ray.get_actor(config["progress_actor"], namespace=config["namespace"])
     result = run_stage(inputs, sink=lambda rec: actor.push.remote(rec))
     metrics = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None}
@@ -144,18 +148,17 @@ def run_stage_on_ray(inputs: StageInputs, cfg: PipelineConfig, storage_path: str
     from ray.train.torch import TorchTrainer
 
     plan = inputs.plan
+    placement = StagePlacement.from_dict(plan.placement) if plan.placement else None
+    scaling, env = ray_train_resources(placement, plan.num_workers, plan.use_gpu, cfg.resources.cpus_per_worker,
+                                       ray.cluster_resources(), _worker_env())
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config={"inputs": inputs, "progress_actor": progress_actor, "namespace": namespace},
-        scaling_config=ScalingConfig(
-            num_workers=plan.num_workers,
-            use_gpu=plan.use_gpu,
-            resources_per_worker={"CPU": cfg.resources.cpus_per_worker, **({"GPU": 1} if plan.use_gpu else {})},
-        ),
+        scaling_config=ScalingConfig(**scaling),
         # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
         run_config=RunConfig(name=name, storage_path=storage_path,
                              logging_config=ray.LoggingConfig(log_level="WARNING"),
-                             worker_runtime_env={"env_vars": _worker_env()}),
+                             worker_runtime_env={"env_vars": env}),
     )
     return trainer.fit()
 
@@ -168,6 +171,7 @@ class Pipeline:
         self.run_dir = _run_dir(cfg, connected_to)
         self.manifest = Manifest(self.run_dir / "manifest.json")
         self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
+        self._topo: Topology | None = None
         for s in (self.opt.from_stage, self.opt.only_stage):
             if s is not None and s not in STAGES:
                 raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGES)}")
@@ -381,6 +385,10 @@ class Pipeline:
         parallel = self._fits_side_by_side(stages, plans)
         if parallel:
             self.echo(f"running {' and '.join(stages)} side by side")
+        if any(plans[st].use_gpu for st in stages):
+            if self._topo is None:
+                self._topo = find_topology(self.cfg)
+            place_wave(self.cfg, self._topo, stages, plans, parallel, self.run_dir, self.echo)
         threads: dict[str, threading.Thread] = {}
         results: dict[str, StageOutcome] = {}
 

@@ -32,7 +32,9 @@ def ray_cluster():
     import ray
 
     # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
-    ray.init(address="local", num_cpus=2, dashboard_host="127.0.0.1",
-             runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
+    # Eight logical GPUs with their per-GPU tokens (cluster/start-node.sh advertises the same on real boxes):
+    # placement tests check which device each worker binds; CPU-only stages never ask for them.
+    ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
+             dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
     yield ray
     ray.shutdown()

@@ -33,6 +33,7 @@ class StagePlan:
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
     backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
+    placement: dict[str, Any] | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
 
     @property
     def grad_ckpt(self) -> bool:

@@ -112,3 +112,29 @@ def test_conversations_longer_than_seq_len_are_counted_not_trained_blind(data, t
     r = run_stage(make_inputs("sft", data, tiny_model, tmp_path, seq_len=64, max_steps=2))
     assert r["skipped_too_long"] > 0
     assert r["train_records"] + r["skipped_too_long"] == 32
+
+
+@pytest.mark.parametrize("stage,fraction", [("sft", 0.5), ("dpo", 0.5), ("sft", 0.0), ("pt", 1.0)])
+def test_the_planned_checkpointing_is_what_trains(stage, fraction, data, tiny_model, tmp_path):
+    """Selective checkpointing keeps the first layers checkpointed and the rest not, also through TRL's DPO
+    (which switches checkpointing off and on around its reference pass), and `false` is honoured although
+    TRL's configs default to on."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from medgpt_ray.stages import build_stage
+
+    inp = make_inputs(stage, data, tiny_model, tmp_path, max_steps=2, grad_ckpt=fraction if 0 < fraction < 1
+                      else bool(fraction))
+    built = build_stage(inp)
+    seen: list[list[bool]] = []
+    step = built.trainer.training_step
+
+    def spy(model, inputs, *args, **kwargs):
+        out = step(model, inputs, *args, **kwargs)  # after the step: DPO's reference pass has toggled the flags
+        seen.append([m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)])
+        return out
+
+    built.trainer.training_step = spy
+    built.trainer.train()
+    expected = {0.0: [False, False], 0.5: [True, False], 1.0: [True, True]}[fraction]
+    assert seen and all(flags == expected for flags in seen)

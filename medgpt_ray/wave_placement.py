@@ -1,0 +1,63 @@
+"""GPUs for the stages of a wave: the cluster's topology, then one placement per GPU stage.
+
+Stages that run side by side get disjoint sets chosen together (placement.partition_gpus);
+each choice is printed, and saved in the stage's plan.json with its NCCL environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from medgpt_ray.config import ConfigError, PipelineConfig
+from medgpt_ray.manifest import write_json_atomic
+from medgpt_ray.memory.plan import StagePlan
+from medgpt_ray.placement import PlacementError, partition_gpus, place_stage
+from medgpt_ray.topology import NoGPUError, Topology, load_topology_file, read_local_topology
+
+
+def find_topology(cfg: PipelineConfig) -> Topology:
+    """The configured file, this machine, or `nvidia-smi topo -m` run by a task on a GPU node."""
+    if cfg.resources.topology_file:
+        return load_topology_file(cfg.resources.topology_file)
+    try:
+        return read_local_topology()
+    except NoGPUError:
+        gpu_nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+        if not gpu_nodes:
+            raise ConfigError("resources.use_gpu is true but no node of the cluster has a GPU") from None
+        task = ray.remote(num_cpus=0)(read_local_topology).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(gpu_nodes[0], soft=False))
+        return ray.get(task.remote(), timeout=120)
+
+
+def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: dict[str, StagePlan], parallel: bool,
+               run_dir: Path, echo: Callable[[str], None]) -> None:
+    """GPUs for each GPU stage of a wave: disjoint sets chosen together when they run side by side."""
+    gpu_stages = [s for s in stages if plans[s].use_gpu]
+    if not gpu_stages:
+        return
+    user_env = cfg.resources.nccl_env
+    explicit = {s: cfg.stages.get(s).placement for s in gpu_stages}
+    shares: dict[str, list[int] | None] = {s: None for s in gpu_stages}
+    if parallel and len(gpu_stages) > 1 and all(explicit[s] == "auto" for s in gpu_stages):
+        jobs, _ = partition_gpus(topo, [min(plans[s].num_workers, topo.n) for s in gpu_stages])
+        shares = dict(zip(gpu_stages, jobs, strict=True))
+    for s in gpu_stages:
+        try:
+            p = place_stage(topo, plans[s].num_workers, None if explicit[s] == "auto" else explicit[s], user_env,
+                            gpus=shares[s])
+        except PlacementError as e:
+            raise ConfigError(f"stages.{s}.placement: {e}") from None
+        plans[s].placement = p.to_dict()
+        write_json_atomic(run_dir / s / "plan.json", plans[s].to_dict())
+        env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
+        echo(f"[{s:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
+             f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
+    used = [g for s in gpu_stages for g in plans[s].placement["gpus"]] if parallel else []
+    if len(used) != len(set(used)):
+        raise ConfigError(f"stages {', '.join(gpu_stages)} run side by side on overlapping GPUs {used}; "
+                          f"give them disjoint stages.<stage>.placement lists or leave them on auto")

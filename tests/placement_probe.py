@@ -1,0 +1,42 @@
+"""A Ray Train run that only reports where each worker landed: built exactly as the pipeline builds a stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import ray
+import ray.cloudpickle
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from medgpt_ray.placement import StagePlacement, bind_worker_device, ray_train_resources
+
+# Ray workers need not find this test helper on their sys.path: ship its functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _report(config):
+    import ray.train
+
+    physical = bind_worker_device()  # what _train_loop_per_worker does first
+    ctx = ray.train.get_context()
+    record = {"rank": ctx.get_world_rank(), "local_rank": ctx.get_local_rank(), "physical_gpu": physical,
+              "node_id": ray.get_runtime_context().get_node_id(),
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              "accelerate_device": os.environ.get("ACCELERATE_TORCH_DEVICE"),
+              "nccl_p2p_disable": os.environ.get("NCCL_P2P_DISABLE")}
+    Path(config["out"], f"rank{record['rank']}.json").write_text(json.dumps(record))
+
+
+def run_placed(placement: StagePlacement, out: Path, storage: Path, name: str) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    # CPU-only machine: logical GPUs, gloo instead of NCCL; everything else as in pipeline.run_stage_on_ray.
+    scaling, env = ray_train_resources(placement, placement.num_workers, True, 0.1, ray.cluster_resources(), {})
+    TorchTrainer(_report, train_loop_config={"out": str(out)}, scaling_config=ScalingConfig(**scaling),
+                 torch_config=TorchConfig(backend="gloo"),
+                 run_config=RunConfig(name=name, storage_path=str(storage),
+                                      worker_runtime_env={"env_vars": env})).fit()
+    return sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
