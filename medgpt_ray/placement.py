@@ -267,11 +267,13 @@ def bind_worker_device() -> int | None:
     if not chosen:
         return None
     gpus = [int(g) for g in chosen.split(",")]
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    # CUDA_VISIBLE_DEVICES lists the chosen GPUs first, so device index == local rank.
-    os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{local_rank}"
+    # CUDA_VISIBLE_DEVICES lists the chosen GPUs first, so the device index is the worker's place on its node.
+    # That is LOCAL_RANK on real nodes; the modulo also covers several simulated nodes on one machine (one IP),
+    # where Ray Train numbers local ranks across them (ranks of a node are contiguous either way).
+    index = int(os.environ.get("LOCAL_RANK", "0")) % len(gpus)
+    os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{index}"
     import torch
 
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-    return gpus[local_rank]
+        torch.cuda.set_device(index)
+    return gpus[index]

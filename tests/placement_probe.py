@@ -23,7 +23,10 @@ def _report(config):
 
     physical = bind_worker_device()  # what _train_loop_per_worker does first
     ctx = ray.train.get_context()
+    visible = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    device_index = int(os.environ["ACCELERATE_TORCH_DEVICE"].split(":")[1])
     record = {"rank": ctx.get_world_rank(), "local_rank": ctx.get_local_rank(), "physical_gpu": physical,
+              "device_index": device_index, "device_gpu": int(visible[device_index]),
               "node_id": ray.get_runtime_context().get_node_id(),
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               "accelerate_device": os.environ.get("ACCELERATE_TORCH_DEVICE"),

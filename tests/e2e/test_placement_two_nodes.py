@@ -35,7 +35,8 @@ def test_each_node_runs_its_share_on_the_chosen_gpus(two_gpu_nodes, tmp_path):
     assert len(seen) == 4
     by_node: dict[str, list[tuple[int, int]]] = {}
     for w in seen:
-        by_node.setdefault(w["node_id"], []).append((w["local_rank"], w["physical_gpu"]))
+        assert w["device_gpu"] == w["physical_gpu"]
+        by_node.setdefault(w["node_id"], []).append((w["device_index"], w["device_gpu"]))
     assert set(by_node) == set(two_gpu_nodes)
     assert all(sorted(v) == [(0, 1), (1, 3)] for v in by_node.values())
     # Ranks of one node are contiguous (Ray Train orders workers by node).

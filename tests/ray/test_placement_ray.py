@@ -25,9 +25,10 @@ def test_workers_bind_the_chosen_gpus(ray_cluster, tmp_path, topology, workers, 
     assert [w["physical_gpu"] for w in seen] == expected  # rank r drives chosen[r]
     assert {w["node_id"] for w in seen} == {seen[0]["node_id"]}
     for w in seen:
-        visible = w["cuda_visible_devices"].split(",")
-        assert visible[w["local_rank"]] == str(expected[w["local_rank"]])  # Ray left our list alone (NOSET)
-        assert w["accelerate_device"] == f"cuda:{w['local_rank']}" and w["nccl_p2p_disable"] == "1"
+        # The device the trainer will use (ACCELERATE_TORCH_DEVICE within the CUDA_VISIBLE_DEVICES that Ray
+        # left alone under NOSET) is the chosen GPU of this local rank.
+        assert w["device_index"] == w["local_rank"] and w["device_gpu"] == expected[w["local_rank"]]
+        assert w["nccl_p2p_disable"] == "1"
 
 
 def test_concurrent_jobs_get_disjoint_sets(ray_cluster, tmp_path):
