@@ -119,7 +119,8 @@ def run_topo(args: argparse.Namespace) -> int:
     except PlacementError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out.update({"topology": topo.source, "gpu_name": topo.gpu_name, "p2p": topo.p2p_available()})
+    out.update({"topology": topo.source, "gpu_name": topo.gpu_name, "p2p": topo.p2p_available(),
+                "bus_ids": topo.bus_ids})
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

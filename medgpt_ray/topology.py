@@ -34,6 +34,7 @@ class Topology:
     numa: list[str] = field(default_factory=list)
     cpu_affinity: list[str] = field(default_factory=list)
     source: str = ""
+    bus_ids: list[str] = field(default_factory=list)  # PCI bus ids, when read from the machine
 
     @property
     def n(self) -> int:
@@ -142,12 +143,15 @@ def read_local_topology(nvidia_smi: str | None = None) -> Topology:
                          f"topology ({', '.join(shipped_topologies())})")
     try:
         text = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=30, check=True).stdout
-        names = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                               timeout=30, check=True).stdout.split("\n")
+        listing = subprocess.run([smi, "--query-gpu=name,pci.bus_id", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout.strip().splitlines()
     except (subprocess.SubprocessError, OSError) as e:
         raise NoGPUError(f"no GPU here: `nvidia-smi topo -m` failed ({e})") from None
     topo = parse_topo_matrix(text, "nvidia-smi topo -m")
-    topo.gpu_name = names[0].strip() if names and names[0].strip() else topo.gpu_name
+    rows = [[c.strip() for c in line.rsplit(",", 1)] for line in listing if line.strip()]
+    if rows:
+        topo.gpu_name = rows[0][0]
+        topo.bus_ids = [r[1] for r in rows if len(r) == 2]
     topo.p2p = _nvml_p2p(topo.n)
     return topo
 

@@ -167,11 +167,13 @@ def test_topo_without_a_gpu_says_so(capsys, tmp_path, monkeypatch):
 def test_local_topology_is_read_through_nvidia_smi(tmp_path):
     fake = tmp_path / "nvidia-smi"
     matrix = load_topology_file("4x4090-single-socket").source
+    listing = "".join(f"NVIDIA GeForce RTX 4090, 00000000:{0x41 + i:02X}:00.0\\n" for i in range(4))
     fake.write_text("#!/bin/sh\nif [ \"$1\" = topo ]; then cat '" + matrix + "'; "
-                    "else echo 'NVIDIA GeForce RTX 4090'; fi\n")
+                    f"else printf '{listing}'; fi\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     t = read_local_topology(str(fake))
     assert t.n == 4 and t.gpu_name == "NVIDIA GeForce RTX 4090" and t.link(0, 2) == "NODE"
+    assert t.bus_ids == ["00000000:41:00.0", "00000000:42:00.0", "00000000:43:00.0", "00000000:44:00.0"]
     assert os.path.basename(t.source) == "nvidia-smi topo -m"
 
 
