@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean-runs
+.PHONY: venv demo test lint clean-runs prometheus
 
 venv: $(STAMP)
 
@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml
 demo: venv
 	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VPY) jobs/pipeline.py --config configs/tiny-cpu.yaml
 
-test: venv
+# The observability tests run a real Prometheus (Debian's package; promtool comes with it).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus)) >/dev/null; \
+	  else echo "make test needs Prometheus: sudo apt-get install prometheus" >&2; exit 1; fi; }
+
+test: venv prometheus
 	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample bench
 	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VENV)/bin/pytest -q tests/unit tests/stages tests/ray tests/e2e
 

@@ -30,9 +30,10 @@ from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
 from medgpt_ray.memory.planner import StagePlan
 from medgpt_ray.memory.report import plan_line
 from medgpt_ray.memory.stage_plans import plan_all
+from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement import StagePlacement, bind_worker_device, ray_train_resources
 from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
-from medgpt_ray.stages.common import INJECT_OOM_ENV, StageInputs
+from medgpt_ray.stages.common import INJECT_OOM_ENV, StageInputs, latest_checkpoint
 from medgpt_ray.topology import Topology
 from medgpt_ray.wave_placement import find_topology, place_wave
 
@@ -272,6 +273,7 @@ class Pipeline:
             if up in to_run and s not in to_run and s in order:
                 to_run.append(s)
         for s in order:
+            set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")
             if s not in to_run:
                 self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
         prepared = self._prepare_data() if to_run else {}
@@ -397,6 +399,10 @@ class Pipeline:
             p = plans[stage]
             self.echo(f"[{stage:>3}] start: {p.method}, {p.precision}, {p.num_workers} worker(s) x micro-batch "
                       f"{p.micro_batch} x accum {p.grad_accum}, ZeRO {p.zero_stage}, model {inputs[stage].model_path}")
+            tags = {"run": self.cfg.name, "stage": stage}
+            set_stage_state(self.cfg.name, stage, "running")
+            if latest_checkpoint(inputs[stage].checkpoint_dir):
+                metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
             try:
                 name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
                 self._run_with_backoff(inputs[stage], name, actor_name, namespace)
@@ -413,6 +419,8 @@ class Pipeline:
             except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
                 results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
                 self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
+            set_stage_state(self.cfg.name, stage, results[stage].status)
+            metrics().set("medgpt_pipeline_stage_wall_seconds", results[stage].wall_s, tags)
 
         for s in stages:
             threads[s] = threading.Thread(target=work, args=(s,), name=f"stage-{s}", daemon=True)
@@ -427,8 +435,6 @@ class Pipeline:
     def _run_with_backoff(self, inp: StageInputs, name: str, actor_name: str, namespace: str) -> None:
         """Run the stage; on CUDA OOM halve the micro-batch (same effective batch), record it in plan.json and
         resume from the last checkpoint, until micro-batch 1 with full checkpointing also fails."""
-        from medgpt_ray.stages.common import latest_checkpoint
-
         plan, attempt = inp.plan, 0
         while True:
             try:
@@ -448,6 +454,7 @@ class Pipeline:
                         f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
                     ) from e
                 attempt += 1
+                metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": self.cfg.name, "stage": inp.stage})
                 write_json_atomic(inp.out / "plan.json", plan.to_dict())
                 if plan.deepspeed is not None:
                     write_json_atomic(inp.out / "deepspeed.json", plan.deepspeed)

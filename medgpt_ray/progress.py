@@ -42,6 +42,9 @@ def progress_line(rec: dict[str, Any]) -> str:
         parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
     if "learning_rate" in rec:
         parts.append(f"lr {rec['learning_rate']:.2e}")
+    if "gpu_peak_gib" in rec:
+        budget = f"/{rec['gpu_budget_gib']:.1f}" if rec.get("gpu_budget_gib") else ""
+        parts.append(f"mem {rec['gpu_peak_gib']:.1f}{budget} GiB")
     parts.append(f"ETA {format_eta(eta)}")
     return "  ".join(parts)
 

@@ -34,7 +34,9 @@ def ray_cluster():
     # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
     # Eight logical GPUs with their per-GPU tokens (cluster/start-node.sh advertises the same on real boxes):
     # placement tests check which device each worker binds; CPU-only stages never ask for them.
+    # Metrics are reported every second (default 10 s) so the Prometheus test sees a short stage.
     ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
-             dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}})
+             dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
+             _system_config={"metrics_report_interval_ms": 1000})
     yield ray
     ray.shutdown()

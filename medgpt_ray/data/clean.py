@@ -35,6 +35,7 @@ from medgpt_ray.data.chunks import SourceChunk, plan_chunks
 from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, rows_to_table
 from medgpt_ray.data.files import expand_paths, iter_rows
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
+from medgpt_ray.metrics import record_clean_report
 
 FEATURE_FIELDS = [
     ("redactions", pa.string()),
@@ -344,6 +345,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     wall = time.monotonic() - t0
     report = build_report(counts, kinds, clusters, files, wall)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    record_clean_report(out.parent.name if out.name == "clean" else out.name, report)
     echo(format_report(report, out))
     return report
 

@@ -171,7 +171,11 @@ def _pin_no_checkpointing(layer) -> None:
 
 
 def stage_callbacks(inp: StageInputs, sink: Sink | None) -> list[TrainerCallback]:
-    callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink)]
+    from medgpt_ray.stages.telemetry import stage_metrics_callback
+
+    budget = (inp.plan.prediction or {}).get("budget_gib")
+    callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink, budget),
+                                        stage_metrics_callback(inp)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
     if os.environ.get(INJECT_OOM_ENV):
@@ -236,8 +240,9 @@ class StageProgress(TrainerCallback):
     travels through this callback instead (ARCHITECTURE.md).
     """
 
-    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None):
+    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None, budget_gib: float | None = None):
         self.stage = stage
+        self.budget_gib = budget_gib
         self.metrics_path = metrics_path
         self.sink = sink
         self._t0 = time.monotonic()
@@ -257,6 +262,11 @@ class StageProgress(TrainerCallback):
             "time_s": round(now - self._t0, 3),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }
+        gpu = _gpu_peak_gib()
+        if gpu is not None:
+            record["gpu_peak_gib"] = round(gpu, 3)
+            if self.budget_gib:
+                record["gpu_budget_gib"] = self.budget_gib
         if "loss" in logs:
             # The Trainer counts tokens on every rank but reports rank 0's: scale to the world.
             record["tokens_per_s"] = (tokens - self._last_tokens) * args.world_size / dt
@@ -266,6 +276,12 @@ class StageProgress(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
         if self.sink is not None:
             self.sink(record)
+
+
+def _gpu_peak_gib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
 
 def train(trainer, inp: StageInputs) -> Any:

@@ -138,3 +138,20 @@ def test_the_planned_checkpointing_is_what_trains(stage, fraction, data, tiny_mo
     built.trainer.train()
     expected = {0.0: [False, False], 0.5: [True, False], 1.0: [True, True]}[fraction]
     assert seen and all(flags == expected for flags in seen)
+
+
+def test_a_stage_without_ray_serves_the_same_metrics_on_its_port(data, tiny_model, tmp_path, monkeypatch):
+    """prometheus_client path: the names a dashboard queries are served by a plain process too."""
+    import urllib.request
+
+    from medgpt_ray.metrics import PORT_ENV
+    from tests.promserver import free_port
+
+    port = free_port()
+    monkeypatch.setenv(PORT_ENV, str(port))
+    run_stage(make_inputs("sft", data, tiny_model, tmp_path / "plainrun" / "sft", max_steps=3))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    loss = [line for line in text.splitlines() if line.startswith("ray_medgpt_train_loss{")]
+    assert loss and 'run="plainrun"' in loss[0] and 'stage="sft"' in loss[0] and 'gpu="cpu"' in loss[0]
+    tps = [line for line in text.splitlines() if line.startswith("ray_medgpt_train_tokens_per_second{")]
+    assert tps and float(tps[0].rsplit(" ", 1)[1]) > 0
