@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -115,20 +116,69 @@ def _with_features(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=STAGE1_SCHEMA)
 
 
-def stage1_chunks(items: pa.Table, cfg: CleanConfig) -> Iterator[pa.Table]:
+def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] | None = None
+                  ) -> Iterator[pa.Table]:
     """Read whole chunks and clean them batch by batch in the same task: rows never round-trip through
-    Ray as Python dicts, and each yielded table is one output block (streaming, bounded memory)."""
+    Ray as Python dicts, and each yielded table is one output block (streaming, bounded memory).
+    `progress` names the driver's progress actor (name, namespace): each batch reports its row count."""
     from medgpt_ray.data.chunks import read_chunk
 
+    actor = ray.get_actor(progress[0], namespace=progress[1]) if progress else None
     for item in items.to_pylist():
         rows: list[dict[str, Any]] = []
         for row in read_chunk(SourceChunk(**item)):
             rows.append(row)
             if len(rows) == cfg.batch_size:
+                if actor is not None:
+                    actor.push.remote({"rows": len(rows)})
                 yield stage1_rows(rows, cfg)
                 rows = []
+        if actor is not None:
+            actor.push.remote({"rows": len(rows), "chunk_done": 1})
         if rows:
             yield stage1_rows(rows, cfg)
+
+
+class _live_progress:  # noqa: N801 - used as a context manager, named for what it shows
+    """While stage 1 runs, one line every few seconds: chunks done, records read, records/s."""
+
+    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0):
+        from medgpt_ray.progress import ProgressActor
+
+        name = f"medgpt-clean-progress-{os.getpid()}-{time.monotonic_ns()}"
+        namespace = ray.get_runtime_context().namespace
+        self.actor = ProgressActor.options(name=name, namespace=namespace).remote()
+        self.address = (name, namespace)
+        self.chunks, self.t0, self.echo, self.every_s = chunks, t0, echo, every_s
+        self.rows = self.done = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="clean-progress", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._poll()
+        ray.kill(self.actor)
+        return False
+
+    def _poll(self) -> None:
+        for rec in ray.get(self.actor.drain.remote()):
+            self.rows += rec.get("rows", 0)
+            self.done += rec.get("chunk_done", 0)
+
+    def _loop(self) -> None:
+        last = -1
+        while not self._stop.wait(self.every_s):
+            self._poll()
+            if self.rows != last:
+                last = self.rows
+                dt = max(time.monotonic() - self.t0, 1e-9)
+                self.echo(f"[clean] 1/3 {self.done}/{self.chunks} chunks, {self.rows:,} records read "
+                          f"({self.rows / dt:,.0f}/s)")
 
 
 def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
@@ -279,8 +329,11 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg}, batch_format="pyarrow", batch_size=1, **remote)
-    stage1.write_parquet(str(work / "stage1"))
+    progress = _live_progress(len(chunks), t0, echo)
+    stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
+                            batch_format="pyarrow", batch_size=1, **remote)
+    with progress:
+        stage1.write_parquet(str(work / "stage1"))
     t1 = time.monotonic()
 
     if not any((work / "stage1").glob("*.parquet")):
