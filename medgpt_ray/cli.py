@@ -138,6 +138,28 @@ def run_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_tune_args(p: argparse.ArgumentParser) -> None:
+    add_config_args(p)
+    p.add_argument("--sweep", required=True, help="sweep YAML: stage, metric, mode, space, searcher, num_samples")
+    p.add_argument("--dry-run", action="store_true", help="plan the trials and say which would be pruned; run none")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (finished trials are kept)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from medgpt_ray.pipeline import connect_ray, echo
+    from medgpt_ray.tune_run import run_sweep
+
+    try:
+        if not args.dry_run:
+            connect_ray(args.num_cpus)
+        run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="medgpt-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -148,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     report.add_estimate_args(sub.add_parser("estimate", help="predict one training setup's peak GPU memory"))
     report.add_plan_args(sub.add_parser("plan", help="plan every stage of a config to fit the GPU memory"))
     add_topo_args(sub.add_parser("topo", help="GPU topology, the GPUs a job should use, and NCCL settings"))
+    add_tune_args(sub.add_parser("tune", help="a Ray Tune sweep over one stage, planned before any trial runs"))
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_pipeline(args)
@@ -159,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         return report.run_plan(args)
     if args.command == "topo":
         return run_topo(args)
+    if args.command == "tune":
+        return run_tune(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

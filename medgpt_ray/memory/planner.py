@@ -30,6 +30,8 @@ CKPT_STEPS = 8  # checkpointing fractions searched: 0, 1/8, ..., 1 of the layers
 class PlanError(ConfigError):
     """Nothing fits (or the explicit configuration does not): the message carries the numbers."""
 
+    smallest_peak_gib: float | None = None
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -283,7 +285,9 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
                                         ("grad_ckpt", cfg.grad_ckpt), ("zero_stage", cfg.zero_stage),
                                         ("offload", cfg.offload), ("seq_len", cfg.seq_len)) if v != "auto"]
     if not fits:
-        raise PlanError(_explain_no_fit(stage, cfg, shape, cands, budget, explicit))
+        err = PlanError(_explain_no_fit(stage, cfg, shape, cands, budget, explicit))
+        err.smallest_peak_gib = min(c.peak_gib for c in cands)
+        raise err
     # Fastest first; among equals, the one with more headroom.
     chosen = max(fits, key=lambda c: (round(c.tokens_per_s, 6), -c.peak_gib))
     s = chosen.setup

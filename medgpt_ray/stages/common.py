@@ -32,6 +32,7 @@ class StageInputs:
     out_dir: str  # runs/<name>/<stage>
     seed: int = 42
     resume: bool = True
+    report_evals: bool = False  # a Tune trial: each evaluation goes to ray.train.report (ASHA reads it)
 
     @property
     def out(self) -> Path:
@@ -178,9 +179,30 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None) -> list[TrainerCallback
                                         stage_metrics_callback(inp)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
+    if inp.report_evals:
+        callbacks.append(EvalToRayTrain())
     if os.environ.get(INJECT_OOM_ENV):
         callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
     return callbacks
+
+
+class EvalToRayTrain(TrainerCallback):
+    """Every evaluation becomes a Ray Train report on every rank (V2 reports are collective); rank 0 attaches a
+    tiny checkpoint, since V2 keeps metrics only with one."""
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        import tempfile
+
+        import ray.train
+
+        values = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, int | float)}
+        values["step"] = state.global_step
+        if is_rank_zero():
+            with tempfile.TemporaryDirectory() as d:
+                Path(d, "eval.json").write_text(json.dumps(values))
+                ray.train.report(values, checkpoint=ray.train.Checkpoint.from_directory(d))
+        else:
+            ray.train.report(values, checkpoint=None)
 
 
 # Test hook for the OOM back-off: raise torch.OutOfMemoryError when this optimizer step is reached,

@@ -1,0 +1,148 @@
+"""Ray Tune sweeps over one stage, with the memory planner as gatekeeper and the placement policy as packer.
+
+Each trial is a Tune function trainable with no CPU of its own (FIELD-NOTES: it would deadlock the inner
+workers on a small machine). It first plans its stage for the per-GPU budget; a trial predicted not to fit
+reports the worst value of the metric flagged `pruned` and returns: no Ray Train worker is ever created
+for it, and the searcher (Optuna TPE by default) learns that region is bad. A trial that fits takes a GPU
+set from the pool (disjoint sets chosen together by placement.partition_gpus), runs the real stage as a
+Ray Train TorchTrainer reporting its evaluations through TuneReportCallback (ASHA stops the weak ones),
+and gives the set back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError
+
+from medgpt_ray.config import DATA_KIND, ConfigError, PipelineConfig, _format_validation_error, _Strict
+
+PENALTY = 1e9  # the value a pruned trial reports: the worst for the searcher in either mode
+
+
+class SweepConfig(_Strict):
+    stage: Literal["pt", "sft", "rm", "dpo"]
+    metric: str = "eval_loss"  # a key of the stage's evaluation (eval_loss, eval_accuracy, eval_reward_accuracy...)
+    mode: Literal["min", "max"] = "min"
+    num_samples: Annotated[int, Field(ge=1)] = 8
+    searcher: Literal["optuna", "random", "grid"] = "optuna"
+    seed: int = 0
+    scheduler: Literal["asha", "none"] = "asha"
+    grace_period: Annotated[int, Field(ge=1)] = 1  # evaluations before ASHA may stop a trial
+    max_concurrent_trials: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
+    # Dotted keys under stages.<stage> -> {choice: [...]}, {grid: [...]}, {uniform|loguniform|randint: [lo, hi]}
+    space: dict[str, dict[Literal["choice", "grid", "uniform", "loguniform", "randint"], list[Any]]]
+
+
+def load_sweep(path: str | Path) -> SweepConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"sweep file not found: {p}")
+    try:
+        tree = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        sweep = SweepConfig.model_validate(tree)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, str(p))) from None
+    for key, spec in sweep.space.items():
+        if len(spec) != 1:
+            raise ConfigError(f"{p}: space.{key}: exactly one of choice, grid, uniform, loguniform, randint")
+    if sweep.searcher == "grid" and any("grid" not in s and "choice" not in s for s in sweep.space.values()):
+        raise ConfigError(f"{p}: searcher grid needs every space entry to be a list (grid or choice)")
+    return sweep
+
+
+def param_space(sweep: SweepConfig) -> dict[str, Any]:
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, spec in sweep.space.items():
+        (kind, values), = spec.items()
+        if kind in ("grid",) or (kind == "choice" and sweep.searcher == "grid"):
+            out[key] = tune.grid_search(values)
+        elif kind == "choice":
+            out[key] = tune.choice(values)
+        elif kind == "uniform":
+            out[key] = tune.uniform(*values)
+        elif kind == "loguniform":
+            out[key] = tune.loguniform(*values)
+        else:
+            out[key] = tune.randint(*values)
+    return out
+
+
+def trial_config(base: dict[str, Any], stage: str, params: dict[str, Any]) -> PipelineConfig:
+    """The pipeline config of one trial: the base config with stages.<stage>.<key> = value for each param."""
+    from medgpt_ray.config import apply_override
+
+    tree = json.loads(json.dumps(base))
+    for key, value in params.items():
+        apply_override(tree, ["stages", stage, *key.split(".")], value, f"sweep space.{key}")
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, "sweep trial")) from None
+
+
+def override_lines(stage: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The best trial as a `--overrides` file: dotted keys the pipeline accepts."""
+    return {f"stages.{stage}.{k}": v for k, v in sorted(params.items())}
+
+
+def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> float | None:
+    """How long the stage would run (the throughput model, with no memory limit): what pruning saves."""
+    from medgpt_ray.memory.estimator import TrainSetup
+    from medgpt_ray.memory.stage_plans import model_shape
+    from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
+
+    s = cfg.stages.get(stage)
+    shape = model_shape(cfg)
+    micro = s.micro_batch if s.micro_batch != "auto" else 1
+    ck = 1.0 if s.grad_ckpt in ("auto", True) else (0.0 if s.grad_ckpt is False else float(s.grad_ckpt))
+    setup = TrainSetup(stage=stage, method="lora" if s.method == "auto" else s.method,
+                       precision="bf16" if s.method != "full" else "amp-bf16", micro_batch=micro, seq_len=s.seq_len,
+                       ckpt_fraction=ck, fused_ce=stage in ("sft", "dpo"), gpus=cfg.workers_for(stage),
+                       lora_rank=s.lora.rank)
+    gpu = GPU_SPECS["rtx4090"] if cfg.resources.gpu_type == "auto" else GPU_SPECS.get(cfg.resources.gpu_type)
+    if gpu is None:
+        return None
+    steps = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * records / s.effective_batch)
+    tokens = steps * s.effective_batch * s.seq_len * (2 if stage in ("rm", "dpo") else 1)
+    return tokens / (tokens_per_second(shape, setup, gpu) * cfg.workers_for(stage))
+
+
+def format_table(rows: list[dict[str, Any]], metric: str) -> str:
+    head = f"{'trial':<10}{'status':<9}{'pred GiB':>9}{'meas GiB':>9}{metric:>12}  params"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        pred, meas, m = r.get("predicted_peak_gib"), r.get("measured_peak_gib"), r.get(metric)
+        cells = ["" if pred is None else f"{pred:.3f}", "" if meas is None else f"{meas:.2f}",
+                 "" if m is None else f"{m:.4f}"]
+        lines.append(f"{r['trial']:<10}{r['status']:<9}{cells[0]:>9}{cells[1]:>9}{cells[2]:>12}  "
+                     f"{json.dumps(r['params'], sort_keys=True)}")
+    return "\n".join(lines)
+
+
+def wait_for_slot(pool, poll_s: float = 0.5) -> int:
+    import ray
+
+    while True:
+        slot = ray.get(pool.acquire.remote())
+        if slot is not None:
+            return slot
+        time.sleep(poll_s)
+
+
+def data_records(path: str) -> int:
+    with open(path, encoding="utf-8") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+__all__ = ["DATA_KIND", "PENALTY", "SweepConfig", "format_table", "load_sweep", "override_lines", "param_space",
+           "predicted_run_seconds", "trial_config", "wait_for_slot"]

@@ -1,0 +1,255 @@
+"""The sweep driver: data once, a Tune trial per configuration (planned first), results, best overrides."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+import yaml
+
+from medgpt_ray import models
+from medgpt_ray.config import DATA_KIND, ConfigError, load_config, resolved_dict
+from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.memory.planner import PlanError, plan_stage
+from medgpt_ray.memory.stage_plans import model_shape, resolve_budget
+from medgpt_ray.tune import (
+    PENALTY,
+    format_table,
+    load_sweep,
+    override_lines,
+    param_space,
+    predicted_run_seconds,
+    trial_config,
+    wait_for_slot,
+)
+
+
+@ray.remote(num_cpus=0)
+class SlotPool:
+    """Disjoint GPU sets (or CPU slots) handed to concurrent trials, chosen together by the placement policy."""
+
+    def __init__(self, groups: list[list[int]]):
+        self.groups = groups
+        self.free = list(range(len(groups)))
+
+    def acquire(self) -> int | None:
+        return self.free.pop(0) if self.free else None
+
+    def release(self, slot: int) -> None:
+        if slot not in self.free:
+            self.free.append(slot)
+            self.free.sort()
+
+    def group(self, slot: int) -> list[int]:
+        return self.groups[slot]
+
+
+def _tune_worker_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch
+
+    from medgpt_ray.placement import bind_worker_device
+    from medgpt_ray.stages import run_stage
+
+    bind_worker_device()
+    result = run_stage(config["inputs"])
+    final = {config["metric"]: result.get("eval", {}).get(config["metric"]), "done": 1,
+             "steps": result.get("steps"), **config["extra"]}
+    if torch.cuda.is_available():
+        final["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if ray.train.get_context().get_world_rank() == 0:
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, "result.json").write_text(json.dumps(result, default=str))
+            ray.train.report(final, checkpoint=ray.train.Checkpoint.from_directory(d))
+    else:
+        ray.train.report(final, checkpoint=None)
+
+
+def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
+    """One trial: plan (prune if it cannot fit), take a slot, run the stage under Ray Train, give the slot back."""
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from medgpt_ray.placement import StagePlacement, place_stage, ray_train_resources
+    from medgpt_ray.stages.common import StageInputs
+    from medgpt_ray.topology import load_topology_file
+
+    stage, metric = ctx["stage"], ctx["metric"]
+    worst = PENALTY if ctx["mode"] == "min" else -PENALTY
+    try:
+        cfg = trial_config(ctx["base"], stage, params)
+        plan = plan_stage(stage, cfg.stages.get(stage), cfg.workers_for(stage), cfg.resources.use_gpu,
+                          model_shape(cfg), ctx["budget"])
+    except PlanError as e:
+        # Never launched: no Ray Train worker exists for it. The searcher sees the worst value.
+        tune.report({metric: worst, "pruned": 1, "predicted_peak_gib": e.smallest_peak_gib,
+                     "reason": str(e).splitlines()[0][:300], "predicted_run_s": ctx["pruned_cost"](params)})
+        return
+    except ConfigError as e:
+        tune.report({metric: worst, "pruned": 1, "reason": f"invalid: {str(e)[:300]}"})
+        return
+    pool = ray.get_actor(ctx["pool"], namespace=ctx["namespace"])
+    slot = wait_for_slot(pool)
+    try:
+        placement = None
+        if plan.use_gpu:
+            topo = load_topology_file(ctx["topology"])
+            placement = place_stage(topo, plan.num_workers, None, cfg.resources.nccl_env,
+                                    gpus=ray.get(pool.group.remote(slot)))
+            plan.placement = placement.to_dict()
+        trial_id = tune.get_context().get_trial_id()
+        inp = StageInputs(stage, cfg.stages.get(stage), plan, ctx["model_path"], cfg.stages.get(stage).template
+                          or cfg.model.template, ctx["train_file"], ctx["eval_file"],
+                          str(Path(ctx["out"]) / "trials" / trial_id / stage), seed=cfg.seed, report_evals=True)
+        scaling, env = ray_train_resources(StagePlacement.from_dict(plan.placement) if plan.placement else None,
+                                           plan.num_workers, plan.use_gpu, cfg.resources.cpus_per_worker,
+                                           ray.cluster_resources(), ctx["worker_env"])
+        extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
+        TorchTrainer(_tune_worker_loop, train_loop_config={"inputs": inp, "metric": metric, "extra": extra},
+                     scaling_config=ScalingConfig(**scaling),
+                     run_config=RunConfig(name=f"trial_{trial_id}", storage_path=str(Path(ctx["out"]) / "train"),
+                                          callbacks=[TuneReportCallback()],
+                                          worker_runtime_env={"env_vars": env})).fit()
+    finally:
+        pool.release.remote(slot)
+
+
+def _sample(sweep, n: int) -> list[dict[str, Any]]:
+    """Configurations for a dry run: the grid, or seeded random draws of the space."""
+    rng = random.Random(sweep.seed)
+    if sweep.searcher == "grid":
+        keys = list(sweep.space)
+        values = [next(iter(sweep.space[k].values())) for k in keys]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+    out = []
+    for _ in range(n):
+        p = {}
+        for key, spec in sweep.space.items():
+            (kind, v), = spec.items()
+            p[key] = (rng.choice(v) if kind in ("choice", "grid") else rng.uniform(*v) if kind == "uniform"
+                      else 10 ** rng.uniform(*[__import__("math").log10(x) for x in v]) if kind == "loguniform"
+                      else rng.randint(v[0], v[1] - 1))
+        out.append(p)
+    return out
+
+
+def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
+              dry_run: bool = False, resume: bool = False) -> dict[str, Any]:
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from medgpt_ray.pipeline import WORKER_ENV
+
+    cfg = load_config(config_path, sets)
+    sweep = load_sweep(sweep_path)
+    stage = sweep.stage
+    out = (Path(cfg.output_dir) / f"{cfg.name}-tune-{stage}").resolve()
+    budget = resolve_budget(cfg, None, 24.0 if dry_run else None)
+    base = resolved_dict(cfg)
+    echo(f"sweep of stage {stage}: {sweep.num_samples} trial(s), {sweep.searcher} search, metric {sweep.metric} "
+         f"({sweep.mode}); budget {budget.describe()}")
+
+    def pruned_cost(params: dict[str, Any]) -> float | None:
+        return predicted_run_seconds(trial_config(base, stage, params), stage, records)
+
+    if dry_run:
+        records = 10_000  # the data may not be here: report per 10k records
+        rows = []
+        for i, params in enumerate(_sample(sweep, sweep.num_samples)):
+            c = trial_config(base, stage, params)
+            try:
+                p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu,
+                               model_shape(c), budget)
+                rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction["peak_gib"],
+                             "params": params})
+            except PlanError as e:
+                rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
+                             "params": params, "predicted_run_s": pruned_cost(params)})
+        echo(format_table(rows, sweep.metric))
+        echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
+        return {"rows": rows, "dry_run": True}
+
+    data = prepare_kind(DATA_KIND[stage], cfg.data.paths(DATA_KIND[stage]), out / "data", cfg.data.eval_fraction,
+                        cfg.data.max_records)
+    records = data.train_records
+    workers = cfg.workers_for(stage)
+    if cfg.resources.use_gpu:
+        from medgpt_ray.placement import partition_gpus
+        from medgpt_ray.wave_placement import find_topology
+
+        topo = find_topology(cfg)
+        slots = max(1, topo.n // min(workers, topo.n))
+        groups, _ = partition_gpus(topo, [min(workers, topo.n)] * slots)
+        topology = topo.source if Path(topo.source).is_file() else cfg.resources.topology_file
+    else:
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1) // (workers * cfg.resources.cpus_per_worker)))
+        groups, topology = [[] for _ in range(slots)], None
+    concurrent = slots if sweep.max_concurrent_trials == "auto" else min(slots, sweep.max_concurrent_trials)
+    namespace = ray.get_runtime_context().namespace
+    pool_name = f"medgpt-tune-slots-{cfg.name}-{stage}"
+    pool = SlotPool.options(name=pool_name, namespace=namespace, get_if_exists=True).remote(groups)
+    ctx = {"base": base, "stage": stage, "metric": sweep.metric, "mode": sweep.mode, "budget": budget,
+           "pool": pool_name, "namespace": namespace, "topology": topology, "out": str(out),
+           "model_path": str(models.resolve_model_path(cfg.model.path)), "train_file": data.train_file,
+           "eval_file": data.eval_file, "worker_env": dict(WORKER_ENV), "pruned_cost": pruned_cost}
+    trainable = tune.with_resources(tune.with_parameters(_trial, ctx=ctx), {"cpu": 0, "memory": 1})
+    storage = out / "tune"
+    exp = storage / "sweep"
+    if resume and tune.Tuner.can_restore(str(exp)):
+        echo(f"resuming the sweep in {exp}: finished trials are not rerun")
+        tuner = tune.Tuner.restore(str(exp), trainable=trainable, resume_errored=True)
+    else:
+        search = None
+        if sweep.searcher == "optuna":
+            from optuna.samplers import TPESampler
+            from ray.tune.search.optuna import OptunaSearch
+
+            search = OptunaSearch(sampler=TPESampler(seed=sweep.seed))
+        scheduler = ASHAScheduler(grace_period=sweep.grace_period) if sweep.scheduler == "asha" else None
+        tuner = tune.Tuner(
+            trainable, param_space=param_space(sweep),
+            tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search, scheduler=scheduler,
+                                        num_samples=1 if sweep.searcher == "grid" else sweep.num_samples,
+                                        max_concurrent_trials=concurrent),
+            run_config=tune.RunConfig(name="sweep", storage_path=str(storage), verbose=0))
+    echo(f"{concurrent} trial(s) at a time; trials under {exp}")
+    grid = tuner.fit()
+    ray.kill(pool)
+    return _summarise(grid, sweep, out, echo)
+
+
+def _summarise(grid, sweep, out: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+    rows = []
+    for r in grid:
+        m = r.metrics or {}
+        params = {k: v for k, v in (r.config or {}).items()}
+        status = "error" if r.error else "pruned" if m.get("pruned") else "done" if m.get("done") else "stopped"
+        value = m.get(sweep.metric)
+        rows.append({"trial": (m.get("trial_id") or r.path.rsplit("_", 1)[-1])[:10], "status": status,
+                     "predicted_peak_gib": m.get("predicted_peak_gib"), "measured_peak_gib": m.get("measured_peak_gib"),
+                     sweep.metric: None if status == "pruned" or value is None else value, "params": params,
+                     "predicted_run_s": m.get("predicted_run_s"), "reason": m.get("reason")})
+    ran = [r for r in rows if r["status"] in ("done", "stopped") and r[sweep.metric] is not None]
+    pruned = [r for r in rows if r["status"] == "pruned"]
+    saved = sum(r["predicted_run_s"] or 0 for r in pruned)
+    best = (min if sweep.mode == "min" else max)(ran, key=lambda r: r[sweep.metric]) if ran else None
+    echo(format_table(rows, sweep.metric))
+    echo(f"pruned {len(pruned)} of {len(rows)} trial(s) before launch, saving ~{saved / 3600:.2f} GPU-hours "
+         f"(their predicted run time)")
+    summary = {"rows": rows, "pruned": len(pruned), "saved_gpu_s": saved, "best": best}
+    if best is not None:
+        path = out / "best_overrides.yaml"
+        path.write_text(yaml.safe_dump(override_lines(sweep.stage, best["params"]), sort_keys=True))
+        summary["best_overrides"] = str(path)
+        echo(f"best: trial {best['trial']} {sweep.metric}={best[sweep.metric]:.4f} -> {path} "
+             f"(python jobs/pipeline.py --config ... --overrides {path})")
+    (out / "sweep_results.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary

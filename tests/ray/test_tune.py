@@ -1,0 +1,79 @@
+"""Ray Tune sweeps: trials that cannot fit never start, the rest run the real stage, the best is a config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from medgpt_ray.config import load_config
+
+pytestmark = pytest.mark.ray
+
+BASE = {
+    "name": "sweepbase", "model": {"path": "tiny"},
+    "data": {"sft": ["data/sample/sft_sharegpt.jsonl"], "max_records": 48, "eval_fraction": 0.2},
+    # A simulated 0.27 GiB card: micro-batch 8 without checkpointing is predicted at 0.28 GiB and must be pruned.
+    "resources": {"num_workers": 1, "cpus_per_worker": 1, "gpu_memory_gib": 0.27, "memory_margin_gib": 0.0},
+    "stages": {"pt": {"enabled": False}, "rm": {"enabled": False}, "dpo": {"enabled": False},
+               "sft": {"method": "lora", "lora": {"rank": 8, "dropout": 0.0}, "seq_len": 256, "effective_batch": 8,
+                       "max_steps": 2, "grad_ckpt": False, "logging_steps": 1}},
+}
+SWEEP = {"stage": "sft", "metric": "eval_loss", "mode": "min", "searcher": "grid", "scheduler": "none",
+         "space": {"micro_batch": {"grid": [2, 8]}, "lr": {"grid": [1.0e-3, 3.0e-3, 1.0e-2]}}}
+
+
+def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, repo, tmp_path, monkeypatch):
+    from medgpt_ray.tune_run import run_sweep
+
+    monkeypatch.chdir(repo)
+    cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
+    cfg_file.write_text(yaml.safe_dump({**BASE, "output_dir": str(tmp_path / "runs")}))
+    sweep_file.write_text(yaml.safe_dump(SWEEP))
+    lines: list[str] = []
+    summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append)
+    rows = summary["rows"]
+    assert len(rows) == 6
+    pruned = [r for r in rows if r["status"] == "pruned"]
+    done = [r for r in rows if r["status"] == "done"]
+    assert sorted(r["params"]["micro_batch"] for r in pruned) == [8, 8, 8]
+    assert all(r["predicted_peak_gib"] > 0.27 for r in pruned) and summary["pruned"] == 3
+    assert len(done) == 3 and all(r["eval_loss"] is not None and r["eval_loss"] < 1e8 for r in done)
+    # Pruned trials never created a Ray Train run (no worker process, no stage directory).
+    out = tmp_path / "runs" / "sweepbase-tune-sft"
+    train_runs = sorted(p.name for p in (out / "train").iterdir())
+    assert len(train_runs) == 3
+    assert len(list((out / "trials").iterdir())) == 3
+    # The best trial is a ready override file the pipeline accepts.
+    best = yaml.safe_load((out / "best_overrides.yaml").read_text())
+    assert best["stages.sft.micro_batch"] == 2 and best["stages.sft.lr"] in (1.0e-3, 3.0e-3, 1.0e-2)
+    cfg = load_config(cfg_file, overrides_file=out / "best_overrides.yaml")
+    assert cfg.stages.sft.lr == best["stages.sft.lr"]
+    assert any(line.startswith("pruned 3 of 6 trial(s) before launch") for line in lines)
+    assert json.loads((out / "sweep_results.json").read_text())["pruned"] == 3
+
+    # Interrupted or finished: --resume restores the experiment and reruns nothing that finished.
+    again = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append, resume=True)
+    assert any("resuming the sweep" in line for line in lines)
+    assert sorted(p.name for p in (out / "train").iterdir()) == train_runs
+    assert sorted(r["status"] for r in again["rows"]) == sorted(r["status"] for r in rows)
+
+
+def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
+    import ray
+
+    from medgpt_ray.placement import partition_gpus
+    from medgpt_ray.topology import load_topology_file
+    from medgpt_ray.tune import wait_for_slot
+    from medgpt_ray.tune_run import SlotPool
+
+    groups, _ = partition_gpus(load_topology_file("8x4090-switches-single-socket"), [2, 2, 2, 2])
+    pool = SlotPool.remote(groups)
+    slots = [wait_for_slot(pool) for _ in range(4)]
+    sets = [ray.get(pool.group.remote(s)) for s in slots]
+    assert sorted(g for s in sets for g in s) == list(range(8))  # four trials, disjoint pairs
+    assert ray.get(pool.acquire.remote()) is None  # a fifth waits
+    pool.release.remote(slots[1])
+    assert ray.get(pool.acquire.remote()) == slots[1]
+    ray.kill(pool)
