@@ -129,11 +129,11 @@ def format_table(rows: list[dict[str, Any]], metric: str) -> str:
     return "\n".join(lines)
 
 
-def wait_for_slot(pool, poll_s: float = 0.5) -> int:
+def wait_for_slot(pool, poll_s: float = 0.5, owner: str = "") -> int:
     import ray
 
     while True:
-        slot = ray.get(pool.acquire.remote())
+        slot = ray.get(pool.acquire.remote(owner))
         if slot is not None:
             return slot
         time.sleep(poll_s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import random
 import tempfile
 from collections.abc import Callable
@@ -37,14 +38,25 @@ class SlotPool:
     def __init__(self, groups: list[list[int]]):
         self.groups = groups
         self.free = list(range(len(groups)))
+        self.owners: dict[str, int] = {}
 
-    def acquire(self) -> int | None:
-        return self.free.pop(0) if self.free else None
+    def acquire(self, owner: str = "") -> int | None:
+        if not self.free:
+            return None
+        slot = self.free.pop(0)
+        if owner:
+            self.owners[owner] = slot
+        return slot
 
     def release(self, slot: int) -> None:
+        self.owners = {o: s for o, s in self.owners.items() if s != slot}
         if slot not in self.free:
             self.free.append(slot)
             self.free.sort()
+
+    def release_owner(self, owner: str) -> None:
+        if owner in self.owners:
+            self.release(self.owners[owner])
 
     def group(self, slot: int) -> list[int]:
         return self.groups[slot]
@@ -57,9 +69,13 @@ def _tune_worker_loop(config: dict[str, Any]) -> None:
     from medgpt_ray.placement import bind_worker_device
     from medgpt_ray.stages import run_stage
 
+    # Ray Train's INFO line per report would drown the sweep's output (as in the pipeline's worker loop).
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
     bind_worker_device()
     result = run_stage(config["inputs"])
-    final = {config["metric"]: result.get("eval", {}).get(config["metric"]), "done": 1,
+    # Not "done": Tune reads a truthy `done` in a result as the trial's end and stops it on the spot, before
+    # the trial gives its GPU set back.
+    final = {config["metric"]: result.get("eval", {}).get(config["metric"]), "completed": 1,
              "steps": result.get("steps"), **config["extra"]}
     if torch.cuda.is_available():
         final["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -97,7 +113,7 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
         tune.report({metric: worst, "pruned": 1, "reason": f"invalid: {str(e)[:300]}"})
         return
     pool = ray.get_actor(ctx["pool"], namespace=ctx["namespace"])
-    slot = wait_for_slot(pool)
+    slot = wait_for_slot(pool, owner=tune.get_context().get_trial_id())
     try:
         placement = None
         if plan.use_gpu:
@@ -117,9 +133,34 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
                      scaling_config=ScalingConfig(**scaling),
                      run_config=RunConfig(name=f"trial_{trial_id}", storage_path=str(Path(ctx["out"]) / "train"),
                                           callbacks=[TuneReportCallback()],
+                                          logging_config=ray.LoggingConfig(log_level="WARNING"),
                                           worker_runtime_env={"env_vars": env})).fit()
     finally:
-        pool.release.remote(slot)
+        # Synchronous: the process may end right after this function. A trial ASHA stops is killed before it
+        # gets here; the driver's SlotReleaser gives its set back then.
+        ray.get(pool.release.remote(slot))
+
+
+def _slot_releaser(pool_name: str, namespace: str):
+    from ray import tune
+
+    class SlotReleaser(tune.Callback):
+        """Gives a trial's GPU set back when Tune ends it, also when ASHA stops (kills) it mid-run."""
+
+        def _release(self, trial) -> None:
+            try:
+                pool = ray.get_actor(pool_name, namespace=namespace)
+            except ValueError:
+                return  # the sweep is over and its pool gone: nothing to give back
+            ray.get(pool.release_owner.remote(trial.trial_id))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._release(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._release(trial)
+
+    return SlotReleaser()
 
 
 def _sample(sweep, n: int) -> list[dict[str, Any]]:
@@ -193,7 +234,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // (workers * cfg.resources.cpus_per_worker)))
         groups, topology = [[] for _ in range(slots)], None
     concurrent = slots if sweep.max_concurrent_trials == "auto" else min(slots, sweep.max_concurrent_trials)
-    namespace = ray.get_runtime_context().namespace
+    # A fixed namespace: a restored sweep's callbacks (pickled with the experiment) find the new pool by name.
+    namespace = "medgpt-tune"
     pool_name = f"medgpt-tune-slots-{cfg.name}-{stage}"
     pool = SlotPool.options(name=pool_name, namespace=namespace, get_if_exists=True).remote(groups)
     ctx = {"base": base, "stage": stage, "metric": sweep.metric, "mode": sweep.mode, "budget": budget,
@@ -219,7 +261,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
             tune_config=tune.TuneConfig(metric=sweep.metric, mode=sweep.mode, search_alg=search, scheduler=scheduler,
                                         num_samples=1 if sweep.searcher == "grid" else sweep.num_samples,
                                         max_concurrent_trials=concurrent),
-            run_config=tune.RunConfig(name="sweep", storage_path=str(storage), verbose=0))
+            run_config=tune.RunConfig(name="sweep", storage_path=str(storage), verbose=0,
+                                      callbacks=[_slot_releaser(pool_name, namespace)]))
     echo(f"{concurrent} trial(s) at a time; trials under {exp}")
     grid = tuner.fit()
     ray.kill(pool)
@@ -231,7 +274,7 @@ def _summarise(grid, sweep, out: Path, echo: Callable[[str], None]) -> dict[str,
     for r in grid:
         m = r.metrics or {}
         params = {k: v for k, v in (r.config or {}).items()}
-        status = "error" if r.error else "pruned" if m.get("pruned") else "done" if m.get("done") else "stopped"
+        status = "error" if r.error else "pruned" if m.get("pruned") else "done" if m.get("completed") else "stopped"
         value = m.get(sweep.metric)
         rows.append({"trial": (m.get("trial_id") or r.path.rsplit("_", 1)[-1])[:10], "status": status,
                      "predicted_peak_gib": m.get("predicted_peak_gib"), "measured_peak_gib": m.get("measured_peak_gib"),

@@ -75,5 +75,8 @@ def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     assert sorted(g for s in sets for g in s) == list(range(8))  # four trials, disjoint pairs
     assert ray.get(pool.acquire.remote()) is None  # a fifth waits
     pool.release.remote(slots[1])
+    assert ray.get(pool.acquire.remote("trial_b")) == slots[1]
+    # A trial that Tune (ASHA) stops is killed before its own release: the driver releases by owner.
+    ray.get(pool.release_owner.remote("trial_b"))
     assert ray.get(pool.acquire.remote()) == slots[1]
     ray.kill(pool)
