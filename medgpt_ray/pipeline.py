@@ -24,9 +24,9 @@ from medgpt_ray import models
 from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, PipelineConfig, resolved_dict
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
 from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
-from medgpt_ray.memory.backoff import is_cuda_oom
+from medgpt_ray.memory.backoff import run_with_backoff
 from medgpt_ray.memory.budget import probe_cluster_gpu
-from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.memory.plan import keep_backoffs
 from medgpt_ray.memory.planner import StagePlan
 from medgpt_ray.memory.report import plan_line
 from medgpt_ray.memory.stage_plans import plan_all
@@ -405,7 +405,12 @@ class Pipeline:
                 metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
             try:
                 name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
-                self._run_with_backoff(inputs[stage], name, actor_name, namespace)
+                run_with_backoff(
+                    inputs[stage],
+                    lambda attempt, inp=inputs[stage], name=name: run_stage_on_ray(
+                        inp, self.cfg, self.storage_path, name + (f"-b{attempt}" if attempt else ""), actor_name,
+                        namespace),
+                    self.cfg.name, self.cfg.resources.oom_backoff, self.echo)
                 result_path = Path(inputs[stage].out_dir) / "result.json"
                 result = json.loads(result_path.read_text(encoding="utf-8"))
                 if not Path(result["output_model"], "config.json").is_file():
@@ -431,36 +436,6 @@ class Pipeline:
             self._wait(t, actor, printer)
         for s in stages:
             outcomes[s] = results[s]
-
-    def _run_with_backoff(self, inp: StageInputs, name: str, actor_name: str, namespace: str) -> None:
-        """Run the stage; on CUDA OOM halve the micro-batch (same effective batch), record it in plan.json and
-        resume from the last checkpoint, until micro-batch 1 with full checkpointing also fails."""
-        plan, attempt = inp.plan, 0
-        while True:
-            try:
-                run_stage_on_ray(inp, self.cfg, self.storage_path, name + (f"-b{attempt}" if attempt else ""),
-                                 actor_name, namespace)
-                return
-            except Exception as e:
-                if not (self.cfg.resources.oom_backoff and is_cuda_oom(e)):
-                    raise
-                ckpt = latest_checkpoint(inp.checkpoint_dir)
-                step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
-                before = (plan.micro_batch, plan.grad_accum, plan.ckpt_fraction)
-                if not halve_micro_batch(plan, inp.cfg, "CUDA out of memory", step):
-                    raise PipelineError(
-                        f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
-                        f"(predicted peak {(plan.prediction or {}).get('peak_gib')} GiB); nothing left to give: "
-                        f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
-                    ) from e
-                attempt += 1
-                metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": self.cfg.name, "stage": inp.stage})
-                write_json_atomic(inp.out / "plan.json", plan.to_dict())
-                if plan.deepspeed is not None:
-                    write_json_atomic(inp.out / "deepspeed.json", plan.deepspeed)
-                self.echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {before[0]} x accum {before[1]}: "
-                          f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
-                          f"resuming from {'step ' + str(step) if ckpt else 'the start'}")
 
     def _wait(self, thread: threading.Thread, actor, printer: ProgressPrinter) -> None:
         while thread.is_alive():
