@@ -258,22 +258,33 @@ def place_stage(topo: Topology, num_workers: int, explicit: list[int] | None, us
                           topo.source)
 
 
-def bind_worker_device() -> int | None:
-    """In a Ray Train worker, before CUDA is touched: drive the chosen GPU of this local rank.
+def chosen_gpu() -> tuple[int, int] | None:
+    """This worker's (device index, physical GPU) under its stage's placement; None without one.
 
-    Returns the physical GPU index (PCI bus order), or None when the stage has no GPU placement.
+    CUDA_VISIBLE_DEVICES lists the chosen GPUs first, so the device index is the worker's place on its node.
+    That is LOCAL_RANK on real nodes; the modulo also covers several simulated nodes on one machine (one IP),
+    where Ray Train numbers local ranks across them (ranks of a node are contiguous either way).
     """
     chosen = os.environ.get(GPU_SET_ENV)
     if not chosen:
         return None
     gpus = [int(g) for g in chosen.split(",")]
-    # CUDA_VISIBLE_DEVICES lists the chosen GPUs first, so the device index is the worker's place on its node.
-    # That is LOCAL_RANK on real nodes; the modulo also covers several simulated nodes on one machine (one IP),
-    # where Ray Train numbers local ranks across them (ranks of a node are contiguous either way).
     index = int(os.environ.get("LOCAL_RANK", "0")) % len(gpus)
+    return index, gpus[index]
+
+
+def bind_worker_device() -> int | None:
+    """In a Ray Train worker, before CUDA is touched: drive the chosen GPU of this local rank.
+
+    Returns the physical GPU index (PCI bus order), or None when the stage has no GPU placement.
+    """
+    chosen = chosen_gpu()
+    if chosen is None:
+        return None
+    index, physical = chosen
     os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{index}"
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.set_device(index)
-    return gpus[index]
+    return physical

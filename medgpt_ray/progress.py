@@ -6,6 +6,10 @@ record to a small named actor that the driver polls (ARCHITECTURE.md).
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -88,3 +92,45 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}  {loss:<20}  {ev}")
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
     return "\n".join(lines)
+
+
+class LiveProgress:
+    """While the cleaner reads and cleans, one line every few seconds: chunks done, records read, records/s.
+
+    Ray Data tasks push counts to a ProgressActor named by `address`; a driver thread prints."""
+
+    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0):
+        name = f"medgpt-clean-progress-{os.getpid()}-{time.monotonic_ns()}"
+        namespace = ray.get_runtime_context().namespace
+        self.actor = ProgressActor.options(name=name, namespace=namespace).remote()
+        self.address = (name, namespace)
+        self.chunks, self.t0, self.echo, self.every_s = chunks, t0, echo, every_s
+        self.rows = self.done = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="clean-progress", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._poll()
+        ray.kill(self.actor)
+        return False
+
+    def _poll(self) -> None:
+        for rec in ray.get(self.actor.drain.remote()):
+            self.rows += rec.get("rows", 0)
+            self.done += rec.get("chunk_done", 0)
+
+    def _loop(self) -> None:
+        last = -1
+        while not self._stop.wait(self.every_s):
+            self._poll()
+            if self.rows != last:
+                last = self.rows
+                dt = max(time.monotonic() - self.t0, 1e-9)
+                self.echo(f"[clean] 1/3 {self.done}/{self.chunks} chunks, {self.rows:,} records read "
+                          f"({self.rows / dt:,.0f}/s)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import logging
+import math
 import random
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,15 +62,12 @@ class SlotPool:
 
 
 def _tune_worker_loop(config: dict[str, Any]) -> None:
-    import ray.train
     import torch
 
-    from medgpt_ray.placement import bind_worker_device
+    from medgpt_ray.ray_stage import report_with_receipt, start_worker
     from medgpt_ray.stages import run_stage
 
-    # Ray Train's INFO line per report would drown the sweep's output (as in the pipeline's worker loop).
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
-    bind_worker_device()
+    start_worker()
     result = run_stage(config["inputs"])
     # Not "done": Tune reads a truthy `done` in a result as the trial's end and stops it on the spot, before
     # the trial gives its GPU set back.
@@ -79,12 +75,7 @@ def _tune_worker_loop(config: dict[str, Any]) -> None:
              "steps": result.get("steps"), **config["extra"]}
     if torch.cuda.is_available():
         final["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    if ray.train.get_context().get_world_rank() == 0:
-        with tempfile.TemporaryDirectory() as d:
-            Path(d, "result.json").write_text(json.dumps(result, default=str))
-            ray.train.report(final, checkpoint=ray.train.Checkpoint.from_directory(d))
-    else:
-        ray.train.report(final, checkpoint=None)
+    report_with_receipt(final, result)
 
 
 def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
@@ -175,9 +166,14 @@ def _sample(sweep, n: int) -> list[dict[str, Any]]:
         p = {}
         for key, spec in sweep.space.items():
             (kind, v), = spec.items()
-            p[key] = (rng.choice(v) if kind in ("choice", "grid") else rng.uniform(*v) if kind == "uniform"
-                      else 10 ** rng.uniform(*[__import__("math").log10(x) for x in v]) if kind == "loguniform"
-                      else rng.randint(v[0], v[1] - 1))
+            if kind in ("choice", "grid"):
+                p[key] = rng.choice(v)
+            elif kind == "uniform":
+                p[key] = rng.uniform(*v)
+            elif kind == "loguniform":
+                p[key] = 10 ** rng.uniform(math.log10(v[0]), math.log10(v[1]))
+            else:
+                p[key] = rng.randint(v[0], v[1] - 1)  # tune.randint's upper bound is exclusive
         out.append(p)
     return out
 
@@ -187,7 +183,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from medgpt_ray.pipeline import WORKER_ENV
+    from medgpt_ray.ray_stage import worker_env
 
     cfg = load_config(config_path, sets)
     sweep = load_sweep(sweep_path)
@@ -241,7 +237,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     ctx = {"base": base, "stage": stage, "metric": sweep.metric, "mode": sweep.mode, "budget": budget,
            "pool": pool_name, "namespace": namespace, "topology": topology, "out": str(out),
            "model_path": str(models.resolve_model_path(cfg.model.path)), "train_file": data.train_file,
-           "eval_file": data.eval_file, "worker_env": dict(WORKER_ENV), "pruned_cost": pruned_cost}
+           "eval_file": data.eval_file, "worker_env": worker_env(), "pruned_cost": pruned_cost}
     trainable = tune.with_resources(tune.with_parameters(_trial, ctx=ctx), {"cpu": 0, "memory": 1})
     storage = out / "tune"
     exp = storage / "sweep"

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, rows_to_table
 from medgpt_ray.data.files import expand_paths, iter_rows
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
+from medgpt_ray.progress import LiveProgress
 
 FEATURE_FIELDS = [
     ("redactions", pa.string()),
@@ -137,48 +137,6 @@ def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] |
             actor.push.remote({"rows": len(rows), "chunk_done": 1})
         if rows:
             yield stage1_rows(rows, cfg)
-
-
-class _live_progress:  # noqa: N801 - used as a context manager, named for what it shows
-    """While stage 1 runs, one line every few seconds: chunks done, records read, records/s."""
-
-    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0):
-        from medgpt_ray.progress import ProgressActor
-
-        name = f"medgpt-clean-progress-{os.getpid()}-{time.monotonic_ns()}"
-        namespace = ray.get_runtime_context().namespace
-        self.actor = ProgressActor.options(name=name, namespace=namespace).remote()
-        self.address = (name, namespace)
-        self.chunks, self.t0, self.echo, self.every_s = chunks, t0, echo, every_s
-        self.rows = self.done = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="clean-progress", daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self._poll()
-        ray.kill(self.actor)
-        return False
-
-    def _poll(self) -> None:
-        for rec in ray.get(self.actor.drain.remote()):
-            self.rows += rec.get("rows", 0)
-            self.done += rec.get("chunk_done", 0)
-
-    def _loop(self) -> None:
-        last = -1
-        while not self._stop.wait(self.every_s):
-            self._poll()
-            if self.rows != last:
-                last = self.rows
-                dt = max(time.monotonic() - self.t0, 1e-9)
-                self.echo(f"[clean] 1/3 {self.done}/{self.chunks} chunks, {self.rows:,} records read "
-                          f"({self.rows / dt:,.0f}/s)")
 
 
 def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
@@ -329,7 +287,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    progress = _live_progress(len(chunks), t0, echo)
+    progress = LiveProgress(len(chunks), t0, echo)
     stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
                             batch_format="pyarrow", batch_size=1, **remote)
     with progress:

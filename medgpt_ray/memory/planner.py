@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
-from medgpt_ray.memory.estimator import GIB, Estimate, SetupError, TrainSetup, estimate
+from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
 from medgpt_ray.memory.plan import StagePlan, deepspeed_config
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, tokens_per_second
@@ -324,7 +324,3 @@ def _alternatives(chosen: Candidate, cands: list[Candidate], budget: Budget, n: 
         out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2), "relative_speed": round(rel, 3),
                     "why": f"fits, predicted {100 * (1 - rel):.0f}% slower"})
     return out
-
-
-def peak_gib(shape: ModelShape, setup: TrainSetup) -> float:
-    return estimate(shape, setup).peak_bytes / GIB

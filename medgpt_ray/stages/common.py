@@ -50,9 +50,21 @@ class BuiltStage:
     trainer: Any
     tokenizer: Any
     lora: bool
-    template: Any = None
-    has_eval: bool = False
-    extras: dict[str, Any] | None = None
+    eval_size: int = 0  # held-out examples (0: no evaluation)
+    extras: dict[str, Any] | None = None  # counts for the result (records, pairs, skipped)
+    save_kwargs: dict[str, Any] | None = None  # template / seq_cls for save_outputs
+
+
+def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
+                 eval_metrics: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """What every stage does after building its trainer: train (resuming), evaluate, save, write result.json."""
+    out, resumed = train(built.trainer, inp)
+    ev = eval_metrics(built.trainer.evaluate()) if built.eval_size else {}
+    save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
+    result = {**base_result(inp, built.trainer, out, resumed, t0), "eval": ev, **(built.extras or {}),
+              "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -11,14 +11,11 @@ from medgpt_ray.stages.common import (
     BuiltStage,
     Sink,
     StageInputs,
-    base_result,
+    finish_stage,
     quiet_libraries,
     read_jsonl,
-    save_outputs,
     stage_callbacks,
-    train,
     training_kwargs,
-    write_result,
 )
 
 
@@ -63,28 +60,13 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink),
     )
-    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
-                      extras={"train_pairs": len(train_ds),
-                              "eval_pairs": len(eval_ds) if eval_ds is not None else 0})
+    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
+                      extras={"train_pairs": len(train_ds)}, save_kwargs={"template": template})
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
     built = build(inp, sink)
-    trainer, tok = built.trainer, built.tokenizer
-    extras = dict(built.extras or {})
-    eval_pairs = extras.pop("eval_pairs")
-    out, resumed = train(trainer, inp)
-    eval_metrics = {}
-    if built.has_eval:
-        ev = trainer.evaluate()
-        eval_metrics = {"eval_loss": ev["eval_loss"],
-                        "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
-                        "eval_reward_margin": ev.get("eval_rewards/margins"),
-                        "eval_pairs": eval_pairs}
-
-    save_outputs(trainer, inp, tok, lora=built.lora, template=built.template)
-    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              **extras, "output_model": str(inp.out / "model")}
-    write_result(inp, result)
-    return result
+    return finish_stage(inp, built, t0, lambda ev: {
+        "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
+        "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size})

@@ -12,14 +12,11 @@ from medgpt_ray.stages.common import (
     BuiltStage,
     Sink,
     StageInputs,
-    base_result,
+    finish_stage,
     quiet_libraries,
     read_jsonl,
-    save_outputs,
     stage_callbacks,
-    train,
     training_kwargs,
-    write_result,
 )
 
 
@@ -68,22 +65,11 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         data_collator=default_data_collator,
         callbacks=stage_callbacks(inp, sink),
     )
-    return BuiltStage(trainer, tok, lora=peft_config is not None, has_eval=bool(eval_blocks),
+    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_blocks),
                       extras={"train_blocks": len(train_blocks)})
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
-    built = build(inp, sink)
-    trainer, tok = built.trainer, built.tokenizer
-    out, resumed = train(trainer, inp)
-    eval_metrics: dict[str, Any] = {}
-    if built.has_eval:
-        ev = trainer.evaluate()
-        eval_metrics = {"eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))}
-
-    save_outputs(trainer, inp, tok, lora=built.lora)
-    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              **(built.extras or {}), "output_model": str(inp.out / "model")}
-    write_result(inp, result)
-    return result
+    return finish_stage(inp, build(inp, sink), t0, lambda ev: {
+        "eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))})

@@ -11,14 +11,11 @@ from medgpt_ray.stages.common import (
     BuiltStage,
     Sink,
     StageInputs,
-    base_result,
+    finish_stage,
     quiet_libraries,
     read_jsonl,
-    save_outputs,
     stage_callbacks,
-    train,
     training_kwargs,
-    write_result,
 )
 
 
@@ -66,26 +63,14 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink),
     )
-    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
-                      extras={"train_pairs": len(train_ds), "skipped_too_long": too_long,
-                              "eval_pairs": len(eval_ds) if eval_ds is not None else 0})
+    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
+                      extras={"train_pairs": len(train_ds), "skipped_too_long": too_long},
+                      save_kwargs={"seq_cls": True})
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
     built = build(inp, sink)
-    trainer, tok = built.trainer, built.tokenizer
-    extras = dict(built.extras or {})
-    eval_pairs = extras.pop("eval_pairs")
-    out, resumed = train(trainer, inp)
-    eval_metrics = {}
-    if built.has_eval:
-        ev = trainer.evaluate()
-        eval_metrics = {"eval_loss": ev["eval_loss"], "eval_accuracy": ev["eval_accuracy"],
-                        "eval_margin": ev.get("eval_margin"), "eval_pairs": eval_pairs}
-
-    save_outputs(trainer, inp, tok, lora=built.lora, seq_cls=True)
-    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              **extras, "output_model": str(inp.out / "model")}
-    write_result(inp, result)
-    return result
+    return finish_stage(inp, built, t0, lambda ev: {
+        "eval_loss": ev["eval_loss"], "eval_accuracy": ev["eval_accuracy"], "eval_margin": ev.get("eval_margin"),
+        "eval_pairs": built.eval_size})

@@ -16,14 +16,11 @@ from medgpt_ray.stages.common import (
     BuiltStage,
     Sink,
     StageInputs,
-    base_result,
+    finish_stage,
     quiet_libraries,
     read_jsonl,
-    save_outputs,
     stage_callbacks,
-    train,
     training_kwargs,
-    write_result,
 )
 
 
@@ -73,24 +70,13 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink),
     )
-    return BuiltStage(trainer, tok, lora=peft_config is not None, template=template, has_eval=eval_ds is not None,
-                      extras={"train_records": len(train_ds), "skipped_too_long": too_long})
+    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
+                      extras={"train_records": len(train_ds), "skipped_too_long": too_long},
+                      save_kwargs={"template": template})
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
     t0 = time.monotonic()
-    built = build(inp, sink)
-    trainer, tok = built.trainer, built.tokenizer
-    out, resumed = train(trainer, inp)
-    eval_metrics = {}
-    if built.has_eval:
-        ev = trainer.evaluate()
-        eval_metrics = {"eval_loss": ev["eval_loss"]}
-        if "eval_mean_token_accuracy" in ev:
-            eval_metrics["eval_token_accuracy"] = ev["eval_mean_token_accuracy"]
-
-    save_outputs(trainer, inp, tok, lora=built.lora, template=built.template)
-    result = {**base_result(inp, trainer, out, resumed, t0), "eval": eval_metrics,
-              **(built.extras or {}), "output_model": str(inp.out / "model")}
-    write_result(inp, result)
-    return result
+    return finish_stage(inp, build(inp, sink), t0, lambda ev: {
+        "eval_loss": ev["eval_loss"],
+        **({"eval_token_accuracy": ev["eval_mean_token_accuracy"]} if "eval_mean_token_accuracy" in ev else {})})

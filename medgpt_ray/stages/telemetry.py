@@ -122,10 +122,11 @@ class StageMetrics(TrainerCallback):
 
 
 def _gpu_tag() -> str:
-    chosen = os.environ.get("MEDGPT_GPU_SET")
-    if chosen:
-        gpus = chosen.split(",")
-        return gpus[int(os.environ.get("LOCAL_RANK", "0")) % len(gpus)]
+    from medgpt_ray.placement import chosen_gpu
+
+    chosen = chosen_gpu()
+    if chosen is not None:
+        return str(chosen[1])
     try:
         import torch
 
