@@ -39,10 +39,11 @@ CAP_24_GIB = 24.0
 
 def run_cfg(model: str, stage: str, method: str, precision: str, mb: int, seq: int, ckpt: float,
             fused: bool = False, zero: int = 0, offload: str = "none", rank: int = 8, optim: str = "adamw",
-            tag: str = "", kernels: bool = False) -> dict[str, Any]:
+            tag: str = "", kernels: bool = False, compiled: bool = False) -> dict[str, Any]:
     return {"model": model, "stage": stage, "method": method, "precision": precision, "micro_batch": mb,
             "seq_len": seq, "ckpt_fraction": ckpt, "fused_ce": fused or stage in ("sft", "dpo"), "zero": zero,
-            "offload": offload, "lora_rank": rank, "optim": optim, "tag": tag, "fused_kernels": kernels}
+            "offload": offload, "lora_rank": rank, "optim": optim, "tag": tag, "fused_kernels": kernels,
+            "compile": compiled}
 
 
 def matrix() -> list[dict[str, Any]]:
@@ -94,6 +95,12 @@ def matrix() -> list[dict[str, Any]]:
         run_cfg(q05, "sft", "lora", "bf16", 8, 1024, 0, kernels=True),
         run_cfg(q7, "sft", "lora", "bf16", 4, 2048, 0.5, kernels=True),
         run_cfg(q7, "dpo", "lora", "bf16", 4, 1024, 0.75, kernels=True),
+        # Compiled decoder layers (id suffix -cc; stages/speed.py): the layer fusion comes from inductor
+        run_cfg(q05, "pt", "full", "amp-bf16", 4, 1024, 0, fused=True, kernels=True, compiled=True),
+        run_cfg(q05, "rm", "lora", "bf16", 8, 1024, 0, compiled=True),
+        run_cfg(q05, "dpo", "lora", "bf16", 4, 1024, 1, kernels=True, compiled=True),
+        run_cfg(q05, "sft", "full", "amp-bf16", 4, 1024, 0, zero=2, kernels=True, compiled=True),
+        run_cfg(q15, "sft", "lora", "bf16", 8, 1024, 0, kernels=True, compiled=True),
     ]
 
 
@@ -102,7 +109,7 @@ def cfg_id(c: dict[str, Any]) -> str:
     return (f"{c['model']}-{c['stage']}-{c['method']}{'-r' + str(c['lora_rank']) if c['method'] != 'full' else ''}"
             f"-{c['precision']}-mb{c['micro_batch']}-s{c['seq_len']}-ck{c['ckpt_fraction']}"
             f"{'-fce' if c['fused_ce'] else ''}{'-8bit' if c['optim'] == 'adamw-8bit' else ''}{z}"
-            f"{'-lk' if c.get('fused_kernels') else ''}")
+            f"{'-lk' if c.get('fused_kernels') else ''}{'-cc' if c.get('compile') else ''}")
 
 
 # --- preparation (GPU machine) -------------------------------------------------------------------------------
@@ -167,7 +174,8 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
 # --- one configuration (child process) -----------------------------------------------------------------------
 
 
-def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) -> dict[str, Any]:
+def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
+                after_build: Any = None) -> dict[str, Any]:
     import torch
     from transformers import TrainerCallback
 
@@ -189,7 +197,7 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
               effective_batch=c["micro_batch"] * accum, save_steps=10**6, logging_steps=1, lr=1e-5)
     plan = StagePlan(c["stage"], c["method"], c["precision"], c["micro_batch"], accum, 1, True, c["ckpt_fraction"],
                      c["fused_ce"], c["optim"], c["zero"], c["offload"], None,
-                     fused_kernels=bool(c.get("fused_kernels")))
+                     fused_kernels=bool(c.get("fused_kernels")), compile=bool(c.get("compile")))
     plan.deepspeed = deepspeed_config(plan, cfg)
     data = {"pt": "pretrain.jsonl", "sft": "sft.jsonl", "rm": "pref.jsonl", "dpo": "pref.jsonl"}[c["stage"]]
     inp = StageInputs(c["stage"], cfg, plan, str(workdir / "models" / c["model"]), "chatml",
@@ -209,6 +217,12 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int) ->
     try:
         built = build_stage(inp, None)
         built.trainer.add_callback(Probe())
+        if c.get("lora_input_casts"):  # peft's default fp32 cast of adapted inputs (stages/speed.py removes it)
+            from medgpt_ray.stages.speed import Bf16LoraInputs
+
+            built.trainer.callback_handler.remove_callback(Bf16LoraInputs)
+        if after_build is not None:  # bench/step_overhead_probe.py's variants
+            after_build(built, out)
         built.trainer.args.save_strategy = "no"  # a measurement: no checkpoint at the last step (disk)
         out["weights_on_gpu_gib"] = torch.cuda.memory_allocated() / GIB
         torch.cuda.reset_peak_memory_stats()

@@ -57,6 +57,9 @@ class StageConfig(_Strict):
     # Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPU, gpu extra): fewer, leaner ops, less activation
     # memory. pt, sft and dpo (causal LMs).
     fused_kernels: Auto | bool = "auto"
+    # Compile each decoder layer in place with torch.compile (inductor fuses the norms, SwiGLU, RoPE and LoRA's
+    # small ops; it then provides the fused layer ops instead of Liger). auto: on GPU, except QLoRA and ZeRO-3.
+    compile: Auto | bool = "auto"
     optim: Literal["auto", "adamw", "adamw-8bit"] = "auto"
     zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"
     offload: Literal["auto", "none", "optimizer", "all"] = "auto"

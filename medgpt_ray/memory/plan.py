@@ -32,7 +32,8 @@ class StagePlan:
     prediction: dict[str, Any] | None = None  # peak_gib, budget_gib, breakdown_gib, tokens_per_s...
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
     backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
-    fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
+    fused_kernels: bool = False  # fused RMSNorm/SwiGLU/RoPE: compiled layers when `compile`, else Liger's
+    compile: bool = False  # decoder layers compiled in place (stages/speed.py)
     placement: dict[str, Any] | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
 
     @property

@@ -97,11 +97,19 @@ class Candidate:
         ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(s.ckpt_fraction, f"ckpt {s.ckpt_fraction:.0%}")
         zero = f"ZeRO-{s.zero}" + ("" if s.offload == "none" else f"+offload {s.offload}")
         return (f"{s.method} mb {s.micro_batch}x{s.grad_accum}, {ck}, {'fused CE' if s.fused_ce else 'HF loss'}, "
-                f"{'Liger kernels, ' if s.fused_kernels else ''}{zero}")
+                f"{'fused layer ops, ' if s.fused_kernels else ''}{zero}")
 
 
 def liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
+
+
+def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int) -> bool:
+    """Whether the decoder layers are compiled (stages/speed.py). Automatic only where it was measured:
+    GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager."""
+    if cfg.compile != "auto":
+        return bool(cfg.compile)
+    return use_gpu and method != "qlora" and zero != 3
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -161,16 +169,18 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
                  if stage == "pt" else "fixed by the trainer")
     fused = note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
 
+    fusable = use_gpu and (liger_available() or cfg.compile is not False)
     if cfg.fused_kernels is True:
         if stage == "rm":
-            raise ConfigError(f"{where}.fused_kernels: Liger's kernels are applied to the causal-LM stages "
+            raise ConfigError(f"{where}.fused_kernels: fused layer kernels are applied to the causal-LM stages "
                               f"(pt, sft, dpo), not the reward model")
-        if not use_gpu or not liger_available():
-            raise ConfigError(f"{where}.fused_kernels: Liger's kernels need a GPU and liger-kernel "
-                              f"(pip install 'medgpt-ray[gpu]')")
-    kernels_auto = [False, True] if (use_gpu and liger_available() and stage != "rm") else [False]
+        if not fusable:
+            raise ConfigError(f"{where}.fused_kernels: fused layer kernels need a GPU and either compile "
+                              f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]')")
+    kernels_auto = [False, True] if (fusable and stage != "rm") else [False]
     kernels = note("fused_kernels", cfg.fused_kernels, kernels_auto,
-                   "Liger RMSNorm/SwiGLU/RoPE" + ("" if liger_available() else ": liger-kernel not installed"))
+                   "fused RMSNorm/SwiGLU/RoPE: compiled layers, else Liger"
+                   + ("" if liger_available() else " (liger-kernel not installed)"))
 
     optim = note("optim", cfg.optim, ["adamw"], "AdamW")
     if optim == ["adamw-8bit"] and not use_gpu:
@@ -222,6 +232,8 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             "fp32" if not use_gpu else "amp-bf16" if method == "full" else "bf16")
         if method == "qlora" and zero == 3:
             continue
+        if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
+            continue  # nothing would fuse the layer ops this estimate assumes fused
         yield TrainSetup(
             stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
@@ -294,6 +306,9 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     plan = StagePlan(stage, s.method, s.precision, s.micro_batch, s.grad_accum, num_workers, use_gpu,
                      s.ckpt_fraction, s.fused_ce, s.optim, s.zero, s.offload, None, reasons)
     plan.fused_kernels = s.fused_kernels
+    plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
+    reasons.append(f"compile: {plan.compile} ("
+                   + ("explicit" if cfg.compile != "auto" else "auto: GPU runs except QLoRA and ZeRO-3") + ")")
     plan.deepspeed = deepspeed_config(plan, cfg)
     plan.prediction = {
         "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,

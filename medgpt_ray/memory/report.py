@@ -78,7 +78,7 @@ def _knobs(d: dict[str, Any]) -> str:
     ck_s = {0.0: "no ckpt", 1.0: "full ckpt"}.get(ck, f"ckpt {ck:.0%}")
     zero = f"ZeRO-{d['zero_stage']}" + ("" if d["offload"] == "none" else f"+off:{d['offload']}")
     return (f"{d['method']:5s} mb {d['micro_batch']}x{d['grad_accum']:<3d} {ck_s:9s} "
-            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {'liger ' if d.get('fused_kernels') else ''}{zero}")
+            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {'fused ' if d.get('fused_kernels') else ''}{zero}")
 
 
 def plan_line(p: StagePlan) -> str:
@@ -88,7 +88,8 @@ def plan_line(p: StagePlan) -> str:
     budget = pred.get("budget_gib")
     fit = f"predicted peak {pred.get('peak_gib', 0):.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
     return (f"{p.method}, micro-batch {p.micro_batch} x accum {p.grad_accum} x {p.num_workers} worker(s), {ck}, "
-            f"{'fused CE' if p.fused_ce else 'unfused CE'}, {'Liger kernels, ' if p.fused_kernels else ''}"
+            f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
+            f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"
             f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}")
 

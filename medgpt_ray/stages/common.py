@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from medgpt_ray.config import StageConfig
 from medgpt_ray.memory.plan import StagePlan
+from medgpt_ray.stages import speed
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -135,12 +136,13 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
     kwargs.update(checkpointing_kwargs(plan.ckpt_fraction > 0))
     kwargs["optim"] = optimizer_name(plan)
     flce = plan.fused_ce and inp.stage == "pt"  # sft/dpo: TRL's own chunked head, which Liger must not replace
-    if flce or plan.fused_kernels:
+    # Fused layer ops come from compiling the decoder layers (speed.py) or, without compile, Liger's kernels.
+    liger_layers = plan.fused_kernels and not plan.compile
+    if flce or liger_layers:
         # Exactly the kernels the plan chose: the estimator models each one's activations.
         kwargs["use_liger_kernel"] = True
         kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": flce, "cross_entropy": False,
-                                         "rope": plan.fused_kernels, "rms_norm": plan.fused_kernels,
-                                         "swiglu": plan.fused_kernels}
+                                         "rope": liger_layers, "rms_norm": liger_layers, "swiglu": liger_layers}
     return kwargs
 
 
@@ -191,6 +193,10 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None) -> list[TrainerCallback
                                         stage_metrics_callback(inp)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
+    if inp.plan.method != "full":
+        callbacks.append(speed.Bf16LoraInputs())
+    if inp.plan.compile:
+        callbacks.append(speed.CompileDecoderLayers())
     if inp.report_evals:
         callbacks.append(EvalToRayTrain())
     if os.environ.get(INJECT_OOM_ENV):
@@ -302,8 +308,8 @@ class StageProgress(TrainerCallback):
             if self.budget_gib:
                 record["gpu_budget_gib"] = self.budget_gib
         if "loss" in logs:
-            # The Trainer counts tokens on every rank but reports rank 0's: scale to the world.
-            record["tokens_per_s"] = (tokens - self._last_tokens) * args.world_size / dt
+            # num_input_tokens_seen already sums every rank's tokens (the Trainer gathers them): the job's rate.
+            record["tokens_per_s"] = (tokens - self._last_tokens) / dt
             self._last_t, self._last_tokens = now, tokens
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a", encoding="utf-8") as fh:

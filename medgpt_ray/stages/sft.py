@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray import models, templates
+from medgpt_ray.stages import sync_free
 from medgpt_ray.stages.common import (
     BuiltStage,
     Sink,
@@ -70,6 +71,7 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink),
     )
+    sync_free.install(trainer)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_too_long": too_long},
                       save_kwargs={"template": template})

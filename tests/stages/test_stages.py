@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,70 @@ def test_a_stage_without_ray_serves_the_same_metrics_on_its_port(data, tiny_mode
     assert loss and 'run="plainrun"' in loss[0] and 'stage="sft"' in loss[0] and 'gpu="cpu"' in loss[0]
     tps = [line for line in text.splitlines() if line.startswith("ray_medgpt_train_tokens_per_second{")]
     assert tps and float(tps[0].rsplit(" ", 1)[1]) > 0
+
+
+def _train_logs(built) -> list[dict]:
+    built.trainer.train()
+    keys = ("loss", "entropy", "mean_token_accuracy", "num_tokens", "grad_norm")
+    return [{k: h[k] for k in keys if k in h} for h in built.trainer.state.log_history if "loss" in h]
+
+
+def test_sync_free_sft_loss_logs_what_trl_logs(data, tiny_model, tmp_path):
+    """The SFT stage's loss without per-micro-batch host syncs trains and logs exactly as TRL's own."""
+    from medgpt_ray.stages import build_stage
+
+    ours = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "a", max_steps=3, effective_batch=8))
+    assert "compute_loss" in vars(ours.trainer) and ours.trainer.args.logging_nan_inf_filter is False
+    trl = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "b", max_steps=3, effective_batch=8))
+    for name in ("compute_loss", "log"):
+        del trl.trainer.__dict__[name]  # back to SFTTrainer's methods
+    a, b = _train_logs(ours), _train_logs(trl)
+    assert len(a) == len(b) == 3 and all(set(x) == set(y) for x, y in zip(a, b, strict=True))
+    for x, y in zip(a, b, strict=True):
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-5), k
+
+
+def test_compiled_decoder_layers_train_like_eager_ones(data, tiny_model, tmp_path):
+    from medgpt_ray.stages import build_stage
+    from medgpt_ray.stages.speed import CompileDecoderLayers, decoder_layers
+
+    inp = make_inputs("sft", data, tiny_model, tmp_path / "c", max_steps=2)
+    inp.plan.compile = True
+    compiled = build_stage(inp)
+    cb = next(c for c in compiled.trainer.callback_handler.callbacks if isinstance(c, CompileDecoderLayers))
+    eager = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "e", max_steps=2))
+    a, b = _train_logs(compiled), _train_logs(eager)
+    layers = decoder_layers(compiled.trainer.model)
+    assert cb.compiled == len(layers) == 2 and all(m._compiled_call_impl is not None for m in layers)
+    assert [x["loss"] for x in a] == pytest.approx([x["loss"] for x in b], rel=1e-4)
+
+
+def test_lora_inputs_stay_bf16_under_autocast_only(data, tiny_model, tmp_path):
+    """peft's fp32 cast of adapted inputs is off while the Trainer trains under bf16 autocast, back after."""
+    from transformers import TrainerCallback
+
+    from medgpt_ray.stages import build_stage
+    from medgpt_ray.stages.speed import Bf16LoraInputs
+
+    def lora_casts(model) -> list[bool]:
+        return [m.cast_input_dtype_enabled for m in model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+
+    class Spy(TrainerCallback):
+        def __init__(self):
+            self.seen: list[list[bool]] = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.seen.append(lora_casts(model))
+
+    for precision, expect_during in (("bf16", False), ("fp32", True)):
+        inp = make_inputs("sft", data, tiny_model, tmp_path / precision, max_steps=2)
+        inp.plan.precision = precision  # bf16 on CPU: the Trainer's CPU autocast, as on a GPU
+        built = build_stage(inp)
+        spy = Spy()
+        built.trainer.add_callback(spy)
+        logs = _train_logs(built)
+        assert any(isinstance(c, Bf16LoraInputs) for c in built.trainer.callback_handler.callbacks)
+        assert spy.seen and all(len(flags) == 14 and set(flags) == {expect_during} for flags in spy.seen)
+        assert set(lora_casts(built.trainer.model)) == {True}
+        assert all(math.isfinite(x["loss"]) for x in logs)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from medgpt_ray.cli import main
-from medgpt_ray.config import LoraConfig, StageConfig, load_config
+from medgpt_ray.config import ConfigError, LoraConfig, StageConfig, load_config
 from medgpt_ray.memory.backoff import is_cuda_oom
 from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
 from medgpt_ray.memory.planner import PlanError, make_budget, plan_stage
@@ -193,3 +193,18 @@ def test_planning_a_config_whose_model_is_elsewhere_needs_a_shape(tmp_path, repo
     cfg = load_config(repo / "configs/qwen2.5-7b-4x4090.yaml", ["model.shape=null"])
     with pytest.raises(ConfigError, match="set model.shape"):
         plan_all(cfg, default_gpu_gib=24)
+
+
+def test_compiled_layers_where_measured_and_only_there():
+    sft = plan_stage("sft", sft_7b(), 1, True, Q7, RTX4090)
+    # No liger-kernel here: the fused layer ops the estimate assumes can only come from compiling.
+    assert sft.compile and sft.fused_kernels
+    assert not plan_stage("sft", sft_7b(method="qlora"), 1, True, Q7, RTX4090).compile
+    assert not plan_stage("sft", sft_7b(zero_stage=3), 4, True, Q7, RTX4090).compile
+    assert not plan_stage("sft", sft_7b(), 1, False).compile  # CPU: auto stays eager
+    eager = plan_stage("sft", sft_7b(compile=False), 1, True, Q7, RTX4090)
+    assert not eager.compile and not eager.fused_kernels  # nothing would fuse them
+    assert eager.prediction["peak_gib"] >= sft.prediction["peak_gib"]
+    assert plan_stage("sft", sft_7b(compile=True), 1, False).compile  # explicit: also on CPU
+    with pytest.raises(ConfigError, match=r"stages\.sft\.fused_kernels"):
+        plan_stage("sft", sft_7b(compile=False, fused_kernels=True), 1, True, Q7, RTX4090)
