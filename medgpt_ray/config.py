@@ -58,7 +58,8 @@ class StageConfig(_Strict):
     # memory. pt, sft and dpo (causal LMs).
     fused_kernels: Auto | bool = "auto"
     # Compile each decoder layer in place with torch.compile (inductor fuses the norms, SwiGLU, RoPE and LoRA's
-    # small ops; it then provides the fused layer ops instead of Liger). auto: on GPU, except QLoRA and ZeRO-3.
+    # small ops; it then provides the fused layer ops instead of Liger). auto: on GPU, except QLoRA, ZeRO-3 and
+    # stages capped below 50 steps (compiling costs each worker 20-60 s).
     compile: Auto | bool = "auto"
     optim: Literal["auto", "adamw", "adamw-8bit"] = "auto"
     zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"

@@ -71,12 +71,17 @@ class Topology:
         return "\n".join(rows)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def parse_topo_matrix(text: str, source: str = "<text>") -> Topology:
     """Parse `nvidia-smi topo -m` output (GPU rows; NIC rows/columns, the legend and CPU/NUMA columns too)."""
     meta: dict[str, str] = {}
     header: list[str] | None = None
     rows: dict[int, list[str]] = {}
     extras: dict[int, list[str]] = {}
+    # nvidia-smi underlines the header row with ANSI escapes (\x1b[4m ... \x1b[0m), even into a pipe.
+    text = ANSI_ESCAPE.sub("", text)
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.rstrip("\n")
         if line.startswith("#"):
@@ -156,6 +161,14 @@ def read_local_topology(nvidia_smi: str | None = None) -> Topology:
     return topo
 
 
+def _nvml_int(value) -> int:
+    """pynvml's constants as plain ints: some builds (the H200 image's) define NVML_P2P_CAPS_INDEX_READ as a
+    1-tuple or an enum member, which ctypes cannot pass."""
+    while isinstance(value, tuple):
+        value = value[0]
+    return int(getattr(value, "value", value))
+
+
 def _nvml_p2p(n: int) -> bool | None:
     """Whether every pair can read peer-to-peer (NVML); None when NVML is not installed."""
     try:
@@ -167,8 +180,9 @@ def _nvml_p2p(n: int) -> bool | None:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
         for i in range(n):
             for j in range(i + 1, n):
-                status = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], pynvml.NVML_P2P_CAPS_INDEX_READ)
-                if status != pynvml.NVML_P2P_STATUS_OK:
+                status = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j],
+                                                       _nvml_int(pynvml.NVML_P2P_CAPS_INDEX_READ))
+                if _nvml_int(status) != _nvml_int(pynvml.NVML_P2P_STATUS_OK):
                     return False
         return True
     except pynvml.NVMLError:

@@ -100,16 +100,21 @@ class Candidate:
                 f"{'fused layer ops, ' if s.fused_kernels else ''}{zero}")
 
 
+COMPILE_MIN_STEPS = 50
+
+
 def liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
 def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int) -> bool:
     """Whether the decoder layers are compiled (stages/speed.py). Automatic only where it was measured:
-    GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager."""
+    GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager. A
+    stage capped below COMPILE_MIN_STEPS steps stays eager too: compiling costs each worker 20-60 s first."""
     if cfg.compile != "auto":
         return bool(cfg.compile)
-    return use_gpu and method != "qlora" and zero != 3
+    short = 0 < cfg.max_steps < COMPILE_MIN_STEPS
+    return use_gpu and method != "qlora" and zero != 3 and not short
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -308,7 +313,8 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     plan.fused_kernels = s.fused_kernels
     plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
     reasons.append(f"compile: {plan.compile} ("
-                   + ("explicit" if cfg.compile != "auto" else "auto: GPU runs except QLoRA and ZeRO-3") + ")")
+                   + ("explicit" if cfg.compile != "auto" else
+                      f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
     plan.deepspeed = deepspeed_config(plan, cfg)
     plan.prediction = {
         "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,

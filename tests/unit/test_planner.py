@@ -202,6 +202,7 @@ def test_compiled_layers_where_measured_and_only_there():
     assert not plan_stage("sft", sft_7b(method="qlora"), 1, True, Q7, RTX4090).compile
     assert not plan_stage("sft", sft_7b(zero_stage=3), 4, True, Q7, RTX4090).compile
     assert not plan_stage("sft", sft_7b(), 1, False).compile  # CPU: auto stays eager
+    assert not plan_stage("sft", sft_7b(max_steps=10), 1, True, Q7, RTX4090).compile  # compiling would not pay
     eager = plan_stage("sft", sft_7b(compile=False), 1, True, Q7, RTX4090)
     assert not eager.compile and not eager.fused_kernels  # nothing would fuse them
     assert eager.prediction["peak_gib"] >= sft.prediction["peak_gib"]

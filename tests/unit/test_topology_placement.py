@@ -63,9 +63,32 @@ def test_every_shipped_topology_parses():
                           "2x3090-nvlink"}
     for name in names:
         t = load_topology_file(name)
-        assert t.gpu_name.startswith("NVIDIA GeForce") and t.n in (2, 4, 8)
+        assert t.gpu_name.startswith(("NVIDIA GeForce", "NVIDIA H200")) and t.n in (2, 4, 8)
     assert not load_topology_file("8x4090-dual-socket").p2p_available()
     assert load_topology_file("2x3090-nvlink").p2p_available()
+
+
+def test_captured_h200_topology_with_nvidia_smis_escape_codes():
+    """Captured on the lent 2x H200 machine (issue 8): nvidia-smi underlines the header with ANSI escapes
+    even into a pipe, which the first real run tripped over."""
+    from medgpt_ray.topology import SHIPPED_DIR
+
+    raw = (SHIPPED_DIR / "2xh200-nvlink-captured.txt").read_text()
+    assert "\x1b[4m" in raw  # the file is the raw capture
+    t = load_topology_file("2xh200-nvlink-captured")
+    assert t.links == [["X", "NV18"], ["NV18", "X"]] and t.p2p_available()
+    assert choose_gpus(t, 2).gpus == [0, 1]
+
+
+def test_nvml_constants_of_every_pynvml_build_become_ints():
+    import enum
+
+    from medgpt_ray.topology import _nvml_int
+
+    class Caps(enum.Enum):
+        READ = 0
+
+    assert _nvml_int(0) == 0 and _nvml_int((0,)) == 0 and _nvml_int(Caps.READ) == 0  # the H200 image's: a tuple
 
 
 def test_switch_box_spreads_a_job_over_switches():
