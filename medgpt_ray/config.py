@@ -54,8 +54,8 @@ class StageConfig(_Strict):
     # Fused linear cross-entropy (no b x s x vocab logits). pt: Liger's kernel (GPU, gpu extra);
     # sft and dpo: TRL's chunked LM head, always on; rm has no vocabulary head.
     fused_ce: Auto | bool = "auto"
-    # Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPU, gpu extra): fewer, leaner ops, less activation
-    # memory. pt, sft and dpo (causal LMs).
+    # Fused RMSNorm, SwiGLU and RoPE (GPU): fewer, leaner ops, less activation memory. pt, sft and dpo (causal
+    # LMs). Provided by the compiled layers when `compile` is on, else by Liger's Triton kernels (gpu extra).
     fused_kernels: Auto | bool = "auto"
     # Compile each decoder layer in place with torch.compile (inductor fuses the norms, SwiGLU, RoPE and LoRA's
     # small ops; it then provides the fused layer ops instead of Liger). auto: on GPU, except QLoRA, ZeRO-3 and
