@@ -195,6 +195,10 @@ class ResourcesConfig(_Strict):
     # The planner's per-GPU budget: null reads the device (free memory, less the CUDA context);
     # a number plans for that card (e.g. 24 for an RTX 4090) wherever the plan is made.
     gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    # Available RAM of each GPU node and its GPU count, for the planner's CPU-offload check (80 % of it may go
+    # to offloaded optimizer states/parameters). None: read on a GPU node; unchecked when none can be read.
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    gpus_per_node: Annotated[int, Field(ge=1)] | None = None
     memory_margin_gib: Annotated[float, Field(ge=0)] = 2.0
     # For absolute throughput predictions: a name from medgpt_ray.memory.throughput.GPU_SPECS, or auto.
     gpu_type: str = "auto"

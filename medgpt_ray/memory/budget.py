@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 # The CUDA context, NCCL and cuBLAS workspaces sit outside PyTorch's allocator (FIELD-NOTES: a 24 GB 4090
 # leaves about 23.5 GiB to the allocator).
@@ -21,6 +22,9 @@ class GPUMemory:
     name: str
     total_gib: float
     free_gib: float
+    # The node the GPU is in: its available RAM (for CPU offload) and how many GPUs share that RAM.
+    host_available_gib: float | None = None
+    gpus_on_node: int | None = None
 
     @property
     def allocator_gib(self) -> float:
@@ -70,12 +74,31 @@ def smallest(gpus: list[GPUMemory]) -> GPUMemory | None:
     return min(gpus, key=lambda g: g.allocator_gib) if gpus else None
 
 
+def read_host_available_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    """MemAvailable of this machine (Linux); None where there is no /proc/meminfo."""
+    try:
+        text = Path(meminfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20  # kB
+    return None
+
+
+def tightest_local_gpu() -> GPUMemory | None:
+    """This machine's tightest GPU, with the machine's available RAM and GPU count."""
+    gpus = read_local_gpus()
+    g = smallest(gpus)
+    return None if g is None else replace(g, host_available_gib=read_host_available_gib(), gpus_on_node=len(gpus))
+
+
 def probe_cluster_gpu() -> GPUMemory | None:
     """The tightest GPU: read on this machine, or by a one-GPU Ray task when the driver has none."""
     import ray
 
-    local = smallest(read_local_gpus())
+    local = tightest_local_gpu()
     if local is not None or not ray.cluster_resources().get("GPU"):
         return local
-    probe = ray.remote(num_gpus=1, num_cpus=0)(lambda: smallest(read_local_gpus()))
+    probe = ray.remote(num_gpus=1, num_cpus=0)(tightest_local_gpu)
     return ray.get(probe.remote(), timeout=300)

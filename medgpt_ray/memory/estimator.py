@@ -81,10 +81,16 @@ class Estimate:
     peak_bytes: float
     breakdown: dict[str, float] = field(default_factory=dict)  # bytes, the terms of the peak moment
     moment: str = ""
+    # Pinned host RAM one worker holds for CPU offload (DeepSpeed's offloaded partitions), not GPU memory.
+    host_bytes: float = 0.0
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
+
+    @property
+    def host_gib(self) -> float:
+        return self.host_bytes / GIB
 
     def breakdown_gib(self) -> dict[str, float]:
         return {k: round(v / GIB, 3) for k, v in self.breakdown.items() if v}
@@ -227,6 +233,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
         b["reference_model"] = (2 if deepspeed or s.precision == "bf16" else 4) * total / (n if s.zero == 3 else 1)
 
     static = sum(b.values())
+    host = _offload_host_bytes(s, total, trainable, state_bytes, n)
 
     # --- activations -------------------------------------------------------------------------------------------
     tokens = s.tokens()
@@ -263,5 +270,16 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     if step > backward_start:
         return Estimate(step, {**{k: v for k, v in b.items() if k in (
             "weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")},
-            "gradients": grads, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "optimizer step")
-    return Estimate(backward_start, b, "backward start")
+            "gradients": grads, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "optimizer step", host)
+    return Estimate(backward_start, b, "backward start", host)
+
+
+def _offload_host_bytes(s: TrainSetup, total: float, trainable: float, state_bytes: float, n: int) -> float:
+    """DeepSpeed's CPU offload keeps, per rank, its partition of the fp32 master weights, the Adam moments and
+    the fp32 gradients the CPU optimizer reads (all pinned); parameter offload adds the bf16 weights."""
+    if s.offload == "none":
+        return 0.0
+    host = (4 + state_bytes + 4) * trainable / n
+    if s.offload == "all":
+        host += 2 * total / n
+    return host

@@ -33,6 +33,9 @@ class PlanError(ConfigError):
     smallest_peak_gib: float | None = None
 
 
+HOST_RAM_FOR_OFFLOAD = 0.8  # share of a node's available RAM that CPU offload may take
+
+
 @dataclass(frozen=True)
 class Budget:
     """Per-GPU memory for the allocator, less a safety margin; None plans without a memory limit (CPU)."""
@@ -41,20 +44,33 @@ class Budget:
     margin_gib: float
     gpu: GPUSpec
     source: str
+    # Host RAM available on each GPU node and its GPU count, for CPU offload; None: unknown, not checked.
+    host_gib: float | None = None
+    gpus_per_node: int | None = None
 
     @property
     def usable_gib(self) -> float:
         return float("inf") if self.gpu_gib is None else self.gpu_gib - self.margin_gib
 
+    @property
+    def host_usable_gib(self) -> float:
+        # The rest stays for the OS, Ray's object store, data loading and each worker's model load.
+        return float("inf") if self.host_gib is None else self.host_gib * HOST_RAM_FOR_OFFLOAD
+
+    def workers_per_node(self, num_workers: int) -> int:
+        return min(num_workers, self.gpus_per_node or num_workers)
+
     def describe(self) -> str:
         if self.gpu_gib is None:
             return "no GPU memory limit (CPU)"
+        host = "" if self.host_gib is None else f"; host RAM for offload {gib(self.host_usable_gib)} per node"
         return (f"{gib(self.usable_gib)} = {gib(self.gpu_gib)} ({self.source}) - "
-                f"{gib(self.margin_gib)} margin, {self.gpu.name}")
+                f"{gib(self.margin_gib)} margin, {self.gpu.name}{host}")
 
 
 def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu: bool, source: str,
-                detected_name: str | None = None) -> Budget:
+                detected_name: str | None = None, host_gib: float | None = None,
+                gpus_per_node: int | None = None) -> Budget:
     from medgpt_ray.memory.throughput import spec_for
 
     if gpu_type != "auto":
@@ -69,7 +85,7 @@ def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu
             spec = GPU_SPECS["rtx4090"]
     else:
         spec = GPU_SPECS["rtx4090"] if use_gpu else GPU_SPECS["cpu"]
-    return Budget(gpu_gib, margin_gib, spec, source)
+    return Budget(gpu_gib, margin_gib, spec, source, host_gib, gpus_per_node)
 
 
 def gib(x: float) -> str:
@@ -81,6 +97,16 @@ class Candidate:
     setup: TrainSetup
     est: Estimate
     tokens_per_s: float
+    host_node_gib: float = 0.0  # CPU offload's host RAM on one node: per worker x workers on the node
+
+    def fits(self, budget: Budget) -> bool:
+        return self.peak_gib <= budget.usable_gib and self.host_node_gib <= budget.host_usable_gib
+
+    def why_not(self, budget: Budget) -> str:
+        if self.peak_gib > budget.usable_gib:
+            return f"peak {gib(self.peak_gib)} > budget {gib(budget.usable_gib)}"
+        return (f"CPU offload needs {gib(self.host_node_gib)} of host RAM per node > "
+                f"{gib(budget.host_usable_gib)} usable")
 
     @property
     def peak_gib(self) -> float:
@@ -252,14 +278,24 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
     best = min(cands, key=lambda c: c.peak_gib)
     lines = [f"stages.{stage}: nothing fits {budget.describe()}.",
              f"  smallest predicted peak: {gib(best.peak_gib)} with {best.label()}"]
+    host_bound = [c for c in cands if c.peak_gib <= budget.usable_gib]
+    if host_bound:
+        least = min(host_bound, key=lambda c: c.host_node_gib)
+        lines.append(f"  {len(host_bound)} configuration(s) fit the GPU only with CPU offload, which needs at least "
+                     f"{gib(least.host_node_gib)} of host RAM per node ({least.label()}) > "
+                     f"{gib(budget.host_usable_gib)} usable: add RAM or set resources.host_memory_gib if it is "
+                     f"more than was read")
     if explicit:
         lines.append(f"  fixed by the config: {', '.join(explicit)}")
     s0 = replace(best.setup, micro_batch=1, ckpt_fraction=1.0)
     usable = budget.usable_gib
 
     def option(label: str, setup: TrainSetup) -> str:
-        p = estimate(shape, setup).peak_gib
-        return f"{label}: {gib(p)} ({'fits' if p <= usable else 'still over'})"
+        e = estimate(shape, setup)
+        host = e.host_gib * budget.workers_per_node(setup.gpus)
+        ok = e.peak_gib <= usable and host <= budget.host_usable_gib
+        return (f"{label}: {gib(e.peak_gib)}{f' + {gib(host)} host RAM/node' if host else ''} "
+                f"({'fits' if ok else 'still over'})")
 
     hints = []
     if s0.method != "qlora":
@@ -294,10 +330,11 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
             est = estimate(shape, setup)
         except SetupError:
             continue
-        cands.append(Candidate(setup, est, tokens_per_second(shape, setup, budget.gpu)))
+        cands.append(Candidate(setup, est, tokens_per_second(shape, setup, budget.gpu),
+                               est.host_gib * budget.workers_per_node(num_workers)))
     if not cands:
         raise PlanError(f"stages.{stage}: the explicit settings leave no valid configuration")
-    fits = [c for c in cands if c.peak_gib <= budget.usable_gib]
+    fits = [c for c in cands if c.fits(budget)]
     explicit = [f"{k}={v}" for k, v in (("method", cfg.method), ("micro_batch", cfg.micro_batch),
                                         ("grad_ckpt", cfg.grad_ckpt), ("zero_stage", cfg.zero_stage),
                                         ("offload", cfg.offload), ("seq_len", cfg.seq_len)) if v != "auto"]
@@ -323,6 +360,10 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
         "gpu": budget.gpu.name, "tokens_per_s_per_gpu": round(chosen.tokens_per_s, 1),
         "breakdown_gib": chosen.est.breakdown_gib(), "candidates": len(cands), "fitting": len(fits),
     }
+    if chosen.host_node_gib:
+        plan.prediction["host_offload_gib_per_node"] = round(chosen.host_node_gib, 2)
+        plan.prediction["host_usable_gib"] = (None if budget.host_gib is None
+                                              else round(budget.host_usable_gib, 2))
     plan.alternatives = _alternatives(chosen, cands, budget)
     reasons.append(f"chosen: {chosen.label()} (peak {chosen.peak_gib:.1f} GiB, "
                    f"{chosen.tokens_per_s:,.0f} tokens/s/GPU predicted)")
@@ -337,8 +378,8 @@ def _alternatives(chosen: Candidate, cands: list[Candidate], budget: Budget, n: 
     for c in faster[:n]:
         out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2),
                     "relative_speed": round(c.tokens_per_s / chosen.tokens_per_s, 3),
-                    "why": f"peak {gib(c.peak_gib)} > budget {gib(budget.usable_gib)}"})
-    slower = sorted((c for c in cands if c.peak_gib <= budget.usable_gib and c is not chosen
+                    "why": c.why_not(budget)})
+    slower = sorted((c for c in cands if c.fits(budget) and c is not chosen
                      and c.tokens_per_s <= chosen.tokens_per_s), key=lambda c: -c.tokens_per_s)
     for c in slower[:2]:
         rel = c.tokens_per_s / chosen.tokens_per_s

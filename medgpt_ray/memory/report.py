@@ -103,10 +103,13 @@ def format_plan(plan: StagePlan) -> list[str]:
             f"{p.get('fitting', '?')}/{p.get('candidates', '?')} candidates fit")
     rows = [head, f"  {'':10s}{'configuration':46s} {'peak GiB':>9s} {'speed':>6s}  note"]
     chosen = plan.to_dict()
+    host = p.get("host_offload_gib_per_node")
+    host_s = "" if not host else (f"; CPU offload {host:.1f} GiB host RAM/node" +
+                                  ("" if p.get("host_usable_gib") is None else f" of {p['host_usable_gib']:.1f}"))
     rows.append(f"  {'chosen':10s}{_knobs(chosen):46s} {p.get('peak_gib', 0):9.2f} {1.0:6.2f}  "
-                f"{p.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s/GPU predicted on {p.get('gpu', '?')}")
+                f"{p.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s/GPU predicted on {p.get('gpu', '?')}{host_s}")
     for alt in plan.alternatives:
-        tag = "rejected" if "budget" in alt["why"] else "runner-up"
+        tag = "rejected" if not alt["why"].startswith("fits") else "runner-up"
         rows.append(f"  {tag:10s}{_knobs(alt):46s} {alt['peak_gib']:9.2f} {alt['relative_speed']:6.2f}  {alt['why']}")
     for b in plan.backoffs:
         rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.memory.budget import GPUMemory, read_local_gpus, smallest
+from medgpt_ray.memory.budget import GPUMemory, tightest_local_gpu
 from medgpt_ray.memory.planner import Budget, PlanError, StagePlan, make_budget, plan_stage
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 
@@ -28,19 +28,25 @@ def model_shape(cfg: PipelineConfig) -> ModelShape:
 
 def resolve_budget(cfg: PipelineConfig, probe: GpuProbe | None, default_gpu_gib: float | None) -> Budget:
     r = cfg.resources
+    # Host RAM for CPU offload: the config's, else what was read on a GPU node (never this laptop's when the
+    # GPU side comes from the config).
+    host = {"host_gib": r.host_memory_gib, "gpus_per_node": r.gpus_per_node}
     if r.gpu_memory_gib is not None:
-        return make_budget(r.gpu_memory_gib, r.memory_margin_gib, r.gpu_type, r.use_gpu, "resources.gpu_memory_gib")
+        return make_budget(r.gpu_memory_gib, r.memory_margin_gib, r.gpu_type, r.use_gpu, "resources.gpu_memory_gib",
+                           **host)
     if not r.use_gpu:
         return make_budget(None, 0.0, "auto", False, "cpu")
-    gpu = (probe or (lambda: smallest(read_local_gpus())))()
+    gpu = (probe or tightest_local_gpu)()
     if gpu is not None:
         return make_budget(round(gpu.allocator_gib, 2), r.memory_margin_gib, r.gpu_type, True,
                            f"{gpu.name}: {gpu.free_gib:.1f} GiB free of {gpu.total_gib:.1f}, less the CUDA context",
-                           detected_name=gpu.name)
+                           detected_name=gpu.name,
+                           host_gib=r.host_memory_gib if r.host_memory_gib is not None else gpu.host_available_gib,
+                           gpus_per_node=r.gpus_per_node or gpu.gpus_on_node)
     if default_gpu_gib is None:
         raise ConfigError("resources.gpu_memory_gib: no GPU could be read to size the plan; set it to the "
                           "per-GPU memory of the cluster's cards (e.g. 24 for an RTX 4090)")
-    return make_budget(default_gpu_gib, r.memory_margin_gib, r.gpu_type, True, "assumed: no GPU here")
+    return make_budget(default_gpu_gib, r.memory_margin_gib, r.gpu_type, True, "assumed: no GPU here", **host)
 
 
 def plan_all(cfg: PipelineConfig, probe: GpuProbe | None = None,

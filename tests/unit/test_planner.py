@@ -209,3 +209,37 @@ def test_compiled_layers_where_measured_and_only_there():
     assert plan_stage("sft", sft_7b(compile=True), 1, False).compile  # explicit: also on CPU
     with pytest.raises(ConfigError, match=r"stages\.sft\.fused_kernels"):
         plan_stage("sft", sft_7b(compile=False, fused_kernels=True), 1, True, Q7, RTX4090)
+
+
+def test_cpu_offload_must_fit_the_nodes_host_ram():
+    """7B full fine-tuning on 24 GiB cards needs CPU offload: 16 bytes per parameter of host RAM per rank."""
+    full = StageConfig(method="full", seq_len=2048, effective_batch=32)
+    roomy = make_budget(24, 2, "rtx4090", True, "test", host_gib=512, gpus_per_node=4)
+    plan = plan_stage("sft", full, 4, True, Q7, roomy)
+    assert plan.offload == "optimizer"
+    # optimizer offload: fp32 master + two moments + fp32 grads = 16 bytes per parameter over 4 ranks x 4 ranks
+    assert plan.prediction["host_offload_gib_per_node"] == pytest.approx(16 * Q7.params / 2**30, abs=0.01)
+    tight = make_budget(24, 2, "rtx4090", True, "test", host_gib=64, gpus_per_node=4)
+    with pytest.raises(PlanError, match=r"host RAM per node .*> 51\.2 GiB usable"):
+        plan_stage("sft", full, 4, True, Q7, tight)
+    # Two nodes of two GPUs: each node holds half the ranks, so half the RAM is enough.
+    two_nodes = make_budget(24, 2, "rtx4090", True, "test", host_gib=128, gpus_per_node=2)
+    assert plan_stage("sft", full, 4, True, Q7, two_nodes).prediction["host_offload_gib_per_node"] <= 0.8 * 128
+
+
+def test_host_ram_comes_from_the_config_or_the_gpu_node(tmp_path, repo):
+    from medgpt_ray.memory.budget import GPUMemory, read_host_available_gib
+    from medgpt_ray.memory.stage_plans import resolve_budget
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       263842948 kB\nMemAvailable:   201326592 kB\n")
+    assert read_host_available_gib(str(meminfo)) == 192.0
+    assert read_host_available_gib(str(tmp_path / "absent")) is None
+    cfg = load_config(repo / "configs/qwen2.5-7b-4x4090.yaml")
+    node = GPUMemory("NVIDIA GeForce RTX 4090", 23.99, 23.5, host_available_gib=120.0, gpus_on_node=4)
+    b = resolve_budget(cfg.model_copy(update={"resources": cfg.resources.model_copy(
+        update={"gpu_memory_gib": None})}), lambda: node, None)
+    assert (b.host_gib, b.gpus_per_node) == (120.0, 4)
+    r = cfg.resources.model_copy(update={"gpu_memory_gib": 24.0, "host_memory_gib": 256.0, "gpus_per_node": 8})
+    b = resolve_budget(cfg.model_copy(update={"resources": r}), lambda: node, None)
+    assert (b.host_gib, b.gpus_per_node) == (256.0, 8) and "host RAM for offload 204.8 GiB" in b.describe()
