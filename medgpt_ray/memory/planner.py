@@ -273,6 +273,12 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             fused_kernels=kernels)
 
 
+def _candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:
+    est = estimate(shape, setup)
+    return Candidate(setup, est, tokens_per_second(shape, setup, budget.gpu),
+                     est.host_gib * budget.workers_per_node(setup.gpus))
+
+
 def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[Candidate], budget: Budget,
                     explicit: list[str]) -> str:
     best = min(cands, key=lambda c: c.peak_gib)
@@ -291,11 +297,9 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
     usable = budget.usable_gib
 
     def option(label: str, setup: TrainSetup) -> str:
-        e = estimate(shape, setup)
-        host = e.host_gib * budget.workers_per_node(setup.gpus)
-        ok = e.peak_gib <= usable and host <= budget.host_usable_gib
-        return (f"{label}: {gib(e.peak_gib)}{f' + {gib(host)} host RAM/node' if host else ''} "
-                f"({'fits' if ok else 'still over'})")
+        c = _candidate(shape, setup, budget)
+        return (f"{label}: {gib(c.peak_gib)}{f' + {gib(c.host_node_gib)} host RAM/node' if c.host_node_gib else ''} "
+                f"({'fits' if c.fits(budget) else 'still over'})")
 
     hints = []
     if s0.method != "qlora":
@@ -327,11 +331,9 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     cands = []
     for setup in _setups(stage, cfg, opts, num_workers, use_gpu):
         try:
-            est = estimate(shape, setup)
+            cands.append(_candidate(shape, setup, budget))
         except SetupError:
             continue
-        cands.append(Candidate(setup, est, tokens_per_second(shape, setup, budget.gpu),
-                               est.host_gib * budget.workers_per_node(num_workers)))
     if not cands:
         raise PlanError(f"stages.{stage}: the explicit settings leave no valid configuration")
     fits = [c for c in cands if c.fits(budget)]
