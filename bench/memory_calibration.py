@@ -247,6 +247,17 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
     return out
 
 
+def run_child(script: Path, payload: Any, args: list[str]) -> dict[str, Any]:
+    """One measurement in its own process (a fresh CUDA allocator and peak counter): `script --one payload`
+    prints `RESULT {json}`; a child that dies without one comes back as an error with its output's tail."""
+    p = subprocess.run([sys.executable, str(script), "--one", json.dumps(payload), *args], capture_output=True,
+                       text=True, cwd=ROOT)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        return {"status": "error", "error": (p.stderr or p.stdout)[-2500:]}
+    return json.loads(lines[-1][7:])
+
+
 # --- comparison -----------------------------------------------------------------------------------------------
 
 
@@ -339,15 +350,9 @@ def main() -> None:
     done: list[dict[str, Any]] = []
 
     def child(c: dict[str, Any]) -> dict[str, Any]:
-        cmd = [sys.executable, __file__, "--one", json.dumps(c), "--workdir", str(work),
-               "--cap-gib", str(a.cap_gib), "--steps", str(a.steps)]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        if not lines:
-            tail = (p.stderr or p.stdout)[-1500:]
-            r = {"id": cfg_id(c), **c, "status": "error", "error": tail}
-        else:
-            r = json.loads(lines[-1][7:])
+        r = run_child(Path(__file__), c, ["--workdir", str(work), "--cap-gib", str(a.cap_gib), "--steps", str(a.steps)])
+        if r["status"] == "error":
+            r = {"id": cfg_id(c), **c, **r}
         print(f"[{time.time() - t0:6.1f}s] {r['id']}: {r['status']} "
               f"{r.get('peak_allocated_gib', 0):.2f} GiB {r.get('tokens_per_s', 0):.0f} tok/s", flush=True)
         done.append(r)

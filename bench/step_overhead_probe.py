@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,24 +65,20 @@ def _trl_loss(built, out: dict[str, Any]) -> None:
     built.trainer.args.logging_nan_inf_filter = True
 
 
-def _lora_input_casts(built, out: dict[str, Any]) -> None:
-    """peft's fp32 cast of every adapted input back (its default)."""
-    from medgpt_ray.stages.speed import Bf16LoraInputs
-
-    built.trainer.callback_handler.remove_callback(Bf16LoraInputs)
-
-
 # Each variant starts from the planned run (compiled layers, bf16 LoRA inputs, sync-free SFT loss) and takes
-# things away; "eager" is what the planner ran before (Liger layer kernels, no compile, peft's casts, TRL syncs).
-VARIANTS: dict[str, Any] = {
-    "planned": None,
-    "planned-trl-loss": _trl_loss,
-    "planned-lora-casts": _lora_input_casts,
-    "eager": lambda b, o: (_trl_loss(b, o), _lora_input_casts(b, o)),
-    "eager-bf16-inputs": _trl_loss,
-    "planned-profiled": _profile,
+# things away: configuration changes for memory_calibration.measure_one (`lora_input_casts` puts peft's fp32
+# input casts back), then a hook on the built trainer. "eager" is what the planner ran before (Liger layer
+# kernels, no compile, peft's casts, TRL's syncs).
+CASTS = {"lora_input_casts": True}
+EAGER = {"compile": False}
+VARIANTS: dict[str, tuple[dict[str, Any], Any]] = {
+    "planned": ({}, None),
+    "planned-trl-loss": ({}, _trl_loss),
+    "planned-lora-casts": (CASTS, None),
+    "eager": ({**EAGER, **CASTS}, _trl_loss),
+    "eager-bf16-inputs": (EAGER, _trl_loss),
+    "planned-profiled": ({}, _profile),
 }
-EAGER = ("eager", "eager-bf16-inputs")
 
 
 def main() -> None:
@@ -96,9 +91,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.one:
         name, cfg = json.loads(a.one)
-        if name in EAGER:
-            cfg["compile"] = False
-        r = calib.measure_one(cfg, Path(a.workdir), outcome.CAP_GIB, a.steps, VARIANTS[name])
+        changes, hook = VARIANTS[name]
+        r = calib.measure_one({**cfg, **changes}, Path(a.workdir), outcome.CAP_GIB, a.steps, hook)
         print("RESULT " + json.dumps(r), flush=True)
         return
 
@@ -112,11 +106,7 @@ def main() -> None:
     sft = outcome.planned("sft", 2048)
     results = []
     for name in a.variants.split(","):
-        cmd = [sys.executable, __file__, "--one", json.dumps([name, sft["run"]]), "--workdir", str(work),
-               "--steps", str(a.steps)]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        r = json.loads(lines[-1][7:]) if lines else {"status": "error", "error": (p.stderr or p.stdout)[-2500:]}
+        r = calib.run_child(Path(__file__), [name, sft["run"]], ["--workdir", str(work), "--steps", str(a.steps)])
         r["variant"] = name
         results.append(r)
         prof = r.get("profile", {})

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -86,11 +85,8 @@ def main() -> None:
     results = []
     t0 = time.time()
     for name, cfg, plan in runs:
-        cmd = [sys.executable, str(ROOT / "bench" / "memory_calibration.py"), "--one", json.dumps(cfg),
-               "--workdir", str(work), "--cap-gib", str(CAP_GIB), "--steps", str(a.steps)]
-        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-        r = json.loads(lines[-1][7:]) if lines else {"status": "error", "error": (p.stderr or p.stdout)[-1500:]}
+        r = calib.run_child(ROOT / "bench" / "memory_calibration.py", cfg,
+                            ["--workdir", str(work), "--cap-gib", str(CAP_GIB), "--steps", str(a.steps)])
         r["name"] = name
         if plan is not None:
             r["planner_prediction"] = plan["prediction"]
