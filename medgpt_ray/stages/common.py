@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from medgpt_ray.config import StageConfig
 from medgpt_ray.memory.plan import StagePlan
 from medgpt_ray.stages import speed
+from medgpt_ray.stages.checkpointing import SelectiveCheckpointing, checkpointing_kwargs
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -152,39 +153,6 @@ def optimizer_name(plan: StagePlan) -> str:
     return "adamw_torch_fused" if plan.use_gpu else "adamw_torch"
 
 
-class SelectiveCheckpointing(TrainerCallback):
-    """Checkpoint only the first `fraction` of the decoder layers.
-
-    The Trainer switches checkpointing on for every layer when training starts
-    (before on_train_begin). The layers past the fraction are then pinned to
-    "never checkpoint": TRL's DPO switches checkpointing off and on again around
-    its reference pass every step, which would otherwise re-enable them all.
-    Works on the `gradient_checkpointing` flag of transformers'
-    GradientCheckpointingLayer, which 5.17 and 5.24 share.
-    """
-
-    def __init__(self, fraction: float):
-        self.fraction = fraction
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from transformers.modeling_layers import GradientCheckpointingLayer
-
-        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-        for layer in layers[round(self.fraction * len(layers)):]:
-            _pin_no_checkpointing(layer)
-
-
-def _pin_no_checkpointing(layer) -> None:
-    cls = type(layer)
-    if getattr(cls, "_medgpt_pinned", False):
-        return
-    # A data descriptor on the class wins over the flag that enable/disable write into the instance.
-    layer.__class__ = type(f"Uncheckpointed{cls.__name__}", (cls,), {
-        "_medgpt_pinned": True,
-        "gradient_checkpointing": property(lambda self: False, lambda self, value: None),
-    })
-
-
 def stage_callbacks(inp: StageInputs, sink: Sink | None) -> list[TrainerCallback]:
     from medgpt_ray.stages.telemetry import stage_metrics_callback
 
@@ -241,18 +209,6 @@ class InjectedOOM(TrainerCallback):
             if is_rank_zero():
                 marker.write_text(str(state.global_step))
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
-
-
-def checkpointing_kwargs(enabled: bool = True) -> dict[str, Any]:
-    """transformers 5.24 renamed gradient_checkpointing to activation_checkpointing; the GPU image's
-    5.17 may only know the old name. Use whichever this TrainingArguments has."""
-    import dataclasses
-
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    prefix = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    return {prefix: enabled, f"{prefix}_kwargs": {"use_reentrant": False} if enabled else None}
 
 
 def quiet_libraries(trainer=None) -> None:

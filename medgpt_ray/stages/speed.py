@@ -22,11 +22,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-
-def decoder_layers(model) -> list:
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+from medgpt_ray.stages.checkpointing import decoder_layers
 
 
 class CompileDecoderLayers(TrainerCallback):
