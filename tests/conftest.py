@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +30,27 @@ def tiny_model() -> Path:
     return ensure_tiny()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_temp_root() -> Path:
+    """A fresh, short temp dir for one Ray cluster a test starts (Ray's AF_UNIX socket paths stop at 107 bytes).
+    Another Ray cluster on this machine keeps /tmp/ray and its files: a test never reads those."""
+    return Path(tempfile.mkdtemp(prefix="mgr-", dir="/tmp"))
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
+def ray_temp_dir():
+    path = ray_temp_root()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(ray_temp_dir):
     import ray
 
     # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
@@ -37,6 +59,8 @@ def ray_cluster():
     # Metrics are reported every second (default 10 s) so the Prometheus test sees a short stage.
     ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
              dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
-             _system_config={"metrics_report_interval_ms": 1000})
+             _system_config={"metrics_report_interval_ms": 1000},
+             # Its own temp dir and ports: other Ray clusters may run on this machine (CI, other checkouts).
+             _temp_dir=str(ray_temp_dir), dashboard_port=free_port(), _metrics_export_port=free_port())
     yield ray
     ray.shutdown()

@@ -8,14 +8,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port, ray_temp_root
 
 pytestmark = pytest.mark.e2e
 
@@ -31,10 +31,20 @@ def pipeline_cmd(repo: Path, out: Path, *extra: str) -> list[str]:
             "--set", f"output_dir={out}", "--num-cpus", "2", *FAST, *extra]
 
 
+_RAY_TMP = ray_temp_root()  # the local clusters `jobs/pipeline.py` starts live here, not in another's /tmp/ray
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_ray_tmp():
+    yield
+    shutil.rmtree(_RAY_TMP, ignore_errors=True)
+
+
 def env() -> dict[str, str]:
     e = dict(os.environ)
     e.pop("RAY_ADDRESS", None)
     e["RAY_AUTH_MODE"] = "disabled"
+    e["RAY_TMPDIR"] = str(_RAY_TMP)
     return e
 
 
@@ -106,12 +116,6 @@ def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
     assert "stage dpo starts from the output of stage sft" in p.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ray_job_submit_with_token_auth(repo, tmp_path):
     """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root."""
     venv_bin = str(Path(sys.executable).parent)
@@ -122,7 +126,7 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
     e.update(PATH=f"{venv_bin}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     gcs, dash = free_port(), free_port()
     # Short: Ray's unix sockets live under the temp dir and AF_UNIX paths stop at 107 bytes.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="mgr-", dir="/tmp"))
+    ray_tmp = ray_temp_root()
     head_log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(
         [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from medgpt_ray.placement import place_stage
 from medgpt_ray.topology import load_topology_file
+from tests.conftest import ray_temp_root
 from tests.placement_probe import run_placed
 
 
@@ -15,7 +18,8 @@ def two_gpu_nodes():
     from ray.cluster_utils import Cluster
 
     # A CPU-only head and two "4-GPU boxes" advertising their per-GPU tokens, as cluster/start-node.sh does.
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0,
+    temp_dir = ray_temp_root()  # not /tmp/ray: another cluster on this machine may own it
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "temp_dir": str(temp_dir),
                                                             "dashboard_host": "127.0.0.1"})
     nodes = [cluster.add_node(num_cpus=1, num_gpus=4, resources={f"medgpt_gpu_{i}": 1 for i in range(4)})
              for _ in range(2)]
@@ -24,6 +28,7 @@ def two_gpu_nodes():
     yield [n.node_id for n in nodes]
     ray.shutdown()
     cluster.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_each_node_runs_its_share_on_the_chosen_gpus(two_gpu_nodes, tmp_path):

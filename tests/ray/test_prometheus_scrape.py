@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-
 import pytest
 
 from medgpt_ray.config import PipelineConfig
@@ -13,11 +11,13 @@ from tests.promserver import PromServer
 pytestmark = pytest.mark.ray
 
 
-def test_a_tiny_stage_is_visible_in_prometheus(ray_cluster, repo, tmp_path, monkeypatch):
+def test_a_tiny_stage_is_visible_in_prometheus(ray_cluster, ray_temp_dir, repo, tmp_path, monkeypatch):
     monkeypatch.chdir(repo)
-    # Ray lists every node's metrics endpoint in this file (Prometheus file-based service discovery).
-    [sd_file] = glob.glob("/tmp/ray/prom_metrics_service_discovery.json")
-    prom = PromServer(tmp_path, {"job_name": "ray", "file_sd_configs": [{"files": [sd_file]}]})
+    # Ray lists every node's metrics endpoint in this file (Prometheus file-based service discovery); the
+    # shared test cluster has its own temp dir, so this is its file and no other cluster's.
+    sd_file = ray_temp_dir / "prom_metrics_service_discovery.json"
+    assert sd_file.is_file(), f"the test cluster wrote no {sd_file.name}"
+    prom = PromServer(tmp_path, {"job_name": "ray", "file_sd_configs": [{"files": [str(sd_file)]}]})
     try:
         cfg = PipelineConfig.model_validate({
             "name": "promtest", "output_dir": str(tmp_path / "runs"), "model": {"path": "tiny"},
