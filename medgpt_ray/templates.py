@@ -1,27 +1,51 @@
 """Chat templates and response-only label masks for SFT, reward modelling and DPO.
 
-A conversation is ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``: an optional
-leading system turn, then user/assistant alternating, starting with user.
+A conversation is a list of ``{"role", "content"}`` turns: an optional leading system turn, then
+turns alternating between the user side (``user``, or ``tool``: a tool's result) and the assistant
+side (``assistant``, or ``tool_call``: the assistant's function call(s), JSON text of
+``{"name", "arguments"}`` or a non-empty array of them), starting with ``user``. A ``tool`` turn
+directly follows a ``tool_call`` turn, and a ``tool_call`` turn that is not the last is followed by
+its ``tool`` turn. SFT conversations end assistant-side; prompts end user-side. A record may also
+carry ``tools``: a list of function schemas (JSON objects), rendered by the template.
 
 Tokenization is segment by segment (``add_special_tokens=False``) and the ids are concatenated, so
 the label mask is exact by construction instead of being recovered from character offsets. The
 concatenated segment texts always equal the rendered conversation, and each template's ``jinja``
-renders the same text through ``tokenizer.apply_chat_template``.
+renders the same text through ``tokenizer.apply_chat_template`` (HF's convention for tools: the
+``tools=`` argument, assistant messages with ``tool_calls``, ``role: tool`` results).
 
-Every assistant turn is trained (content + suffix): MedicalGPT-style runs that train only the last
-turn waste most of a multi-turn dialogue. The suffix (e.g. ``<|im_end|>`` or ``</s>``) is trained so
-the model learns to stop; the generation prompt and separators are not (they are given at inference).
+Every assistant and tool_call turn is trained (content + suffix): MedicalGPT-style runs that train
+only the last turn waste most of a multi-turn dialogue. The suffix (e.g. ``<|im_end|>`` or ``</s>``)
+is trained so the model learns to stop; the generation prompt and separators are not (they are given
+at inference), nor are the system turn, the tools block, user turns and tool results.
+
+Tools (chatml = qwen only; llama3, vicuna and alpaca raise TemplateToolsUnsupported): rendered
+exactly as Qwen2.5-Instruct's own chat template renders them when the conversation has a system
+turn: the system turn's content, "\\n\\n", then the "# Tools ... <tools> ... </tools> ..." block; a
+tool_call turn is ``<|im_start|>assistant\\n<tool_call>\\n{"name": "N", "arguments": {...}}\\n</tool_call>``
+(several calls: blocks joined by "\\n") + ``<|im_end|>\\n``; a tool turn is
+``<|im_start|>user\\n<tool_response>\\n{content}\\n</tool_response><|im_end|>\\n``.
+Tools but no system turn: Qwen2.5 would inject its default "You are Qwen, created by Alibaba
+Cloud..." system prompt; we inject nothing (as without tools), so the system turn holds only the
+tools block, starting directly with "# Tools" (no leading "\\n\\n"):
+``<|im_start|>system\\n# Tools\\n\\nYou may call one or more functions ...</tool_call><|im_end|>\\n``.
+That is Qwen2.5's rendering with an empty system turn minus the "\\n\\n", and what Qwen3's template
+renders in that case. The exported jinja does the same.
 """
 
 from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 IGNORE_INDEX = -100
-_ROLES = ("system", "user", "assistant")
+_ROLES = ("system", "user", "assistant", "tool_call", "tool")
+_USER_SIDE = ("user", "tool")
+_ASSISTANT_SIDE = ("assistant", "tool_call")
+TOOL_ROLES = ("tool_call", "tool")
 
 
 class TemplateError(ValueError):
@@ -30,6 +54,51 @@ class TemplateError(ValueError):
 
 class TemplateTokenizerMismatch(TemplateError):
     """The tokenizer splits a template's control token into pieces (or maps it to unk)."""
+
+
+class TemplateToolsUnsupported(TemplateError):
+    """The template has no tool-calling format, but the record has tools or tool turns."""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a template renders tools and tool turns. The pieces are plain text (no placeholders)."""
+
+    system_separator: str  # between a system turn's content and the tools block
+    tools_header: str  # the tools block: header + (item_prefix + schema JSON) per tool + footer
+    tool_item_prefix: str
+    tools_footer: str
+    call_open: str  # one call: call_open + name + call_middle + arguments JSON + call_close
+    call_middle: str
+    call_close: str
+    call_separator: str  # between the calls of one tool_call turn
+    result_open: str  # a tool turn: result_open + result_prefix + content + result_suffix + result_close
+    result_prefix: str
+    result_suffix: str
+    result_close: str
+
+
+# Qwen2.5-Instruct's own texts, verbatim from its tokenizer_config.json chat_template
+# (tests/fixtures/qwen2_5_chat_template.jinja; the tests render both and compare).
+QWEN_TOOLS = ToolFormat(
+    system_separator="\n\n",
+    tools_header="# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
+    tool_item_prefix="\n",
+    tools_footer="\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>",
+    call_open='<tool_call>\n{"name": "',
+    call_middle='", "arguments": ',
+    call_close="}\n</tool_call>",
+    call_separator="\n",
+    # Qwen merges consecutive tool results into one user turn; our turns never have two in a row,
+    # but the exported jinja merges them the same way for chats built by hand.
+    result_open="<|im_start|>user",
+    result_prefix="\n<tool_response>\n",
+    result_suffix="\n</tool_response>",
+    result_close="<|im_end|>\n",
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +114,7 @@ class ChatTemplate:
     bos: bool  # prepend tokenizer.bos_token when the tokenizer has one
     eos_from_tokenizer: bool
     jinja: str
+    tools: ToolFormat | None = None  # None: records with tools or tool turns raise TemplateToolsUnsupported
 
 
 def _split_format(fmt: str) -> tuple[str, str]:
@@ -54,11 +124,19 @@ def _split_format(fmt: str) -> tuple[str, str]:
     return pre, post
 
 
+def _unsupported_message(name: str) -> str:
+    return f"template {name!r} has no tool-calling format; records with tools or tool turns cannot be rendered with it"
+
+
 def _jinja(t: dict[str, Any]) -> str:
     """The HF chat template rendering exactly what _segments() renders.
 
     Literals are JSON strings (Jinja unescapes ``\\n`` and ``\\uXXXX`` alike), all on one line so HF's
-    trim_blocks/lstrip_blocks cannot touch the whitespace.
+    trim_blocks/lstrip_blocks cannot touch the whitespace. Tools follow HF's convention: ``tools``,
+    assistant messages with ``tool_calls`` (``{"type": "function", "function": {"name", "arguments"}}``
+    or the bare function), ``role: tool`` results; ``| tojson`` is HF's (``json.dumps``, non-ASCII
+    kept), the same call _segments() makes. Templates without a tool format refuse them with
+    ``raise_exception``.
     """
     q = json.dumps
     s_pre, s_post = _split_format(t["system_format"])
@@ -66,21 +144,66 @@ def _jinja(t: dict[str, Any]) -> str:
     prefix = q(t["assistant_prefix"])
     suffix = "eos_token" if t["eos_from_tokenizer"] else q(t["assistant_suffix"])
     default = t["default_system"]
+    tf: ToolFormat | None = t.get("tools")
+    assistant = (
+        f"{{{{ {prefix} }}}}{{% generation %}}{{{{ message['content'] + {suffix} }}}}{{% endgeneration %}}"
+        + f"{{{{ {q(t['turn_separator'])} }}}}"
+    )
+    if tf is None:
+        refuse = f"{{{{ raise_exception({q(_unsupported_message(t['name']))}) }}}}"
+        return (
+            ("{{ bos_token if bos_token else '' }}" if t["bos"] else "")
+            + f"{{%- if tools -%}}{refuse}{{%- endif -%}}{{%- for message in messages -%}}"
+            + "{%- if message['role'] not in ['system', 'user', 'assistant'] or message['tool_calls'] -%}"
+            + f"{refuse}{{%- endif -%}}{{%- endfor -%}}"
+            + "{%- set ns = namespace(start=0) -%}{%- if messages and messages[0]['role'] == 'system' -%}"
+            + f"{{{{ {q(s_pre)} + messages[0]['content'] + {q(s_post)} }}}}{{%- set ns.start = 1 -%}}"
+            + (f"{{%- else -%}}{{{{ {q(s_pre + default + s_post)} }}}}" if default else "")
+            + "{%- endif -%}{%- for message in messages[ns.start:] -%}{%- if message['role'] == 'user' -%}"
+            + f"{{{{ {q(u_pre)} + message['content'] + {q(u_post)} }}}}{{%- else -%}}{assistant}"
+            + "{%- endif -%}{%- endfor -%}"
+            + f"{{%- if add_generation_prompt -%}}{{{{ {prefix} }}}}{{%- endif -%}}"
+        )
+    system_then_tools = "{{ messages[0]['content'] + " + q(tf.system_separator) + " }}"
+    tools_block = (
+        f"{{{{ {q(tf.tools_header)} }}}}{{%- for tool in tools -%}}{{{{ {q(tf.tool_item_prefix)} + (tool | tojson) }}}}"
+        + f"{{%- endfor -%}}{{{{ {q(tf.tools_footer)} }}}}"
+    )
+    tool_result = (
+        f"{{%- if loop.first or loop.previtem['role'] != 'tool' -%}}{{{{ {q(tf.result_open)} }}}}{{%- endif -%}}"
+        + f"{{{{ {q(tf.result_prefix)} + message['content'] + {q(tf.result_suffix)} }}}}"
+        + f"{{%- if loop.last or loop.nextitem['role'] != 'tool' -%}}{{{{ {q(tf.result_close)} }}}}{{%- endif -%}}"
+    )
+    tool_calls = (
+        f"{{{{ {prefix} }}}}{{% generation %}}"
+        + f"{{%- if message['content'] -%}}{{{{ message['content'] + {q(tf.call_separator)} }}}}{{%- endif -%}}"
+        + "{%- for call in message['tool_calls'] -%}"
+        + "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+        + f"{{%- if not loop.first -%}}{{{{ {q(tf.call_separator)} }}}}{{%- endif -%}}"
+        + f"{{{{ {q(tf.call_open)} + fn['name'] + {q(tf.call_middle)} + (fn['arguments'] | tojson)"
+        + f" + {q(tf.call_close)} }}}}{{%- endfor -%}}{{{{ {suffix} }}}}{{% endgeneration %}}"
+        + f"{{{{ {q(t['turn_separator'])} }}}}"
+    )
     return (
         ("{{ bos_token if bos_token else '' }}" if t["bos"] else "")
-        + "{%- set ns = namespace(start=0) -%}{%- if messages and messages[0]['role'] == 'system' -%}"
-        + f"{{{{ {q(s_pre)} + messages[0]['content'] + {q(s_post)} }}}}{{%- set ns.start = 1 -%}}"
+        + "{%- set ns = namespace(start=0) -%}"
+        + "{%- if messages and messages[0]['role'] == 'system' -%}{%- set ns.start = 1 -%}{%- endif -%}"
+        + f"{{%- if tools -%}}{{{{ {q(s_pre)} }}}}{{%- if ns.start -%}}{system_then_tools}"
+        + (f"{{%- else -%}}{{{{ {q(default + tf.system_separator)} }}}}" if default else "")
+        + f"{{%- endif -%}}{tools_block}{{{{ {q(s_post)} }}}}"
+        + f"{{%- elif ns.start -%}}{{{{ {q(s_pre)} + messages[0]['content'] + {q(s_post)} }}}}"
         + (f"{{%- else -%}}{{{{ {q(s_pre + default + s_post)} }}}}" if default else "")
         + "{%- endif -%}{%- for message in messages[ns.start:] -%}{%- if message['role'] == 'user' -%}"
-        + f"{{{{ {q(u_pre)} + message['content'] + {q(u_post)} }}}}{{%- else -%}}{{{{ {prefix} }}}}"
-        + f"{{% generation %}}{{{{ message['content'] + {suffix} }}}}{{% endgeneration %}}"
-        + f"{{{{ {q(t['turn_separator'])} }}}}{{%- endif -%}}{{%- endfor -%}}"
+        + f"{{{{ {q(u_pre)} + message['content'] + {q(u_post)} }}}}"
+        + f"{{%- elif message['role'] == 'tool' -%}}{tool_result}"
+        + f"{{%- elif message['tool_calls'] -%}}{tool_calls}{{%- else -%}}{assistant}"
+        + "{%- endif -%}{%- endfor -%}"
         + f"{{%- if add_generation_prompt -%}}{{{{ {prefix} }}}}{{%- endif -%}}"
     )
 
 
 def _make(name: str, **kw: Any) -> ChatTemplate:
-    return ChatTemplate(name=name, jinja=_jinja(kw), **kw)
+    return ChatTemplate(name=name, jinja=_jinja({"name": name, **kw}), **kw)
 
 
 _CHATML = _make(
@@ -92,10 +215,12 @@ _CHATML = _make(
     turn_separator="\n",  # Qwen's template writes "<|im_end|>\n" after every turn, the last one too
     special_tokens=("<|im_start|>", "<|im_end|>"),
     # Qwen2.5's own template injects "You are Qwen, created by Alibaba Cloud..."; we inject nothing so
-    # tiny runs stay short and the data's own system turn (if any) is what the model sees.
+    # tiny runs stay short and the data's own system turn (if any) is what the model sees. With tools
+    # and no system turn the system turn holds only the tools block (see the module docstring).
     default_system=None,
     bos=False,  # Qwen tokenizers have no BOS
     eos_from_tokenizer=False,
+    tools=QWEN_TOOLS,
 )
 
 TEMPLATES: dict[str, ChatTemplate] = {
@@ -209,8 +334,21 @@ def _ensure_checked(template: ChatTemplate, tokenizer: Any) -> None:
         done.add(template)
 
 
+def has_tool_content(conversation: Any, tools: Any) -> bool:
+    """True when a record needs a tool-calling format: non-empty ``tools`` or a tool_call/tool turn."""
+    if tools:
+        return True
+    if not isinstance(conversation, list):
+        return False
+    return any(isinstance(turn, dict) and turn.get("role") in TOOL_ROLES for turn in conversation)
+
+
 def _validate(conversation: Any, last_role: str) -> None:
-    """Shape checks; errors name positions and roles only, never the (possibly patient) text."""
+    """Shape and order checks; errors name positions and roles only, never the (possibly patient) text.
+
+    ``last_role`` is the side the conversation must end on: "assistant" (assistant or tool_call, SFT)
+    or "user" (user or tool, prompts).
+    """
     if not isinstance(conversation, list) or not conversation:
         raise TemplateError("conversation must be a non-empty list of {role, content} turns")
     for i, turn in enumerate(conversation):
@@ -223,32 +361,106 @@ def _validate(conversation: Any, last_role: str) -> None:
     if start == len(conversation):
         raise TemplateError("conversation has a system turn but no user turn")
     for i in range(start, len(conversation)):
-        expected = "user" if (i - start) % 2 == 0 else "assistant"
-        if conversation[i]["role"] != expected:
-            raise TemplateError(f"turn {i}: expected role {expected!r}, got {conversation[i]['role']!r}")
-    if conversation[-1]["role"] != last_role:
+        role = conversation[i]["role"]
+        prev = conversation[i - 1]["role"] if i > start else None
+        if prev == "tool_call":
+            if role != "tool":
+                raise TemplateError(f"turn {i}: expected role 'tool' after a tool_call turn, got {role!r}")
+        elif prev in _USER_SIDE:
+            if role not in _ASSISTANT_SIDE:
+                raise TemplateError(f"turn {i}: expected role 'assistant' or 'tool_call', got {role!r}")
+        elif role != "user":
+            why = " (a tool turn must directly follow a tool_call turn)" if role == "tool" else ""
+            raise TemplateError(f"turn {i}: expected role 'user', got {role!r}{why}")
+    sides = _ASSISTANT_SIDE if last_role == "assistant" else _USER_SIDE
+    if conversation[-1]["role"] not in sides:
         raise TemplateError(
-            f"conversation must end with a {last_role} turn, ends with {conversation[-1]['role']!r}"
+            f"conversation must end with a {' or '.join(sides)} turn, ends with {conversation[-1]['role']!r}"
         )
 
 
+def _check_tools(tools: Any) -> list[dict]:
+    if tools is None:
+        return []
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(tool, dict) for tool in tools):
+        raise TemplateError("tools must be a list of JSON objects (function schemas)")
+    return list(tools)
+
+
+def _require_tool_format(template: ChatTemplate, conversation: list[dict], tools: list[dict]) -> None:
+    if template.tools is None and has_tool_content(conversation, tools):
+        raise TemplateToolsUnsupported(_unsupported_message(template.name))
+
+
+def _tool_calls(content: str, position: int) -> list[tuple[str, Any]]:
+    """(name, arguments) of a tool_call turn; a string ``arguments`` holding a JSON object becomes it."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        value = None
+    calls = value if isinstance(value, list) else [value]
+    if not calls or not all(
+        isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"] and "arguments" in call
+        for call in calls
+    ):
+        raise TemplateError(
+            f"turn {position} (tool_call): content must be a JSON {{name, arguments}} object "
+            "or a non-empty array of them"
+        )
+    out = []
+    for call in calls:
+        arguments = call["arguments"]
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                arguments = parsed
+        out.append((call["name"], arguments))
+    return out
+
+
 def _segments(
-    template: ChatTemplate, tokenizer: Any, conversation: list[dict], generation_prompt: bool
+    template: ChatTemplate,
+    tokenizer: Any,
+    conversation: list[dict],
+    generation_prompt: bool,
+    tools: Sequence[dict] = (),
 ) -> list[tuple[str, bool]]:
     """(text, trained) pieces whose concatenation is the rendered conversation; empties dropped."""
     segs: list[tuple[str, bool]] = [(_bos(template, tokenizer), False)]
     turns = conversation
     system = template.default_system
+    offset = 0
     if conversation[0]["role"] == "system":
-        system, turns = conversation[0]["content"], conversation[1:]
+        system, turns, offset = conversation[0]["content"], conversation[1:], 1
+    tf = template.tools
+    if tools and tf is not None:
+        block = (
+            tf.tools_header
+            + "".join(tf.tool_item_prefix + json.dumps(tool, ensure_ascii=False) for tool in tools)
+            + tf.tools_footer
+        )
+        system = block if system is None else system + tf.system_separator + block
     if system is not None:
         segs.append((template.system_format.replace("{content}", system), False))
     suffix = resolved_suffix(template, tokenizer)
-    for turn in turns:
-        if turn["role"] == "user":
+    for i, turn in enumerate(turns, start=offset):
+        role = turn["role"]
+        if role == "user":
             segs.append((template.user_format.replace("{content}", turn["content"]), False))
+        elif role == "tool" and tf is not None:
+            text = tf.result_open + tf.result_prefix + turn["content"] + tf.result_suffix + tf.result_close
+            segs.append((text, False))
         else:
-            segs += [(template.assistant_prefix, False), (turn["content"], True), (suffix, True)]
+            content = turn["content"]
+            if role == "tool_call" and tf is not None:
+                content = tf.call_separator.join(
+                    tf.call_open + name + tf.call_middle + json.dumps(arguments, ensure_ascii=False) + tf.call_close
+                    for name, arguments in _tool_calls(content, i)
+                )
+            segs += [(template.assistant_prefix, False), (content, True), (suffix, True)]
             segs.append((template.turn_separator, False))
     if generation_prompt:
         segs.append((template.assistant_prefix, False))
@@ -260,16 +472,25 @@ def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def encode_sft(
-    tokenizer: Any, template: ChatTemplate, conversation: list[dict], max_len: int | None = None
+    tokenizer: Any,
+    template: ChatTemplate,
+    conversation: list[dict],
+    max_len: int | None = None,
+    tools: list[dict] | None = None,
 ) -> dict[str, list[int]]:
-    """input_ids/labels/attention_mask with every assistant turn (content + suffix) trained.
+    """input_ids/labels/attention_mask with every assistant and tool_call turn (content + suffix) trained.
 
-    ``max_len`` keeps the start and drops the tail; a partially kept assistant turn is trained on
-    what is left. TemplateError if not a single trained token would survive.
+    ``tools`` (function schemas) go into the system turn; tool results, the system/tools block, user
+    turns and generation prefixes are never trained. ``max_len`` keeps the start and drops the tail;
+    a partially kept trained turn is trained on what is left. TemplateError if not a single trained
+    token would survive; TemplateToolsUnsupported if the template has no tool format but the
+    conversation has tools or tool turns.
     """
     _validate(conversation, "assistant")
+    tools = _check_tools(tools)
+    _require_tool_format(template, conversation, tools)
     _ensure_checked(template, tokenizer)
-    segs = _segments(template, tokenizer, conversation, generation_prompt=False)
+    segs = _segments(template, tokenizer, conversation, generation_prompt=False, tools=tools)
     input_ids: list[int] = []
     labels: list[int] = []
     for (_, trained), ids in zip(segs, _encode(tokenizer, [t for t, _ in segs]), strict=True):
@@ -284,14 +505,19 @@ def encode_sft(
     return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
 
 
-def render_prompt(template: ChatTemplate, tokenizer: Any, turns: list[dict]) -> str:
-    """BOS + system (the template default if none) + turns + generation prompt; turns end with user.
+def render_prompt(
+    template: ChatTemplate, tokenizer: Any, turns: list[dict], tools: list[dict] | None = None
+) -> str:
+    """BOS + system (the template default if none) + tools + turns + generation prompt.
 
-    The text already holds the BOS where the template wants one: tokenize it with
-    ``add_special_tokens=False``.
+    The turns end user-side (user, or tool: the result the model answers next). The text already
+    holds the BOS where the template wants one: tokenize it with ``add_special_tokens=False``.
     """
     _validate(turns, "user")
-    return "".join(text for text, _ in _segments(template, tokenizer, turns, generation_prompt=True))
+    tools = _check_tools(tools)
+    _require_tool_format(template, turns, tools)
+    segs = _segments(template, tokenizer, turns, generation_prompt=True, tools=tools)
+    return "".join(text for text, _ in segs)
 
 
 def response_text(template: ChatTemplate, tokenizer: Any, response: str) -> str:
@@ -302,7 +528,7 @@ def response_text(template: ChatTemplate, tokenizer: Any, response: str) -> str:
 def encode_preference(
     tokenizer: Any, template: ChatTemplate, record: dict, max_len: int | None = None
 ) -> dict[str, list[int]]:
-    """{"conversations", "chosen", "rejected"} -> prompt_ids, chosen_ids, rejected_ids.
+    """{"conversations", "chosen", "rejected", optional "tools"} -> prompt_ids, chosen_ids, rejected_ids.
 
     With ``max_len`` the prompt is kept whole and each response is cut at the tail so that
     prompt + response fits; TemplateError if the prompt leaves no room for a response token.
@@ -313,8 +539,10 @@ def encode_preference(
     for key in ("chosen", "rejected"):
         if not isinstance(record.get(key), str):
             raise TemplateError(f"preference record: {key!r} must be a string")
+    tools = _check_tools(record.get("tools"))
+    _require_tool_format(template, record["conversations"], tools)
     _ensure_checked(template, tokenizer)
-    segs = _segments(template, tokenizer, record["conversations"], generation_prompt=True)
+    segs = _segments(template, tokenizer, record["conversations"], generation_prompt=True, tools=tools)
     suffix = resolved_suffix(template, tokenizer)
     n = len(segs)
     ids = _encode(tokenizer, [t for t, _ in segs] + [record["chosen"], suffix, record["rejected"], suffix])

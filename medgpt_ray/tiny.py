@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: chatml template renders tools and tool turns
 VOCAB_SIZE = 3000
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's own pre-tokenizer regex: the tokenizer must round-trip through

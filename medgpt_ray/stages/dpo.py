@@ -20,15 +20,26 @@ from medgpt_ray.stages.common import (
 
 
 def preference_texts(records: list[dict], tokenizer, template):
-    """Prompt rendered by our template; responses closed by the template's end-of-turn token,
-    which TRL then sees as already ending with EOS when the tokenizer's EOS is that token."""
+    """Prompt rendered by our template (with the record's tools); responses closed by the template's end-of-turn
+    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Pairs with
+    tools are left out and counted when the template has no tool format. Returns (dataset, skipped)."""
     from datasets import Dataset
 
+    prompts, kept = [], []
+    for r in records:
+        try:
+            prompts.append(templates.render_prompt(template, tokenizer, r["conversations"], tools=r.get("tools")))
+        except templates.TemplateToolsUnsupported:
+            continue
+        kept.append(r)
+    if records and not kept:
+        raise ValueError(f"dpo: none of the {len(records)} pairs can be rendered: template {template.name!r} "
+                         "has no tool format and every pair has tools or tool turns")
     return Dataset.from_dict({
-        "prompt": [templates.render_prompt(template, tokenizer, r["conversations"]) for r in records],
-        "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in records],
-        "rejected": [templates.response_text(template, tokenizer, r["rejected"]) for r in records],
-    })
+        "prompt": prompts,
+        "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in kept],
+        "rejected": [templates.response_text(template, tokenizer, r["rejected"]) for r in kept],
+    }), len(records) - len(kept)
 
 
 def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
@@ -39,9 +50,9 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds = preference_texts(read_jsonl(inp.train_file), tok, template)
+    train_ds, skipped_tools = preference_texts(read_jsonl(inp.train_file), tok, template)
     eval_records = read_jsonl(inp.eval_file)
-    eval_ds = preference_texts(eval_records, tok, template) if eval_records else None
+    eval_ds = preference_texts(eval_records, tok, template)[0] if eval_records else None
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
@@ -61,7 +72,8 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         callbacks=stage_callbacks(inp, sink),
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_pairs": len(train_ds)}, save_kwargs={"template": template})
+                      extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
+                      save_kwargs={"template": template})
 
 
 def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:

@@ -22,21 +22,26 @@ from medgpt_ray.stages.common import (
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     from datasets import Dataset
 
-    chosen, rejected, too_long = [], [], 0
+    chosen, rejected, skipped = [], [], {"too_long": 0, "tools_unsupported": 0}
     for r in records:
         try:
             enc = templates.encode_preference(tokenizer, template, r, max_len=seq_len)
         except templates.TemplateTokenizerMismatch:
             raise
+        except templates.TemplateToolsUnsupported:
+            skipped["tools_unsupported"] += 1  # tools, and the template has no tool format: counted
+            continue
         except templates.TemplateError:
             # The prompt alone fills seq_len: counted in the result, not scored on an empty answer.
-            too_long += 1
+            skipped["too_long"] += 1
             continue
         chosen.append(enc["prompt_ids"] + enc["chosen_ids"])
         rejected.append(enc["prompt_ids"] + enc["rejected_ids"])
     if not chosen:
-        raise ValueError(f"rm: none of the {len(records)} pairs fits seq_len {seq_len}")
-    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), too_long
+        raise ValueError(f"rm: none of the {len(records)} pairs can be scored ({skipped['too_long']} do not fit "
+                         f"seq_len {seq_len}, {skipped['tools_unsupported']} have tools template "
+                         f"{template.name!r} cannot render)")
+    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), skipped
 
 
 def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
@@ -47,7 +52,7 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds, too_long = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    train_ds, skipped = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
     eval_records = read_jsonl(inp.eval_file)
     eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
@@ -64,7 +69,8 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         callbacks=stage_callbacks(inp, sink),
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_pairs": len(train_ds), "skipped_too_long": too_long},
+                      extras={"train_pairs": len(train_ds), "skipped_too_long": skipped["too_long"],
+                              "skipped_tools_unsupported": skipped["tools_unsupported"]},
                       save_kwargs={"seq_cls": True})
 
 

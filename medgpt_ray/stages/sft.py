@@ -26,25 +26,32 @@ from medgpt_ray.stages.common import (
 
 
 def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
-    """Tokenize with exact labels; a conversation whose first answer cannot fit in seq_len is left out
-    and counted (the result reports it), never trained on with no target."""
+    """Tokenize with exact labels (assistant and tool_call turns trained, tool results not); a conversation
+    whose first answer cannot fit in seq_len is left out and counted, never trained on with no target, and so
+    is one with tools when the template has no tool format. Returns (dataset, {"too_long": n, "tools": n})."""
     from datasets import Dataset
 
-    rows, too_long = [], 0
+    rows, skipped = [], {"too_long": 0, "tools_unsupported": 0}
     for r in records:
         try:
-            rows.append(templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len))
+            rows.append(templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len,
+                                             tools=r.get("tools")))
         except templates.TemplateTokenizerMismatch:
             raise
+        except templates.TemplateToolsUnsupported:
+            skipped["tools_unsupported"] += 1
         except templates.TemplateError:
-            too_long += 1
+            skipped["too_long"] += 1
     if not rows:
-        raise ValueError(f"sft: none of the {len(records)} conversations fits seq_len {seq_len}")
+        why = (f"template {template.name!r} has no tool format" if skipped["tools_unsupported"]
+               else f"seq_len {seq_len}")
+        raise ValueError(f"sft: none of the {len(records)} conversations can be trained ({why}; "
+                         f"{skipped['too_long']} too long, {skipped['tools_unsupported']} with tools)")
     return Dataset.from_dict({
         "input_ids": [r["input_ids"] for r in rows],
         "attention_mask": [r["attention_mask"] for r in rows],
         "labels": [r["labels"] for r in rows],
-    }), too_long
+    }), skipped
 
 
 def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
@@ -55,7 +62,7 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds, too_long = encode_conversations(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
+    train_ds, skipped = encode_conversations(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
     eval_records = read_jsonl(inp.eval_file)
     eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
@@ -73,7 +80,8 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
     )
     sync_free.install(trainer)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_records": len(train_ds), "skipped_too_long": too_long},
+                      extras={"train_records": len(train_ds), "skipped_too_long": skipped["too_long"],
+                              "skipped_tools_unsupported": skipped["tools_unsupported"]},
                       save_kwargs={"template": template})
 
 
