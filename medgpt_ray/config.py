@@ -129,11 +129,17 @@ class SignoffConfig(_Strict):
 
 class QualityConfig(_Strict):
     enabled: bool = True
-    min_chars: Annotated[int, Field(ge=0)] = 2  # per field (text, each turn, chosen, rejected)
-    max_chars: Annotated[int, Field(ge=1)] = 20000
-    min_response_chars: Annotated[int, Field(ge=0)] = 4  # assistant turns / chosen
-    # Low-information answers: Shannon entropy (bits) of the jieba tokens of a response (field report: 1.5).
+    min_chars: Annotated[int, Field(ge=0)] = 2  # per field (text, system/user turns, rejected) except responses
+    max_chars: Annotated[int, Field(ge=1)] = 20000  # every field (tool_call/tool turns and a prompt's answer too)
+    # Responses (assistant turns, chosen): 1, because a one-term answer (肝, CT, 0.5g) is a full answer in medical
+    # QA; short filler is caught by content (data/ops/quality.py), not by length.
+    min_response_chars: Annotated[int, Field(ge=0)] = 1
+    # Low-information answers: Shannon entropy (bits) of the jieba tokens of a response (field report: 1.5),
+    # used for filler (below: low_entropy, else non_answer) and for responses of at least min_entropy_tokens
+    # content tokens; shorter responses are not judged by entropy (a 1-2 token answer scores 0-1 bit whatever
+    # it says: 阿奇霉素, 肿瘤科；肿瘤外科).
     min_response_entropy_bits: Annotated[float, Field(ge=0)] = 1.5
+    min_entropy_tokens: Annotated[int, Field(ge=1)] = 8  # jieba content tokens before entropy judges a response
     max_char_repetition: Annotated[float, Field(gt=0, le=1)] = 0.5  # share of the most frequent char 3-gram
     # Special characters: not CJK, not letters/digits, not common punctuation or unit symbols (mg, ℃, %, /, ±…),
     # so dosage- and lab-heavy clinical text is kept.
@@ -176,6 +182,9 @@ class DataConfig(_Strict):
     pretrain: list[str] = []
     sft: list[str] = []
     preference: list[str] = []
+    # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): read,
+    # cleaned and split now; the RL and eval stages that train on them come later.
+    prompt: list[str] = []
     # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
     raw: list[str] = []
     clean: CleanConfig = CleanConfig()

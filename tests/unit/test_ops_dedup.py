@@ -112,6 +112,55 @@ def test_dedup_text_rejects_records_of_another_shape(kind, record):
         dedup_text(record, kind)
 
 
+def prompt(question: str, answer: str | None, **extra) -> dict:
+    return {"conversations": [{"role": "user", "content": question}], "answer": answer, **extra}
+
+
+def test_keys_of_existing_kinds_are_unchanged():
+    rec = sft(("user", "头痛怎么办？"), ("assistant", "多休息。"))
+    assert dedup_text(rec, "sft") == "user头痛怎么办assistant多休息"
+    pref = {"conversations": [{"role": "user", "content": "Q"}], "chosen": "c", "rejected": "r"}
+    assert dedup_text(pref, "preference") == "userqchosencrejectedr"
+    assert exact_hash(dedup_text({"text": "高血压"}, "pretrain")) == exact_hash("高血压")
+
+
+def test_prompt_records_dedup_on_turns_and_answer():
+    a = prompt("1加1等于几？", "2")
+    assert dedup_text(a, "prompt") == "user1加1等于几answer2"
+    assert dedup_text(prompt(" 1加1 等于几", "２"), "prompt") == dedup_text(a, "prompt")  # spacing, width
+    assert dedup_text(prompt("1加1等于几？", "3"), "prompt") != dedup_text(a, "prompt")  # another answer
+    assert dedup_text(prompt("1加1等于几？", None), "prompt") == "user1加1等于几"  # no reference answer
+    missing = {"conversations": a["conversations"]}
+    assert dedup_text(missing, "prompt") == dedup_text(prompt("1加1等于几？", None), "prompt")
+    # the answer is labelled: an answer is not the same as a user turn with that text
+    as_turn = {"conversations": [*a["conversations"], {"role": "user", "content": "2"}], "answer": None}
+    assert dedup_text(as_turn, "prompt") != dedup_text(a, "prompt")
+    with pytest.raises(ValueError, match="answer"):
+        dedup_text(prompt("1加1等于几？", 2), "prompt")
+    records = [a, prompt("1加1等于几", "2"), prompt("1加1等于几？", "3")]
+    out = dedup_features(_table(records), "prompt", CFG)
+    hashes = out.column("exact_hash").to_pylist()
+    assert hashes[0] == hashes[1] != hashes[2]
+
+
+def test_tool_turns_are_part_of_the_text_and_tools_are_not():
+    call = '{"name": "lookup_drug", "arguments": {"name": "阿莫西林"}}'
+    rec = sft(("user", "阿莫西林的用法？"), ("tool_call", call), ("tool", "每次0.5g，每日3次"),
+              ("assistant", "每次0.5g，每日3次。"))
+    text = dedup_text(rec, "sft")
+    assert text == ("user阿莫西林的用法toolcallnamelookupdrugargumentsname阿莫西林"
+                    "tool每次05g每日3次assistant每次05g每日3次")
+    other_call = sft(("user", "阿莫西林的用法？"), ("tool_call", call.replace("阿莫西林", "头孢")),
+                     ("tool", "每次0.5g，每日3次"), ("assistant", "每次0.5g，每日3次。"))
+    assert dedup_text(other_call, "sft") != text
+    as_user = sft(("user", "阿莫西林的用法？"), ("tool_call", call), ("user", "每次0.5g，每日3次"),
+                  ("assistant", "每次0.5g，每日3次。"))
+    assert dedup_text(as_user, "sft") != text  # a tool result is not a user turn
+    tools = [{"type": "function", "function": {"name": "lookup_drug", "parameters": {}}}]
+    assert dedup_text({**rec, "tools": tools}, "sft") == text
+    assert dedup_text({**prompt("Q", "A"), "tools": tools}, "prompt") == dedup_text(prompt("Q", "A"), "prompt")
+
+
 def test_exact_hash_is_hex_blake2b():
     h = exact_hash("高血压")
     assert len(h) == 32 and int(h, 16) >= 0

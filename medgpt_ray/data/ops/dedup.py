@@ -1,7 +1,9 @@
 """Dedup features: exact hashes and MinHash-LSH band keys of canonical records (pure, no Ray).
 
 What identifies a record for dedup (`dedup_text`): all its text fields joined with "\\n", each turn prefixed by
-its role (and the preference answers by "chosen"/"rejected"), so the same texts under other roles differ;
+its role (tool_call and tool turns included: a call's JSON and a tool's result are part of the text), the
+preference answers by "chosen"/"rejected" and a prompt record's reference answer (when not None) by "answer",
+so the same texts under other roles differ; a record's `tools` schemas are not part of it;
 then NFKC, lowercase, and every character that is not a letter or a digit (whitespace, CJK and ASCII
 punctuation, symbols) removed. Records that differ only in spacing, punctuation, full/half width or case
 have the same dedup text, hence the same `exact_hash`.
@@ -40,7 +42,7 @@ import pyarrow as pa
 
 from medgpt_ray.config import DedupConfig
 
-KINDS = ("pretrain", "sft", "preference")
+KINDS = ("pretrain", "sft", "preference", "prompt")
 
 MERSENNE_61 = (1 << 61) - 1
 _P = np.uint64(MERSENNE_61)
@@ -97,6 +99,14 @@ def _joined(record: dict, kind: str) -> str:
             if not isinstance(value, str):
                 raise ValueError(f"preference record: {name!r} is not a string")
             parts.append(f"{name}\n{value}")
+        return "\n".join(parts)
+    if kind == "prompt":
+        parts = _turns(record, kind)
+        answer = record.get("answer")  # None or missing: no reference answer
+        if answer is not None:
+            if not isinstance(answer, str):
+                raise ValueError("prompt record: 'answer' is not a string or null")
+            parts.append(f"answer\n{answer}")
         return "\n".join(parts)
     raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")
 

@@ -3,6 +3,14 @@
 Order for one canonical record: normalize (every field) -> strip sign-offs (responses: assistant turns,
 chosen, rejected) -> PII redaction (every field) -> quality. A record dropped by quality comes back
 PII-redacted (so quarantine never stores personal data) with dropped_by="quality".
+
+Text fields: a pretrain record's "text"; every turn's content (system, user, assistant, tool_call, tool); a
+preference record's "chosen"/"rejected"; a prompt record's "answer" when it is not None. A record's `tools`
+(function schemas) is not a text field and is passed through unchanged. The content of a tool_call turn (and
+of a tool turn that is a JSON object or array) is JSON: the field functions are applied to its string values
+(and to integers that they would change, e.g. a phone stored as a number, which become strings), never to
+its keys or syntax, so it stays valid JSON; it is re-serialised (json.dumps, ensure_ascii=False: the
+readers' canonical form) only when a value changed.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from medgpt_ray.data.ops.quality import KINDS, quality_reason
 from medgpt_ray.data.ops.signoff import compile_signoffs, strip_signoff
 
 SIGNOFF_ROLES = frozenset({"assistant", "chosen", "rejected"})
+# Turn roles whose content is (or may be) JSON: mapped value by value so that it stays valid JSON.
+JSON_ROLES = frozenset({"tool_call", "tool"})
 OUTPUT_COLUMNS = ("dropped_by", "reason", "redactions", "signoffs")
 
 
@@ -39,29 +49,69 @@ def _check_kind(kind: str) -> None:
 
 
 def text_fields(record: dict, kind: str) -> list[tuple[str, str]]:
-    """(label, text) of every text field: "text"; "conversations.<i>.content" (0-based); "chosen"; "rejected"."""
+    """(label, text) of every text field: "text"; "conversations.<i>.content" (0-based); "chosen"; "rejected";
+    "answer" (prompt kind, when not None). `tools` is not a text field."""
     _check_kind(kind)
     if kind == "pretrain":
         return [("text", record["text"])]
     out = [(f"conversations.{i}.content", turn["content"]) for i, turn in enumerate(record["conversations"])]
     if kind == "preference":
         out += [("chosen", record["chosen"]), ("rejected", record["rejected"])]
+    elif kind == "prompt" and record.get("answer") is not None:
+        out.append(("answer", record["answer"]))
     return out
+
+
+def _map_json_values(value, fn: Callable[[str], str]):
+    """(new value, changed): fn applied to every string value (not to keys) and to integers it changes."""
+    if isinstance(value, str):
+        new = fn(value)
+        return new, new != value
+    if isinstance(value, dict):
+        out, changed = {}, False
+        for k, v in value.items():
+            out[k], c = _map_json_values(v, fn)
+            changed |= c
+        return out, changed
+    if isinstance(value, list):
+        items = [_map_json_values(v, fn) for v in value]
+        return [v for v, _ in items], any(c for _, c in items)
+    if isinstance(value, int) and not isinstance(value, bool):  # a phone or card stored as a JSON number
+        text = str(value)
+        new = fn(text)
+        return (value, False) if new == text else (new, True)
+    return value, False
+
+
+def _map_turn(role: str, content: str, fn: Callable[[str, str], str]) -> str:
+    if role in JSON_ROLES:
+        try:
+            obj = json.loads(content)
+            if isinstance(obj, (dict, list)):
+                new, changed = _map_json_values(obj, lambda text: fn(role, text))
+                return json.dumps(new, ensure_ascii=False) if changed else content
+        except (TypeError, ValueError, RecursionError):  # not JSON (a plain tool result), or absurdly nested
+            pass
+    return fn(role, content)
 
 
 def map_texts(record: dict, kind: str, fn: Callable[[str, str], str]) -> dict:
     """A new record with fn(role, text) applied to every text field; role is text | system | user | assistant |
-    chosen | rejected. Other keys (of the record and of each turn) are copied unchanged; `record` is not mutated."""
+    tool_call | tool | chosen | rejected | answer (JSON contents of tool_call/tool turns: see the module
+    docstring). Other keys (of the record, `tools` included, and of each turn) are copied unchanged; `record` is
+    not mutated."""
     _check_kind(kind)
     out = dict(record)
     if kind == "pretrain":
         out["text"] = fn("text", record["text"])
         return out
-    out["conversations"] = [{**turn, "content": fn(turn["role"], turn["content"])}
+    out["conversations"] = [{**turn, "content": _map_turn(turn["role"], turn["content"], fn)}
                             for turn in record["conversations"]]
     if kind == "preference":
         out["chosen"] = fn("chosen", record["chosen"])
         out["rejected"] = fn("rejected", record["rejected"])
+    elif kind == "prompt" and record.get("answer") is not None:
+        out["answer"] = fn("answer", record["answer"])
     return out
 
 
