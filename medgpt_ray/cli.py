@@ -24,6 +24,8 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-stage", choices=STAGES, help="rerun this stage and everything downstream")
     g.add_argument("--only-stage", choices=STAGES, help="rerun this stage alone (its upstream must be finished)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's own INFO log lines here (default: RUN_DIR/ray.log)")
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
@@ -34,7 +36,8 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
-    connected = connect_ray(args.num_cpus)
+    connected = connect_ray(args.num_cpus, log_file=Path(cfg.output_dir) / cfg.name / "ray.log",
+                            verbose=args.verbose)
     print(f"medgpt-ray: run '{cfg.name}' on {connected} Ray ({args.config})", flush=True)
     try:
         Pipeline(cfg, RunOptions(from_stage=args.from_stage, only_stage=args.only_stage), connected).run()
@@ -45,19 +48,26 @@ def run_pipeline(args: argparse.Namespace) -> int:
 
 
 def add_clean_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or directories (.jsonl .json .csv .parquet)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="files or directories (.jsonl .json .csv .parquet .txt)")
     p.add_argument("--out", required=True, help="output directory: data/<kind>/, quarantine/, report.json")
-    p.add_argument("--kind", default="auto", choices=["auto", "pretrain", "sft", "preference"],
+    p.add_argument("--kind", default="auto", choices=["auto", "pretrain", "sft", "preference", "prompt"],
                    help="record kind; auto detects it per file and says what it found")
     p.add_argument("--config", default=None, help="cleaning YAML (normalize, pii, signoff, quality, dedup)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a cleaning option, e.g. --set dedup.threshold=0.9")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--explain", type=int, default=0, metavar="N",
+                   help="print up to N quarantined records per reason (PII-redacted; unparseable lines only as "
+                        "file:line and reason)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's and the workers' own log lines here (default: OUT/clean.log)")
 
 
 def run_clean(args: argparse.Namespace) -> int:
     from medgpt_ray.config import load_clean_config
     from medgpt_ray.data.clean import clean_corpus
+    from medgpt_ray.data.explain import explain
     from medgpt_ray.data.readers import DataFileError
     from medgpt_ray.pipeline import connect_ray, echo
 
@@ -66,12 +76,21 @@ def run_clean(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
-    connect_ray(args.num_cpus)
+    if args.explain < 0:
+        print("error: --explain N needs N >= 0", file=sys.stderr)
+        return 2
+    log_file = Path(args.out) / "clean.log"
+    connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
+    if not args.verbose:
+        echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
     try:
         report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo)
     except DataFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.explain:
+        for line in explain(Path(args.out) / "quarantine", args.explain):
+            echo(line)
     return 0 if report["adds_up"] else 1
 
 

@@ -21,6 +21,7 @@ import ray
 from medgpt_ray import models
 from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, PipelineConfig, resolved_dict
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
+from medgpt_ray.data.readers import KIND_FORMATS, DataFileError
 from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
 from medgpt_ray.memory.backoff import run_with_backoff
 from medgpt_ray.memory.budget import probe_cluster_gpu
@@ -30,10 +31,13 @@ from medgpt_ray.memory.report import plan_line
 from medgpt_ray.memory.stage_plans import plan_all
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
+from medgpt_ray.ray_logs import route_ray_logs
 from medgpt_ray.ray_stage import WORKER_ENV, run_stage_on_ray
 from medgpt_ray.stages.common import StageInputs, latest_checkpoint
 from medgpt_ray.topology import Topology
 from medgpt_ray.wave_placement import find_topology, place_wave
+
+DATA_KINDS = tuple(KIND_FORMATS)
 
 
 class PipelineError(RuntimeError):
@@ -61,24 +65,29 @@ class StageOutcome:
     error: str | None = None
 
 
-def connect_ray(num_cpus: int | None = None) -> str:
+def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbose: bool = False,
+                worker_logs: bool = True) -> str:
     """Join the cluster a `ray job submit` (or RAY_ADDRESS) points at; otherwise start a local one.
 
     `address="local"` on purpose: after `ray stop`, a stale ray_current_cluster
     file can make a bare ray.init() try to connect to a dead cluster (FIELD-NOTES).
+    With `log_file`, Ray's and Ray Data's INFO lines go there instead of the terminal (unless `verbose`);
+    `worker_logs=False` keeps the workers' stdout/stderr in Ray's session logs instead of echoing them.
     """
+    if log_file is not None:
+        route_ray_logs(log_file, verbose)
     for k, v in WORKER_ENV.items():
         os.environ.setdefault(k, v)
     if ray.is_initialized():
         return "existing"
     if os.environ.get("RAY_ADDRESS"):
         # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
-        ray.init(log_to_driver=True)
+        ray.init(log_to_driver=worker_logs)
         return "cluster"
     # The dashboard (loopback only; started when ray[default] is installed) serves the State API that
     # Ray Train's placement-group cleaner polls.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
-             log_to_driver=True)
+             log_to_driver=worker_logs)
     return "local"
 
 
@@ -126,7 +135,11 @@ class Pipeline:
         from medgpt_ray.data.clean import clean_corpus
 
         clean_dir = self.run_dir / "clean"
-        fp = sha256_json({"sources": data_fingerprint(self.cfg.data.raw, 0.0, None),
+        try:
+            sources = data_fingerprint(self.cfg.data.raw, 0.0, None)
+        except DataFileError as e:
+            raise ConfigError(f"data.raw: {e}") from None
+        fp = sha256_json({"sources": sources,
                           "clean": self.cfg.data.clean.model_dump(mode="json"),
                           "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]}})
         stamp = clean_dir / "fingerprint.json"
@@ -143,18 +156,32 @@ class Pipeline:
         cleaned = self.run_dir / "clean" / "data" / kind
         return self.cfg.data.paths(kind) + ([str(cleaned)] if self.cfg.data.raw and cleaned.is_dir() else [])
 
+    def _data_kinds(self) -> list[str]:
+        """The kinds an enabled stage trains on, and every other kind the config gives data for (read, cleaned
+        and split now, so a bad file shows before the stage that needs it exists or is enabled)."""
+        needed = {DATA_KIND[s] for s in _stage_order(self.cfg)}
+        return sorted(needed | {k for k in DATA_KINDS if k not in needed and self._data_paths(k)})
+
     def _prepare_data(self) -> dict[str, PreparedData]:
-        kinds = sorted({DATA_KIND[s] for s in _stage_order(self.cfg)})
         prepared: dict[str, PreparedData] = {}
-        for kind in kinds:
+        for kind in self._data_kinds():
             paths = self._data_paths(kind)
-            d = prepare_kind(kind, paths, self.run_dir / "data", self.cfg.data.eval_fraction,
-                             self.cfg.data.max_records)
+            try:
+                d = prepare_kind(kind, paths, self.run_dir / "data", self.cfg.data.eval_fraction,
+                                 self.cfg.data.max_records)
+            except DataFileError as e:
+                raise ConfigError(f"data.{kind}: {e}") from None
             q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
             self.echo(f"data {kind}: {d.source_records} source records -> {d.train_records} train / "
                       f"{d.eval_records} held out{q}")
             prepared[kind] = d
         return prepared
+
+    def _data_fingerprint(self, kind: str) -> str:
+        try:
+            return data_fingerprint(self._data_paths(kind), self.cfg.data.eval_fraction, self.cfg.data.max_records)
+        except DataFileError as e:
+            raise ConfigError(f"data.{kind}: {e}") from None
 
     def _plans(self) -> dict[str, StagePlan]:
         """Every stage planned to fit the GPUs before any of them is touched; a config that does not fit
@@ -197,9 +224,7 @@ class Pipeline:
         if self.opt.only_stage:
             order = [self.opt.only_stage]
         # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
-        data_fps = {kind: data_fingerprint(self._data_paths(kind), self.cfg.data.eval_fraction,
-                                           self.cfg.data.max_records)
-                    for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
+        data_fps = {kind: self._data_fingerprint(kind) for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
         fingerprints: dict[str, str] = {}
         for s in _stage_order(self.cfg):
             up = _effective_upstream(self.cfg, s)

@@ -95,17 +95,21 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 class LiveProgress:
-    """While the cleaner reads and cleans, one line every few seconds: chunks done, records read, records/s.
+    """While the cleaner reads and cleans, one line every few seconds: files, chunks done, records read,
+    records/s and, once a chunk is done, the ETA (from the bytes of the chunks done, as the record total is
+    unknown until everything is read).
 
     Ray Data tasks push counts to a ProgressActor named by `address`; a driver thread prints."""
 
-    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0):
+    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0,
+                 files: int = 1, total_bytes: int = 0):
         name = f"medgpt-clean-progress-{os.getpid()}-{time.monotonic_ns()}"
         namespace = ray.get_runtime_context().namespace
         self.actor = ProgressActor.options(name=name, namespace=namespace).remote()
         self.address = (name, namespace)
         self.chunks, self.t0, self.echo, self.every_s = chunks, t0, echo, every_s
-        self.rows = self.done = 0
+        self.files, self.total_bytes = files, total_bytes
+        self.rows = self.done = self.bytes_done = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="clean-progress", daemon=True)
 
@@ -124,6 +128,15 @@ class LiveProgress:
         for rec in ray.get(self.actor.drain.remote()):
             self.rows += rec.get("rows", 0)
             self.done += rec.get("chunk_done", 0)
+            self.bytes_done += rec.get("bytes", 0)
+
+    def line(self, now: float) -> str:
+        dt = max(now - self.t0, 1e-9)
+        eta = None
+        if self.total_bytes and 0 < self.bytes_done < self.total_bytes:
+            eta = dt * (self.total_bytes - self.bytes_done) / self.bytes_done
+        return (f"[clean] 1/3 {self.files} file(s), {self.done}/{self.chunks} chunks, {self.rows:,} records read "
+                f"({self.rows / dt:,.0f}/s){'' if eta is None else ', ETA ' + format_eta(eta)}")
 
     def _loop(self) -> None:
         last = -1
@@ -131,6 +144,4 @@ class LiveProgress:
             self._poll()
             if self.rows != last:
                 last = self.rows
-                dt = max(time.monotonic() - self.t0, 1e-9)
-                self.echo(f"[clean] 1/3 {self.done}/{self.chunks} chunks, {self.rows:,} records read "
-                          f"({self.rows / dt:,.0f}/s)")
+                self.echo(self.line(time.monotonic()))

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import io
 import json
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -2078,7 +2080,17 @@ def main(out: Path = HERE) -> dict:
     counts = {"pretrain": len(pretrain), "sharegpt": len(sharegpt), "alpaca": len(alpaca), "reward": len(reward)}
     raw_counts = {k: len(v) for k, v in raw.items()}
     (out / "README.md").write_text(sample_readme(counts, raw_counts), encoding="utf-8")
-    return {"sample": counts, "raw": raw_counts}
+    # formats/ (one file per MedicalGPT source format) has its own generator, which also closes README.md
+    # with its section: run it here so one command remakes the whole sample.
+    spec = importlib.util.spec_from_file_location("make_formats", HERE / "formats" / "make_formats.py")
+    make_formats = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = make_formats  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(make_formats)
+        formats = make_formats.main(out / "formats", out / "README.md")
+    finally:
+        del sys.modules[spec.name]
+    return {"sample": counts, "raw": raw_counts, "formats": {name: f["records"] for name, f in formats.items()}}
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""Reading source files: rows with their line numbers from JSONL, JSON, CSV (UTF-8 or GB18030) and Parquet,
-and `load_canonical`, which turns a set of files into canonical records plus a quarantine list.
+"""Reading source files: rows with their line numbers from JSONL, JSON, CSV (UTF-8 or GB18030), Parquet and
+plain text (.txt, UTF-8 or GB18030, one {"text": line} per non-empty line), and `load_canonical`, which turns
+a set of files into canonical records plus a quarantine list.
 
 Format detection and conversion live in readers.py; this module only knows about files.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
+import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +139,50 @@ def _iter_csv(path: Path) -> Iterator[RowOrError]:
         raise DataFileError(f"{path}: CSV error near line {reader.line_num}: {e}") from None
 
 
+def _first_bad_byte(path: Path, encoding: str) -> int | None:
+    """Offset of the first byte of `path` that does not decode strictly as `encoding`, None if all do."""
+    decoder = codecs.getincrementaldecoder(encoding)("strict")
+    position = 0  # bytes handed to the decoder so far
+    with path.open("rb") as fh:
+        for block in itertools.chain(iter(lambda: fh.read(1 << 20), b""), [None]):
+            pending = len(decoder.getstate()[0])  # an incomplete character kept from the block before
+            try:
+                decoder.decode(block or b"", final=block is None)
+            except UnicodeDecodeError as e:
+                return position - pending + e.start
+            position += len(block or b"")
+    return None
+
+
+def txt_encoding(path: Path) -> str:
+    """"utf-8" when the whole .txt file is strict UTF-8 (a BOM allowed), else "gb18030" when it is that, as for
+    CSV (`_decode_csv`); DataFileError naming the file when it is neither. Streams: a corpus may be large."""
+    bad = None
+    for encoding in ("utf-8", "gb18030"):
+        bad = _first_bad_byte(path, encoding)
+        if bad is None:
+            return encoding
+    raise DataFileError(f"{path}: neither UTF-8 nor GB18030 (byte {bad})")
+
+
+def txt_line(raw: bytes, lineno: int, encoding: str) -> str | None:
+    """The text of one physical .txt line (its bytes, with or without the line end), None for a blank line.
+    Splitting the bytes at b"\\n" is safe for GB18030 too: no multi-byte character contains that byte."""
+    text = raw.decode(encoding).rstrip("\r\n")
+    if lineno == 1:
+        text = text.removeprefix("\ufeff")  # a BOM (UTF-8, or GB18030's 84 31 95 33)
+    return text if text.strip() else None
+
+
+def _iter_txt(path: Path) -> Iterator[RowOrError]:
+    encoding = txt_encoding(path)
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            text = txt_line(raw, lineno, encoding)
+            if text is not None:
+                yield lineno, {"text": text}
+
+
 def _iter_parquet(path: Path) -> Iterator[RowOrError]:
     import pyarrow.parquet as pq  # imported here: the JSON/CSV readers must not need pyarrow
 
@@ -151,7 +198,7 @@ def _iter_parquet(path: Path) -> Iterator[RowOrError]:
 
 
 READERS: dict[str, Callable[[Path], Iterator[RowOrError]]] = {
-    ".jsonl": _iter_jsonl, ".json": _iter_json, ".csv": _iter_csv, ".parquet": _iter_parquet,
+    ".jsonl": _iter_jsonl, ".json": _iter_json, ".csv": _iter_csv, ".parquet": _iter_parquet, ".txt": _iter_txt,
 }
 
 
@@ -159,8 +206,9 @@ def iter_rows(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
     """Yield (line, row) for every source row of a file, or (line, RecordError) for one that does not parse.
 
     "line" is the physical line (1-based) for .jsonl, the array index + 1 for .json, the data row number
-    (1-based, header and blank lines not counted) for .csv and the row index + 1 for .parquet. A .json file
-    may also hold a single object (line 1) or JSON Lines. Blank .jsonl lines are skipped, not counted as rows.
+    (1-based, header and blank lines not counted) for .csv, the row index + 1 for .parquet and the physical
+    line for .txt (each non-empty line is the row {"text": line}). A .json file may also hold a single object
+    (line 1) or JSON Lines. Blank .jsonl and .txt lines are skipped, not counted as rows.
     """
     path = Path(path)
     if not path.is_file():

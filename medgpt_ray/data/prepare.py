@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medgpt_ray.data.files import load_canonical
+from medgpt_ray.data.files import expand_paths, load_canonical
 from medgpt_ray.manifest import file_sha256
 
 
@@ -56,22 +56,13 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _source_files(paths: list[str]) -> list[Path]:
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json", ".csv", ".parquet")))
-        else:
-            out.append(p)
-    return out
-
-
 def data_fingerprint(paths: list[str], eval_fraction: float, max_records: int | None) -> str:
+    """Of the bytes of exactly the files that will be read (expand_paths' rules: every supported suffix,
+    hidden files skipped); a missing path is a DataFileError naming it."""
     h = hashlib.sha256(json.dumps([eval_fraction, max_records]).encode())
-    for f in _source_files(paths):
+    for f in expand_paths(paths) if paths else []:
         h.update(f.name.encode())
-        if f.is_file():
-            h.update(file_sha256(f).encode())
+        h.update(file_sha256(f).encode())
     return h.hexdigest()
 
 

@@ -1,23 +1,37 @@
-"""Source formats -> canonical records (see ARCHITECTURE.md, "Canonical data records").
+"""Source formats -> canonical records (see ARCHITECTURE.md, "Canonical data records", and the issue 13 spec).
 
 Canonical records:
 
     pretrain:    {"text": str}
-    sft:         {"conversations": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
-    preference:  {"conversations": [...prompt turns, ending with a user turn...], "chosen": str, "rejected": str}
+    sft:         {"conversations": [turn, ...], "tools": [schema, ...]}   ("tools" only when non-empty)
+    preference:  {"conversations": [...prompt turns...], "chosen": str, "rejected": str, "tools": [...]}
+    prompt:      {"conversations": [...prompt turns...], "answer": str | None, "tools": [...]}
+
+A turn is {"role": R, "content": str}, R one of system (first only), user, assistant, tool_call (the
+assistant's function call(s), content canonical JSON, see `canonical_tool_call`) and tool (a tool's result).
+`check_turn_order` holds the order rule.
 
 Source formats understood (`detect_format` names):
 
-    text                   {"text": ...}, or any record with a single string field (e.g. a one-column CSV)
-    sharegpt               MedicalGPT ShareGPT {"conversations": [{"from": "human"|"gpt"|"system", "value"}]}
-    canonical_sft          {"conversations": [{"role", "content"}]}
+    text                   {"text": ...}, or any record with a single string field (e.g. a one-column CSV);
+                           also every non-empty line of a .txt file (files.py)
+    sharegpt               MedicalGPT ShareGPT {"conversations": [{"from", "value"}], "tools"?}, from one of
+                           human, gpt, system, function_call, observation (see SHAREGPT_ROLES)
+    canonical_sft          {"conversations": [{"role", "content"}], "tools"?} (what the cleaner writes)
     alpaca                 {"instruction", "input", "output"} (+ optional "history" [[q, a], ...], "system");
                            shibing624/medical finetune has this shape
     reward                 shibing624/medical reward {"question", "response_chosen", "response_rejected"}
                            (+ optional "system", "history")
-    canonical_preference   {"conversations", "chosen", "rejected"}
+    sharegpt_preference    MedicalGPT DPO {"conversations": [{"from", "value"}], "chosen", "rejected", "tools"?}
+    canonical_preference   {"conversations": [{"role", "content"}], "chosen", "rejected", "tools"?}
     huatuo                 Huatuo-26M {"questions": [[q, paraphrase, ...], ...], "answers": [a, ...]}
     toyhom                 Toyhom CSV rows {"department", "title", "ask", "answer"}
+    grpo                   MedicalGPT GRPO {"question", "answer"} (+ optional "system")
+    sharegpt_prompt        {"conversations": [{"from", "value"}], "answer", "tools"?}
+    canonical_prompt       {"conversations": [{"role", "content"}], "answer", "tools"?}
+
+Conversation formats also take an optional top-level "system" string (LLaMA-Factory's form); chosen/rejected
+may be given as an assistant turn object ({"from": "gpt", "value"} or {"role": "assistant", "content"}).
 
 Every error raised for a record says why it cannot be used and never quotes the record's text: these
 messages end up in reports and logs (ARCHITECTURE.md, data cleaning semantics).
@@ -25,22 +39,35 @@ messages end up in reports and logs (ARCHITECTURE.md, data cleaning semantics).
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
-Kind = Literal["pretrain", "sft", "preference"]
+Kind = Literal["pretrain", "sft", "preference", "prompt"]
 
-FORMATS = ("text", "sharegpt", "canonical_sft", "alpaca", "reward", "canonical_preference", "huatuo", "toyhom")
+FORMATS = ("text", "sharegpt", "canonical_sft", "alpaca", "reward", "sharegpt_preference", "canonical_preference",
+           "huatuo", "toyhom", "grpo", "sharegpt_prompt", "canonical_prompt")
 KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "pretrain": ("text",),
     "sft": ("sharegpt", "canonical_sft", "alpaca", "huatuo", "toyhom"),
-    "preference": ("reward", "canonical_preference"),
+    "preference": ("reward", "sharegpt_preference", "canonical_preference"),
+    "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
 }
-SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-CANONICAL_ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant",
+    "system": "system",
+    "function_call": "tool_call", "tool_call": "tool_call",
+    "observation": "tool", "tool": "tool", "function": "tool",
+}
+CANONICAL_ROLES = ("system", "user", "assistant", "tool_call", "tool")
+USER_SIDE = ("user", "tool")
+ASSISTANT_SIDE = ("assistant", "tool_call")
+
+TOOLS_ERROR = "field 'tools' is not a JSON list of objects"
 
 
 class RecordError(ValueError):
@@ -60,6 +87,7 @@ class DataFileError(ValueError):
     """A problem with a whole file (missing, unreadable, wrong type); the message names the file."""
 
 
+
 # --------------------------------------------------------------------------------------------------
 # Format detection
 # --------------------------------------------------------------------------------------------------
@@ -73,6 +101,7 @@ def _safe_name(value: object) -> str:
 
 
 def _conversation_style(conv: object) -> str:
+    """"sharegpt" (from/value turns) or "canonical" (role/content turns), judged by the first turn."""
     if not isinstance(conv, list):
         raise RecordError(f"'conversations' is a {type(conv).__name__}, not a list")
     if not conv:
@@ -83,7 +112,7 @@ def _conversation_style(conv: object) -> str:
     if "from" in first or "value" in first:
         return "sharegpt"
     if "role" in first or "content" in first:
-        return "canonical_sft"
+        return "canonical"
     raise RecordError("conversation turns have neither from/value nor role/content fields")
 
 
@@ -91,15 +120,26 @@ def detect_format(row: dict) -> str:
     """Name the source format of one record (see the module docstring); RecordError if none fits.
 
     Detection looks at the distinguishing field of each format, not at the full set, so that a record
-    missing a required field is reported as "missing field X" by `to_canonical` rather than as unknown.
+    missing a required field is reported as "missing field X" by `to_canonical` rather than as unknown:
+
+    - "conversations": with "chosen" or "rejected" a preference, else with "answer" a prompt, else sft; the
+      turn style (from/value or role/content) of the first turn picks sharegpt_* or canonical_*. A preference
+      or prompt whose turns are unreadable counts as canonical_*, whose converter then says why.
+    - otherwise, first match: "response_chosen"/"response_rejected" reward, "questions" huatuo, "instruction"
+      alpaca, "ask" toyhom, "question" grpo, "text" text, a single string field text.
     """
     if not isinstance(row, dict):
         raise RecordError(f"record is a {type(row).__name__}, not an object")
     keys = set(row)
     if "conversations" in keys:
-        if "chosen" in keys or "rejected" in keys:
-            return "canonical_preference"
-        return _conversation_style(row["conversations"])
+        if "chosen" in keys or "rejected" in keys or "answer" in keys:
+            suffix = "preference" if "chosen" in keys or "rejected" in keys else "prompt"
+            try:
+                style = _conversation_style(row["conversations"])
+            except RecordError:
+                style = "canonical"
+            return f"{style}_{suffix}"
+        return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
     if "response_chosen" in keys or "response_rejected" in keys:
         return "reward"
     if "questions" in keys:
@@ -108,6 +148,8 @@ def detect_format(row: dict) -> str:
         return "alpaca"
     if "ask" in keys:
         return "toyhom"
+    if "question" in keys:
+        return "grpo"
     if "text" in keys:
         return "text"
     if len(row) == 1 and isinstance(next(iter(row.values())), str):
@@ -173,23 +215,93 @@ def _system_turns(row: dict) -> list[dict]:
     return [_turn("system", system)] if system else []
 
 
-def _check_roles(turns: list[dict], last: str) -> None:
-    """Roles alternate user/assistant after an optional leading system turn; the last turn is `last`."""
-    offset = 1 if turns and turns[0]["role"] == "system" else 0
-    body = turns[offset:]
+def parse_tools(value: object) -> list[dict]:
+    """`tools` as a list of function schemas (passed through unchanged). Sources give a list or the JSON text
+    of one (MedicalGPT; the cleaner's Parquet); None, "", "[]" and [] all mean no tools."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if not value.strip():
+            return []
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise RecordError(TOOLS_ERROR) from None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise RecordError(TOOLS_ERROR)
+    return value
+
+
+def canonical_tool_call(value: object) -> str | None:
+    """The canonical text of a function call: json.dumps (ensure_ascii=False) of {"name": str, "arguments":
+    object}, or of a non-empty list of such objects (parallel calls). `value` is that JSON as text (or
+    already parsed); a string "arguments" holding a JSON object is replaced by the object. None when `value`
+    is no such JSON. Idempotent: a canonical text comes back unchanged."""
+    obj = value
+    if isinstance(value, str):
+        try:
+            obj = json.loads(value)
+        except json.JSONDecodeError:
+            return None
+    calls = obj if isinstance(obj, list) else [obj]
+    if not calls:
+        return None
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
+            return None
+        name, arguments = call["name"], call["arguments"]
+        if not isinstance(name, str) or not name.strip():
+            return None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        out.append({"name": name, "arguments": arguments})
+    return json.dumps(out if isinstance(obj, list) else out[0], ensure_ascii=False)
+
+
+def turn_order_error(roles: Sequence[str], last: str) -> str | None:
+    """The order rule, in one place (the templates check conversations the same way): why `roles` (1-based
+    turn numbers in the message) break it, or None.
+
+    After an optional leading system turn, turns alternate user-side (user, tool) and assistant-side
+    (assistant, tool_call), starting with user; a tool turn directly follows a tool_call turn and a tool_call
+    turn that is not the last is followed by a tool turn. `last` is "assistant" for sft conversations (end
+    assistant-side) and "user" for prompts of the preference and prompt kinds (end user-side).
+    """
+    offset = 1 if roles and roles[0] == "system" else 0
+    body = roles[offset:]
     if not body:
-        raise RecordError("no user turn")
-    for i, turn in enumerate(body):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if turn["role"] != expected:
-            where = f"turn {i + offset + 1}"
-            if turn["role"] == "system":
-                raise RecordError(f"{where}: a system turn is only allowed first")
-            raise RecordError(f"{where}: expected {expected}, got {turn['role']} "
-                              "(roles must alternate user/assistant after an optional system turn)")
-    if body[-1]["role"] != last:
+        return "no user turn"
+    for i, role in enumerate(body):
+        n = i + offset + 1
+        prev = body[i - 1] if i else None
+        if role == "system":
+            return f"turn {n}: a system turn is only allowed first"
+        if role == "tool" and prev != "tool_call":
+            return f"turn {n}: a tool turn must directly follow a tool_call turn"
+        if prev == "tool_call" and role != "tool":
+            return f"turn {n - 1}: a tool_call turn must be followed by a tool turn"
+        side, expected = (USER_SIDE, "user") if i % 2 == 0 else (ASSISTANT_SIDE, "assistant")
+        if role not in side:
+            return (f"turn {n}: expected {expected}, got {role} "
+                    "(roles must alternate user/assistant after an optional system turn)")
+    end = ASSISTANT_SIDE if last == "assistant" else USER_SIDE
+    if body[-1] not in end:
         what, article = ("conversation", "an") if last == "assistant" else ("prompt", "a")
-        raise RecordError(f"{what} must end with {article} {last} turn, ends with {body[-1]['role']}")
+        return f"{what} must end with {article} {last} turn, ends with {body[-1]}"
+    return None
+
+
+def check_turn_order(turns: Sequence[dict], last: str) -> None:
+    """RecordError when `turns` break the order rule (`turn_order_error`)."""
+    error = turn_order_error([t["role"] for t in turns], last)
+    if error:
+        raise RecordError(error)
 
 
 def _turn_list(conv: object) -> list:
@@ -200,45 +312,99 @@ def _turn_list(conv: object) -> list:
     return conv
 
 
-def _sharegpt_turns(conv: object) -> list[dict]:
+STYLES = {  # turn style -> (role key, text key, source role -> canonical role)
+    "sharegpt": ("from", "value", SHAREGPT_ROLES),
+    "canonical": ("role", "content", {r: r for r in CANONICAL_ROLES}),
+}
+
+
+def _parse_turns(conv: object, style: str) -> list[dict]:
+    role_key, text_key, roles = STYLES[style]
     turns = []
     for i, t in enumerate(_turn_list(conv), 1):
         if not isinstance(t, dict):
             raise RecordError(f"turn {i} is not an object")
-        if "from" not in t:
-            raise RecordError(f"turn {i}: missing 'from'")
-        role = SHAREGPT_ROLES.get(t["from"]) if isinstance(t["from"], str) else None
+        if role_key not in t:
+            raise RecordError(f"turn {i}: missing '{role_key}'")
+        source_role = t[role_key]
+        role = roles.get(source_role) if isinstance(source_role, str) else None
         if role is None:
-            raise RecordError(f"turn {i}: unsupported role {_safe_name(t['from'])} "
-                              f"(expected one of {', '.join(SHAREGPT_ROLES)})")
-        turns.append(_turn(role, _content(t.get("value"), f"turn {i} value")))
+            raise RecordError(f"turn {i}: unsupported role {_safe_name(source_role)} "
+                              f"(expected one of {', '.join(roles)})")
+        if role == "tool_call":
+            value = t.get(text_key)
+            if not isinstance(value, (dict, list)):
+                _content(value, f"turn {i} {text_key}")  # missing / not a string / empty
+            content = canonical_tool_call(value)
+            if content is None:
+                raise RecordError(f"turn {i}: {source_role} is not a JSON {{name, arguments}} object")
+        else:
+            content = _content(t.get(text_key), f"turn {i} {text_key}")
+        turns.append(_turn(role, content))
     return turns
 
 
-def _canonical_turns(conv: object) -> list[dict]:
-    turns = []
-    for i, t in enumerate(_turn_list(conv), 1):
-        if not isinstance(t, dict):
-            raise RecordError(f"turn {i} is not an object")
-        if "role" not in t:
-            raise RecordError(f"turn {i}: missing 'role'")
-        if t["role"] not in CANONICAL_ROLES:
-            raise RecordError(f"turn {i}: unsupported role {_safe_name(t['role'])} "
-                              f"(expected one of {', '.join(CANONICAL_ROLES)})")
-        turns.append(_turn(t["role"], _content(t.get("content"), f"turn {i} content")))
-    return turns
+def _conversation(row: dict, style: str) -> tuple[list[dict], list[dict]]:
+    """(turns, tools) of a conversation record; a top-level "system" string becomes the first turn."""
+    turns = _parse_turns(row["conversations"], style)
+    system = _optional(row, "system")
+    if system:
+        if turns[0]["role"] == "system":
+            raise RecordError("both a 'system' field and a system turn")
+        turns.insert(0, _turn("system", system))
+    return turns, parse_tools(row.get("tools"))
 
 
-def _preference(prompt: list[dict], chosen: str, rejected: str) -> dict:
-    _check_roles(prompt, last="user")
+def _response(row: dict, key: str) -> str:
+    """chosen/rejected: a string, or an assistant turn object ({"from": "gpt", "value"} or {"role":
+    "assistant", "content"}, LLaMA-Factory's form) whose text is taken."""
+    if key not in row:
+        raise RecordError(f"missing field '{key}'")
+    value = row[key]
+    if not isinstance(value, dict):
+        return _content(value, f"field '{key}'")
+    for role_key, text_key, roles in STYLES.values():
+        if role_key in value:
+            source_role = value[role_key]
+            if (roles.get(source_role) if isinstance(source_role, str) else None) != "assistant":
+                raise RecordError(f"field '{key}': role {_safe_name(source_role)} is not an assistant turn")
+            return _content(value.get(text_key), f"field '{key}' {text_key}")
+    raise RecordError(f"field '{key}' is an object with neither from/value nor role/content")
+
+
+def _answer(row: dict) -> str | None:
+    """The prompt kind's reference answer: a string (numbers are written as text) or null for none."""
+    if "answer" not in row:
+        raise RecordError("missing field 'answer'")
+    value = row["answer"]
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return _content(value, "field 'answer'")
+
+
+def _with_tools(record: dict, tools: list[dict]) -> dict:
+    if tools:
+        record["tools"] = tools
+    return record
+
+
+def _preference(prompt: list[dict], chosen: str, rejected: str, tools: list[dict] | None = None) -> dict:
+    check_turn_order(prompt, last="user")
     if chosen == rejected:
         raise RecordError("chosen and rejected responses are identical")
-    return {"conversations": prompt, "chosen": chosen, "rejected": rejected}
+    return _with_tools({"conversations": prompt, "chosen": chosen, "rejected": rejected}, tools or [])
 
 
-def _sft(turns: list[dict]) -> dict:
-    _check_roles(turns, last="assistant")
-    return {"conversations": turns}
+def _sft(turns: list[dict], tools: list[dict] | None = None) -> dict:
+    check_turn_order(turns, last="assistant")
+    return _with_tools({"conversations": turns}, tools or [])
+
+
+def _prompt(prompt: list[dict], answer: str | None, tools: list[dict] | None = None) -> dict:
+    check_turn_order(prompt, last="user")
+    return _with_tools({"conversations": prompt, "answer": answer}, tools or [])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -253,12 +419,24 @@ def _from_text(row: dict) -> list[dict]:
     return [{"text": _content(value, f"field {_safe_name(key)}")}]
 
 
-def _from_sharegpt(row: dict) -> list[dict]:
-    return [_sft(_sharegpt_turns(row["conversations"]))]
+def _sft_converter(style: str) -> Callable[[dict], list[dict]]:
+    def convert(row: dict) -> list[dict]:
+        return [_sft(*_conversation(row, style))]
+    return convert
 
 
-def _from_canonical_sft(row: dict) -> list[dict]:
-    return [_sft(_canonical_turns(row["conversations"]))]
+def _preference_converter(style: str) -> Callable[[dict], list[dict]]:
+    def convert(row: dict) -> list[dict]:
+        prompt, tools = _conversation(row, style)
+        return [_preference(prompt, _response(row, "chosen"), _response(row, "rejected"), tools)]
+    return convert
+
+
+def _prompt_converter(style: str) -> Callable[[dict], list[dict]]:
+    def convert(row: dict) -> list[dict]:
+        prompt, tools = _conversation(row, style)
+        return [_prompt(prompt, _answer(row), tools)]
+    return convert
 
 
 def _from_alpaca(row: dict) -> list[dict]:
@@ -272,11 +450,6 @@ def _from_alpaca(row: dict) -> list[dict]:
 def _from_reward(row: dict) -> list[dict]:
     prompt = _system_turns(row) + _history_turns(row) + [_turn("user", _required(row, "question"))]
     return [_preference(prompt, _required(row, "response_chosen"), _required(row, "response_rejected"))]
-
-
-def _from_canonical_preference(row: dict) -> list[dict]:
-    prompt = _canonical_turns(row["conversations"])
-    return [_preference(prompt, _required(row, "chosen"), _required(row, "rejected"))]
 
 
 def _from_huatuo(row: dict) -> list[dict]:
@@ -309,16 +482,27 @@ def _from_toyhom(row: dict) -> list[dict]:
     return [_sft([_turn("user", user), _turn("assistant", _required(row, "answer"))])]
 
 
+def _from_grpo(row: dict) -> list[dict]:
+    """MedicalGPT GRPO {"question", "answer"}: a one-turn prompt and its reference answer."""
+    prompt = _system_turns(row) + [_turn("user", _required(row, "question"))]
+    return [_prompt(prompt, _answer(row))]
+
+
 CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "text": _from_text,
-    "sharegpt": _from_sharegpt,
-    "canonical_sft": _from_canonical_sft,
+    "sharegpt": _sft_converter("sharegpt"),
+    "canonical_sft": _sft_converter("canonical"),
     "alpaca": _from_alpaca,
     "reward": _from_reward,
-    "canonical_preference": _from_canonical_preference,
+    "sharegpt_preference": _preference_converter("sharegpt"),
+    "canonical_preference": _preference_converter("canonical"),
     "huatuo": _from_huatuo,
     "toyhom": _from_toyhom,
+    "grpo": _from_grpo,
+    "sharegpt_prompt": _prompt_converter("sharegpt"),
+    "canonical_prompt": _prompt_converter("canonical"),
 }
+assert set(CONVERTERS) == set(FORMATS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 
 
 def check_kind(kind: str) -> None:
