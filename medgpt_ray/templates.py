@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import Any
 
 IGNORE_INDEX = -100
-_ROLES = ("system", "user", "assistant", "tool_call", "tool")
-_USER_SIDE = ("user", "tool")
-_ASSISTANT_SIDE = ("assistant", "tool_call")
+ROLES = ("system", "user", "assistant", "tool_call", "tool")
+USER_SIDE = ("user", "tool")
+ASSISTANT_SIDE = ("assistant", "tool_call")
 TOOL_ROLES = ("tool_call", "tool")
 
 
@@ -344,7 +344,8 @@ def has_tool_content(conversation: Any, tools: Any) -> bool:
 
 
 def _validate(conversation: Any, last_role: str) -> None:
-    """Shape and order checks; errors name positions and roles only, never the (possibly patient) text.
+    """Shape and order checks; errors name positions (1-based, as the readers' do) and roles only, never the
+    (possibly patient) text.
 
     ``last_role`` is the side the conversation must end on: "assistant" (assistant or tool_call, SFT)
     or "user" (user or tool, prompts).
@@ -352,31 +353,47 @@ def _validate(conversation: Any, last_role: str) -> None:
     if not isinstance(conversation, list) or not conversation:
         raise TemplateError("conversation must be a non-empty list of {role, content} turns")
     for i, turn in enumerate(conversation):
-        if not isinstance(turn, dict) or turn.get("role") not in _ROLES:
+        if not isinstance(turn, dict) or turn.get("role") not in ROLES:
             role = turn.get("role") if isinstance(turn, dict) else type(turn).__name__
-            raise TemplateError(f"turn {i}: role must be one of {_ROLES}, got {role!r}")
+            raise TemplateError(f"turn {i + 1}: role must be one of {ROLES}, got {role!r}")
         if not isinstance(turn.get("content"), str):
-            raise TemplateError(f"turn {i} ({turn['role']}): content must be a string")
-    start = 1 if conversation[0]["role"] == "system" else 0
-    if start == len(conversation):
-        raise TemplateError("conversation has a system turn but no user turn")
-    for i in range(start, len(conversation)):
-        role = conversation[i]["role"]
-        prev = conversation[i - 1]["role"] if i > start else None
-        if prev == "tool_call":
-            if role != "tool":
-                raise TemplateError(f"turn {i}: expected role 'tool' after a tool_call turn, got {role!r}")
-        elif prev in _USER_SIDE:
-            if role not in _ASSISTANT_SIDE:
-                raise TemplateError(f"turn {i}: expected role 'assistant' or 'tool_call', got {role!r}")
-        elif role != "user":
-            why = " (a tool turn must directly follow a tool_call turn)" if role == "tool" else ""
-            raise TemplateError(f"turn {i}: expected role 'user', got {role!r}{why}")
-    sides = _ASSISTANT_SIDE if last_role == "assistant" else _USER_SIDE
-    if conversation[-1]["role"] not in sides:
-        raise TemplateError(
-            f"conversation must end with a {' or '.join(sides)} turn, ends with {conversation[-1]['role']!r}"
-        )
+            raise TemplateError(f"turn {i + 1} ({turn['role']}): content must be a string")
+    error = turn_order_error([turn["role"] for turn in conversation], last_role)
+    if error:
+        raise TemplateError(error)
+
+
+def turn_order_error(roles: Sequence[str], last: str) -> str | None:
+    """The order rule, in one place (readers check source records with it, templates what they render): why
+    `roles` break it (turn numbers 1-based), or None.
+
+    After an optional leading system turn, turns alternate user-side (user, tool) and assistant-side
+    (assistant, tool_call), starting with user; a tool turn directly follows a tool_call turn and a tool_call
+    turn that is not the last is followed by a tool turn. `last` is "assistant" for sft conversations (end
+    assistant-side) and "user" for prompts of the preference and prompt kinds (end user-side).
+    """
+    offset = 1 if roles and roles[0] == "system" else 0
+    body = roles[offset:]
+    if not body:
+        return "no user turn"
+    for i, role in enumerate(body):
+        n = i + offset + 1
+        prev = body[i - 1] if i else None
+        if role == "system":
+            return f"turn {n}: a system turn is only allowed first"
+        if role == "tool" and prev != "tool_call":
+            return f"turn {n}: a tool turn must directly follow a tool_call turn"
+        if prev == "tool_call" and role != "tool":
+            return f"turn {n - 1}: a tool_call turn must be followed by a tool turn"
+        side, expected = (USER_SIDE, "user") if i % 2 == 0 else (ASSISTANT_SIDE, "assistant")
+        if role not in side:
+            return (f"turn {n}: expected {expected}, got {role} "
+                    "(roles must alternate user/assistant after an optional system turn)")
+    end = ASSISTANT_SIDE if last == "assistant" else USER_SIDE
+    if body[-1] not in end:
+        what, article = ("conversation", "an") if last == "assistant" else ("prompt", "a")
+        return f"{what} must end with {article} {last} turn, ends with {body[-1]}"
+    return None
 
 
 def _check_tools(tools: Any) -> list[dict]:
@@ -458,7 +475,7 @@ def _segments(
             if role == "tool_call" and tf is not None:
                 content = tf.call_separator.join(
                     tf.call_open + name + tf.call_middle + json.dumps(arguments, ensure_ascii=False) + tf.call_close
-                    for name, arguments in _tool_calls(content, i)
+                    for name, arguments in _tool_calls(content, i + 1)
                 )
             segs += [(template.assistant_prefix, False), (content, True), (suffix, True)]
             segs.append((template.turn_separator, False))

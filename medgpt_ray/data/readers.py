@@ -9,7 +9,7 @@ Canonical records:
 
 A turn is {"role": R, "content": str}, R one of system (first only), user, assistant, tool_call (the
 assistant's function call(s), content canonical JSON, see `canonical_tool_call`) and tool (a tool's result).
-`check_turn_order` holds the order rule.
+The order rule is templates.turn_order_error (one rule for reading and for rendering).
 
 Source formats understood (`detect_format` names):
 
@@ -44,6 +44,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
+from medgpt_ray.templates import ROLES, turn_order_error
+
 Kind = Literal["pretrain", "sft", "preference", "prompt"]
 
 FORMATS = ("text", "sharegpt", "canonical_sft", "alpaca", "reward", "sharegpt_preference", "canonical_preference",
@@ -63,9 +65,7 @@ SHAREGPT_ROLES = {
     "function_call": "tool_call", "tool_call": "tool_call",
     "observation": "tool", "tool": "tool", "function": "tool",
 }
-CANONICAL_ROLES = ("system", "user", "assistant", "tool_call", "tool")
-USER_SIDE = ("user", "tool")
-ASSISTANT_SIDE = ("assistant", "tool_call")
+CANONICAL_ROLES = ROLES
 
 TOOLS_ERROR = "field 'tools' is not a JSON list of objects"
 
@@ -264,41 +264,8 @@ def canonical_tool_call(value: object) -> str | None:
     return json.dumps(out if isinstance(obj, list) else out[0], ensure_ascii=False)
 
 
-def turn_order_error(roles: Sequence[str], last: str) -> str | None:
-    """The order rule, in one place (the templates check conversations the same way): why `roles` (1-based
-    turn numbers in the message) break it, or None.
-
-    After an optional leading system turn, turns alternate user-side (user, tool) and assistant-side
-    (assistant, tool_call), starting with user; a tool turn directly follows a tool_call turn and a tool_call
-    turn that is not the last is followed by a tool turn. `last` is "assistant" for sft conversations (end
-    assistant-side) and "user" for prompts of the preference and prompt kinds (end user-side).
-    """
-    offset = 1 if roles and roles[0] == "system" else 0
-    body = roles[offset:]
-    if not body:
-        return "no user turn"
-    for i, role in enumerate(body):
-        n = i + offset + 1
-        prev = body[i - 1] if i else None
-        if role == "system":
-            return f"turn {n}: a system turn is only allowed first"
-        if role == "tool" and prev != "tool_call":
-            return f"turn {n}: a tool turn must directly follow a tool_call turn"
-        if prev == "tool_call" and role != "tool":
-            return f"turn {n - 1}: a tool_call turn must be followed by a tool turn"
-        side, expected = (USER_SIDE, "user") if i % 2 == 0 else (ASSISTANT_SIDE, "assistant")
-        if role not in side:
-            return (f"turn {n}: expected {expected}, got {role} "
-                    "(roles must alternate user/assistant after an optional system turn)")
-    end = ASSISTANT_SIDE if last == "assistant" else USER_SIDE
-    if body[-1] not in end:
-        what, article = ("conversation", "an") if last == "assistant" else ("prompt", "a")
-        return f"{what} must end with {article} {last} turn, ends with {body[-1]}"
-    return None
-
-
 def check_turn_order(turns: Sequence[dict], last: str) -> None:
-    """RecordError when `turns` break the order rule (`turn_order_error`)."""
+    """RecordError when `turns` break the order rule (templates.turn_order_error)."""
     error = turn_order_error([t["role"] for t in turns], last)
     if error:
         raise RecordError(error)

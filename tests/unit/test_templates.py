@@ -208,16 +208,16 @@ SECRET = "患者身份证号SECRET"
     [
         ([], "non-empty"),
         ([{"role": "system", "content": SECRET}], "no user turn"),
-        ([{"role": "user", "content": SECRET}], "end with a assistant"),
-        ([{"role": "assistant", "content": SECRET}], "turn 0: expected role 'user'"),
-        ([{"role": "user", "content": SECRET}, {"role": "user", "content": SECRET}], "turn 1"),
+        ([{"role": "user", "content": SECRET}], "must end with an assistant turn"),
+        ([{"role": "assistant", "content": SECRET}], "turn 1: expected user, got assistant"),
+        ([{"role": "user", "content": SECRET}, {"role": "user", "content": SECRET}], "turn 2"),
         (
             [{"role": "user", "content": SECRET}, {"role": "system", "content": SECRET}],
-            "turn 1: expected role 'assistant'",
+            "turn 2: a system turn is only allowed first",
         ),
         ([{"role": "doctor", "content": SECRET}], "role must be one of"),
         ([{"role": "user", "content": 3}, {"role": "assistant", "content": SECRET}], "content must be"),
-        ([{"role": "user", "content": SECRET}, "text"], "turn 1"),
+        ([{"role": "user", "content": SECRET}, "text"], "turn 2"),
     ],
 )
 def test_bad_shapes_rejected_without_quoting_content(conv: list, match: str, toks: dict) -> None:
@@ -563,16 +563,16 @@ SECRET_CALL = _call(("search", {"q": SECRET}))
 @pytest.mark.parametrize(
     "conv, last, match",
     [
-        ([{"role": "tool", "content": SECRET}], "user", "turn 0: expected role 'user'"),
+        ([{"role": "tool", "content": SECRET}], "user", "turn 1: a tool turn must directly follow a tool_call"),
         (
             [{"role": "user", "content": SECRET}, {"role": "tool", "content": SECRET}],
             "user",
-            "turn 1: expected role 'assistant' or 'tool_call'",
+            "turn 2: a tool turn must directly follow a tool_call turn",
         ),
         (
             [{"role": "user", "content": SECRET}, SECRET_CALL, {"role": "user", "content": SECRET}],
             "user",
-            "turn 2: expected role 'tool' after a tool_call turn",
+            "turn 2: a tool_call turn must be followed by a tool turn",
         ),
         (
             [
@@ -581,28 +581,28 @@ SECRET_CALL = _call(("search", {"q": SECRET}))
                 {"role": "tool", "content": SECRET},
             ],
             "user",
-            "turn 2: expected role 'user', got 'tool'",
+            "turn 3: a tool turn must directly follow a tool_call turn",
         ),
         (
             [{"role": "user", "content": SECRET}, SECRET_CALL, {"role": "tool", "content": SECRET}],
             "assistant",
-            "end with a assistant or tool_call turn, ends with 'tool'",
+            "conversation must end with an assistant turn, ends with tool",
         ),
-        ([{"role": "user", "content": SECRET}, SECRET_CALL], "user", "end with a user or tool"),
+        ([{"role": "user", "content": SECRET}, SECRET_CALL], "user", "prompt must end with a user turn"),
         (
             [{"role": "user", "content": SECRET}, {"role": "tool_call", "content": SECRET}],
             "assistant",
-            r"turn 1 \(tool_call\): content must be a JSON",
+            r"turn 2 \(tool_call\): content must be a JSON",
         ),
         (
             [{"role": "user", "content": SECRET}, {"role": "tool_call", "content": json.dumps({"name": SECRET})}],
             "assistant",
-            r"turn 1 \(tool_call\)",
+            r"turn 2 \(tool_call\)",
         ),
         (
             [{"role": "user", "content": SECRET}, {"role": "tool_call", "content": "[]"}],
             "assistant",
-            r"turn 1 \(tool_call\)",
+            r"turn 2 \(tool_call\)",
         ),
     ],
 )
