@@ -152,7 +152,10 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         assert no_token.returncode != 0, "the cluster accepted a client without its token"
         cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", "medgpt-e2e",
                "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config", "configs/tiny-cpu.yaml",
-               "--set", f"output_dir={out}", "--set", "stages.sft.max_steps=2", *FAST]
+               "--set", f"output_dir={out}", "--set", "stages.sft.max_steps=2", *FAST,
+               # MedicalGPT's own formats as a user brings them: plain-text pretraining lines and its DPO files.
+               "--set", "data.pretrain=[data/sample/formats/pretrain_medical.txt]",
+               "--set", "data.preference=[data/sample/formats/preference_sharegpt.jsonl]"]
         # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
         # agent": retry that (and only that) for a while.
         agent_deadline = time.monotonic() + 300
@@ -169,6 +172,11 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         assert "[sft] step 1/2" in logs and "[sft] done in" in logs
         assert "summary of run 'tiny-cpu'" in logs
         assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["done"] * 4
+        data = out / "tiny-cpu" / "data"
+        pairs = [json.loads(line) for line in (data / "preference.train.jsonl").read_text().splitlines()]
+        assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
+        assert "data preference: 28 source records" in logs and "5 quarantined" in logs
+        assert "data pretrain: 36 source records" in logs
     finally:
         os.killpg(head.pid, signal.SIGINT)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -223,3 +224,56 @@ def test_lora_inputs_stay_bf16_under_autocast_only(data, tiny_model, tmp_path):
         assert spy.seen and all(len(flags) == 14 and set(flags) == {expect_during} for flags in spy.seen)
         assert set(lora_casts(built.trainer.model)) == {True}
         assert all(math.isfinite(x["loss"]) for x in logs)
+
+
+def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_path):
+    """MedicalGPT's tool-calling ShareGPT, read and prepared as the pipeline does: function_call turns and
+    answers are the loss, observations and the tool schemas (in the system turn) are context only."""
+    from medgpt_ray import models, templates
+    from medgpt_ray.stages.common import read_jsonl
+    from medgpt_ray.stages.sft import encode_conversations
+
+    d = prepare_kind("sft", [str(repo / "data/sample/formats/sft_sharegpt_tools.jsonl")], tmp_path, 0.1)
+    records = [r for r in read_jsonl(d.train_file) + read_jsonl(d.eval_file) if r.get("tools")]
+    assert any(t["role"] == "tool" for r in records for t in r["conversations"])
+    tok = models.load_tokenizer(tiny_model)
+    ds, skipped = encode_conversations(records, tok, templates.get_template("chatml"), 8192)
+    assert skipped == {"too_long": 0, "tools_unsupported": 0}
+    for row, record in zip(ds, records, strict=True):
+        ids, labels = row["input_ids"], row["labels"]
+        full = tok.decode(ids)
+        trained = tok.decode([t for t, label in zip(ids, labels, strict=True) if label != templates.IGNORE_INDEX])
+        system_turn = full.split("<|im_end|>", 1)[0]
+        assert all(json.dumps(tool, ensure_ascii=False) in system_turn for tool in record["tools"])
+        for turn in record["conversations"]:
+            if turn["role"] == "tool":
+                assert turn["content"] in full and turn["content"] not in trained
+            elif turn["role"] == "assistant":
+                assert turn["content"] in trained
+            elif turn["role"] == "tool_call":
+                calls = json.loads(turn["content"])
+                for call in calls if isinstance(calls, list) else [calls]:
+                    assert f'<tool_call>\n{{"name": "{call["name"]}"' in trained
+        assert "<tool_response>" not in trained and "# Tools" not in trained
+
+
+def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_path):
+    from medgpt_ray import models, templates
+    from medgpt_ray.stages.common import read_jsonl
+    from medgpt_ray.stages.dpo import preference_texts
+    from medgpt_ray.stages.rm import encode_pairs
+
+    d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)
+    records = read_jsonl(d.train_file) + read_jsonl(d.eval_file)
+    with_tools = [r for r in records if r.get("tools")]
+    assert with_tools and len(with_tools) < len(records)
+    tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
+    texts, skipped = preference_texts(with_tools, tok, chatml)
+    assert skipped == 0
+    for prompt, record in zip(texts["prompt"], with_tools, strict=True):
+        assert all(tool["name"] in prompt for tool in record["tools"]) and "# Tools" in prompt
+    pairs, rm_skipped = encode_pairs(records, tok, chatml, 8192)
+    assert len(pairs) == len(records) and rm_skipped["tools_unsupported"] == 0
+    # A template with no tool format leaves such pairs out and counts them.
+    _, vicuna_skipped = preference_texts(records, tok, templates.get_template("vicuna"))
+    assert vicuna_skipped == len(with_tools)

@@ -1,0 +1,72 @@
+"""Every MedicalGPT source format through the pipeline's data preparation, given directly (data.pretrain|sft|
+preference|prompt) and as raw sources (data.raw, cleaned by Ray Data first): counts add up per file, only the
+records broken on purpose are quarantined, and the kinds no stage trains on yet (prompt) are prepared too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medgpt_ray.config import PipelineConfig
+from medgpt_ray.pipeline import Pipeline, RunOptions
+from tests.e2e.test_clean_cli import FORMATS, malformed_lines
+
+pytestmark = pytest.mark.ray
+
+FILES = {
+    "pretrain": ["pretrain_medical.txt", "pretrain_gb18030.txt"],
+    "sft": ["sft_sharegpt_tools.jsonl"],
+    "preference": ["preference_sharegpt.jsonl"],
+    "prompt": ["grpo_qa.jsonl"],
+}
+ONLY_PT = {"pt": {"max_steps": 1, "seq_len": 64, "effective_batch": 2},
+           "sft": {"enabled": False}, "rm": {"enabled": False}, "dpo": {"enabled": False}}
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_each_format_given_directly_is_prepared_with_its_quarantine(ray_cluster, tmp_path):
+    cfg = PipelineConfig.model_validate({
+        "name": "formats", "output_dir": str(tmp_path), "model": {"path": "tiny"}, "resources": {"num_workers": 1},
+        "data": {kind: [str(FORMATS / f) for f in files] for kind, files in FILES.items()}, "stages": ONLY_PT})
+    echoed: list[str] = []
+    summary = Pipeline(cfg, RunOptions(echo=echoed.append)).run()
+    assert summary["stages"]["pt"]["status"] == "done"
+    data = tmp_path / "formats" / "data"
+    broken = malformed_lines()
+    manifest = json.loads((FORMATS / "README.md").read_text().split("```json\n", 1)[1].split("```", 1)[0])
+    for kind, files in FILES.items():
+        kept = len(lines(data / f"{kind}.train.jsonl")) + len(lines(data / f"{kind}.eval.jsonl"))
+        source = sum(manifest[f]["records"] for f in files)
+        bad = sum(len(broken[f]) for f in files)
+        assert kept == source - bad, kind
+        quarantine = data / f"quarantine-{kind}.jsonl"
+        if bad:
+            got = {(q["file"].rsplit("/", 1)[1], q["line"]) for q in lines(quarantine)}
+            assert got == {(f, line) for f in files for line in broken[f]}, kind
+            assert oct(quarantine.stat().st_mode & 0o777) == "0o600"
+        else:
+            assert not quarantine.exists()
+        assert any(line.startswith(f"data {kind}: {source} source records") for line in echoed), kind
+    prompts = lines(data / "prompt.train.jsonl")
+    assert all(set(p) <= {"conversations", "answer", "tools"} and p["conversations"][-1]["role"] == "user"
+               for p in prompts)
+
+
+def test_each_format_as_raw_sources_is_cleaned_then_prepared(ray_cluster, tmp_path):
+    cfg = PipelineConfig.model_validate({
+        "name": "raw-formats", "output_dir": str(tmp_path), "model": {"path": "tiny"},
+        "resources": {"num_workers": 1}, "data": {"raw": [str(FORMATS)]}, "stages": ONLY_PT})
+    summary = Pipeline(cfg, RunOptions(echo=lambda _: None)).run()
+    assert summary["stages"]["pt"]["status"] == "done"
+    report = json.loads((tmp_path / "raw-formats" / "clean" / "report.json").read_text())
+    assert report["adds_up"]
+    data = tmp_path / "raw-formats" / "data"
+    for kind in FILES:
+        prepared = len(lines(data / f"{kind}.train.jsonl")) + len(lines(data / f"{kind}.eval.jsonl"))
+        assert prepared == report["per_kind"][kind]["emitted"] > 0, kind
+    tool_records = [r for r in lines(data / "sft.train.jsonl") + lines(data / "sft.eval.jsonl") if r.get("tools")]
+    assert tool_records and all(isinstance(r["tools"], list) for r in tool_records)
