@@ -7,7 +7,9 @@ Only wiring lives here; every operator is a pure function in data/ops (tested wi
                                 (a shuffle of small (key, id) rows, never of the records); each group
                                 yields (later, earlier) candidate pairs; near pairs are confirmed on their
                                 MinHash signatures (fetched for candidate records only)
-    3. apply + write            marks applied; records sorted by stable id (file, line, index), per kind to
+    3. apply + count + write    one pass over stage 1: marks applied, report counts taken, and each source
+                                chunk's rows (a contiguous range of stable ids (file, line, index), so no
+                                global sort) written in id order, per kind to
                                 DIR/data/<kind>/part-<first id>.parquet; everything dropped to
                                 DIR/quarantine/part-<first id>.jsonl (0600) with file, line, operator, reason
 """
@@ -28,11 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
-from ray.data.expressions import col
 
 from medgpt_ray.config import CleanConfig
-from medgpt_ray.data.chunks import SourceChunk, plan_chunks
-from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, rows_to_table
+from medgpt_ray.data.chunks import CHUNK_BYTES, SourceChunk, plan_chunks
+from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, record_id, rows_to_table
 from medgpt_ray.data.files import expand_paths, iter_rows
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
@@ -47,20 +48,25 @@ FEATURE_FIELDS = [
 ]
 STAGE1_SCHEMA = pa.schema(list(ROW_SCHEMA) + [pa.field(n, t) for n, t in FEATURE_FIELDS])
 MAX_PAIRWISE = 32  # a hot LSH bucket pairs each member with at most this many earlier ones
+_TURNS = ("conversations", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
+# Function schemas have no fixed shape: a JSON string column (null: no tools), which the readers accept.
+_TOOLS = ("tools", pa.string())
 CANONICAL_TYPES = {
     "pretrain": [("text", pa.string())],
-    "sft": [("conversations", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))],
-    "preference": [("conversations", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-                   ("chosen", pa.string()), ("rejected", pa.string())],
+    "sft": [_TURNS, _TOOLS],
+    "preference": [_TURNS, ("chosen", pa.string()), ("rejected", pa.string()), _TOOLS],
+    "prompt": [_TURNS, ("answer", pa.string()), _TOOLS],
 }
 
 
-def write_part(batch: pa.Table, out_dir: str, suffix: str) -> pa.Table:
-    """Write one sorted block as `part-<first id>.<suffix>`: file-name order is then record order, whatever
-    order Ray ran the tasks in. Files are created owner-only (quarantine holds raw lines)."""
-    if batch.num_rows == 0:
-        return pa.table({"rows": pa.array([], pa.int64())})
-    path = Path(out_dir) / f"part-{batch['id'][0].as_py()}.{suffix}"
+def write_part(batch: pa.Table, out_dir: str | Path, suffix: str) -> list[Any]:
+    """Write one id-sorted run as `part-<first id>.<suffix>`; returns [path, first id, last id]. Runs never
+    overlap (one source chunk's rows, see finish_block), so file-name order is record order whatever order
+    Ray ran the tasks in. Quarantine files are created owner-only (they hold raw lines)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700 if suffix == "jsonl" else 0o755)
+    first, last = batch["id"][0].as_py(), batch["id"][-1].as_py()
+    path = out_dir / f"part-{first}.{suffix}"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if suffix == "jsonl" else 0o644)
     with os.fdopen(fd, "wb") as fh:
         if suffix == "parquet":
@@ -68,16 +74,46 @@ def write_part(batch: pa.Table, out_dir: str, suffix: str) -> pa.Table:
 
             pq.write_table(batch, fh)
         else:
-            for row in batch.to_pylist():
-                fh.write((json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8"))
-    return pa.table({"rows": [batch.num_rows]})
+            fh.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist()).encode("utf-8"))
+    return [str(path), first, last]
 
 
-def write_sorted(ds, out_dir: Path, suffix: str, remote: dict[str, Any]) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700 if suffix == "jsonl" else 0o755)
-    written = ds.sort("id").map_batches(write_part, fn_kwargs={"out_dir": str(out_dir), "suffix": suffix},
-                                        batch_size=None, batch_format="pyarrow", **remote)
-    return sum(r["rows"] for r in written.iter_rows())
+def merge_overlapping_parts(parts: list[list[Any]]) -> int:
+    """Safety net for the no-global-sort write: parts of one directory whose id ranges overlap (which the
+    one-chunk-per-run rule prevents) are merged into one sorted part, so file-name order stays record order
+    whatever Ray Data does with blocks. Returns how many groups it had to merge (0 in every run seen)."""
+    import pyarrow.parquet as pq
+
+    by_dir: dict[str, list[tuple[str, str, str]]] = {}
+    for path, first, last in parts:
+        by_dir.setdefault(str(Path(path).parent), []).append((first, last, path))
+    merged = 0
+    for runs in by_dir.values():
+        runs.sort()
+        groups: list[list[tuple[str, str, str]]] = []
+        for run in runs:
+            if groups and run[0] <= max(r[1] for r in groups[-1]):
+                groups[-1].append(run)
+            else:
+                groups.append([run])
+        for group in (g for g in groups if len(g) > 1):
+            paths = [Path(r[2]) for r in group]
+            if paths[0].suffix == ".parquet":
+                table = pa.concat_tables([pq.read_table(f) for f in paths])
+            else:
+                table = pa.Table.from_pylist([json.loads(line) for f in paths
+                                              for line in f.read_text(encoding="utf-8").splitlines() if line])
+            for f in paths:
+                f.unlink()
+            write_part(table.take(pc.sort_indices(table, [("id", "ascending")])), paths[0].parent,
+                       paths[0].suffix.lstrip("."))
+            merged += 1
+    return merged
+
+
+def chunk_bytes(chunk: SourceChunk) -> int:
+    """Bytes a chunk covers (the progress line's ETA): its byte range, or the whole file."""
+    return chunk.end - chunk.start if chunk.end >= 0 else os.path.getsize(chunk.path)
 
 
 # ---- kinds ---------------------------------------------------------------------------------------
@@ -94,15 +130,24 @@ def detect_kind(path: Path) -> tuple[str, str]:
     raise DataFileError(f"{path}: no row of a known source format; pass --kind explicitly")
 
 
-def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None]) -> list[SourceChunk]:
+CHUNKS_PER_CPU = 4  # a few chunks per core, so one slow chunk does not leave the other cores idle at the end
+MIN_CHUNK_BYTES = 256 << 10
+
+
+def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None], cpus: int = 1) -> list[SourceChunk]:
+    """Chunks of every input. Chunks are at most CHUNK_BYTES, and smaller when the inputs are small for the
+    cluster (a 50 MB corpus on 16 CPUs: ~0.8 MB chunks, so every core gets work)."""
+    paths = expand_paths(inputs)
+    total = sum(p.stat().st_size for p in paths)
+    size = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // (CHUNKS_PER_CPU * max(1, cpus))))
     chunks: list[SourceChunk] = []
-    for file_no, path in enumerate(expand_paths(inputs)):
+    for file_no, path in enumerate(paths):
         if kind == "auto":
             fmt, file_kind = detect_kind(path)
             echo(f"[clean] {path}: detected {fmt} -> {file_kind}")
         else:
             file_kind = kind
-        chunks.extend(plan_chunks(path, file_kind, file_no))
+        chunks.extend(plan_chunks(path, file_kind, file_no, size))
     return chunks
 
 
@@ -134,7 +179,7 @@ def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] |
                 yield stage1_rows(rows, cfg)
                 rows = []
         if actor is not None:
-            actor.push.remote({"rows": len(rows), "chunk_done": 1})
+            actor.push.remote({"rows": len(rows), "chunk_done": 1, "bytes": chunk_bytes(SourceChunk(**item))})
         if rows:
             yield stage1_rows(rows, cfg)
 
@@ -160,22 +205,27 @@ def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
 
 # ---- stage 2: duplicate marks --------------------------------------------------------------------
 PAIR_SCHEMA = pa.schema([("id", pa.string()), ("cand", pa.string()), ("how", pa.string())])
+MARK_SCHEMA = pa.schema([("id", pa.string()), ("dup_of", pa.string()), ("how", pa.string())])
+KEY_COLUMNS = ["id", "kind", "dropped_by", "exact_hash", "band_keys"]
 
 
 def explode_keys(batch: pa.Table, cfg: CleanConfig) -> pa.Table:
-    """One small (key, id) row per exact hash and per LSH band; keys carry the kind, so a pretraining
-    paragraph is never a duplicate of a conversation. Signatures stay out of the shuffle (1 KiB each)."""
-    keys, ids = [], []
-    for rid, kind, xh, bands in zip(batch["id"].to_pylist(), batch["kind"].to_pylist(),
-                                    batch["exact_hash"].to_pylist(), batch["band_keys"].to_pylist(), strict=True):
-        if cfg.dedup.exact:
-            keys.append(f"{kind}|x|{xh}")
-            ids.append(rid)
-        if cfg.dedup.near:
-            for b in bands or []:
-                keys.append(f"{kind}|b|{b}")
-                ids.append(rid)
-    return pa.table({"key": pa.array(keys, pa.string()), "id": pa.array(ids, pa.string())})
+    """One small (key, id) row per exact hash and per LSH band of every record no operator dropped; keys carry
+    the kind, so a pretraining paragraph is never a duplicate of a conversation. Signatures stay out of the
+    shuffle (1 KiB each). Arrow kernels only: no Python per row."""
+    live = batch.filter(pc.is_null(batch["dropped_by"]))
+    parts = [pa.table({"key": pa.array([], pa.string()), "id": pa.array([], pa.string())})]
+    if cfg.dedup.exact:
+        parts.append(pa.table({"key": pc.binary_join_element_wise(live["kind"], live["exact_hash"], "|x|"),
+                               "id": live["id"]}))
+    if cfg.dedup.near and live.num_rows:
+        bands = live["band_keys"].combine_chunks()
+        owner = pc.list_parent_indices(bands)
+        parts.append(pa.table({"key": pc.binary_join_element_wise(live["kind"].take(owner), pc.list_flatten(bands),
+                                                                  "|b|"),
+                               "id": live["id"].take(owner)}))
+    keyed = pa.concat_tables(parts)
+    return keyed.filter(pc.is_valid(keyed["key"]))
 
 
 def group_pairs(ids: list[str], key: str) -> list[tuple[str, str, str]]:
@@ -186,53 +236,107 @@ def group_pairs(ids: list[str], key: str) -> list[tuple[str, str, str]]:
     return [(ids[j], ids[i], "near") for j in range(1, len(ids)) for i in range(min(j, MAX_PAIRWISE))]
 
 
+def _group_starts(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Start positions of the runs of equal values in an array."""
+    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    change = pc.not_equal(values.slice(1), values.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    return np.flatnonzero(np.concatenate(([True], change)))
+
+
 def candidate_block(block: pa.Table) -> pa.Table:
     """A block of a key-hash-partitioned, key-sorted shuffle holds whole key groups (what map_groups relies
-    on too): find the groups with numpy and go to Python only for those with two or more members."""
+    on too): find the groups with Arrow and go to Python only for those with two or more members."""
     if block.num_rows < 2:
         return PAIR_SCHEMA.empty_table()
-    block = block.take(pc.sort_indices(block, [("key", "ascending"), ("id", "ascending")]))
-    keys = block["key"].to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    sizes = np.diff(np.append(starts, len(keys)))
-    ids = block["id"].to_pylist()
+    starts = _group_starts(block["key"])
+    sizes = np.diff(np.append(starts, block.num_rows))
+    multi = sizes > 1
+    if not multi.any():
+        return PAIR_SCHEMA.empty_table()
+    ids = block["id"].take(np.flatnonzero(np.repeat(multi, sizes))).to_pylist()
+    keys = block["key"].take(starts[multi]).to_pylist()
     pairs: list[tuple[str, str, str]] = []
-    for g in np.flatnonzero(sizes > 1):
-        a, n = int(starts[g]), int(sizes[g])
-        pairs += group_pairs(ids[a:a + n], keys[a])
+    at = 0
+    for key, n in zip(keys, sizes[multi].tolist(), strict=True):
+        pairs += group_pairs(sorted(ids[at:at + n]), key)
+        at += n
     return pa.table({"id": [p[0] for p in pairs], "cand": [p[1] for p in pairs], "how": [p[2] for p in pairs]},
                     schema=PAIR_SCHEMA)
 
 
 def signatures_of(batch: pa.Table, wanted_ref) -> pa.Table:
-    wanted = ray.get(wanted_ref)
-    mask = pa.array([rid in wanted for rid in batch["id"].to_pylist()], pa.bool_())
-    return batch.select(["id", "minhash"]).filter(mask)
+    wanted = ray.get(wanted_ref)  # pa.Array of the ids in a near candidate pair
+    return batch.select(["id", "minhash"]).filter(pc.is_in(batch["id"], value_set=wanted))
 
 
-def decide_marks(pairs: pa.Table, sigs: dict[str, np.ndarray], threshold: float) -> dict[str, tuple[str, str]]:
-    """id -> (earliest record it duplicates, exact|near). Exact pairs stand; near pairs must reach the
-    Jaccard threshold on the full signatures. The smallest (earlier id) wins: deterministic."""
-    marks: dict[str, tuple[str, str]] = {}
-    for rid, cand, how in zip(pairs["id"].to_pylist(), pairs["cand"].to_pylist(), pairs["how"].to_pylist(),
-                              strict=True):
-        if how == "near" and float(np.mean(sigs[rid] == sigs[cand])) < threshold:
-            continue
-        if rid not in marks or (cand, how) < marks[rid]:
-            marks[rid] = (cand, how)
-    return marks
+def decide_marks(pairs: pa.Table, sigs: pa.Table, threshold: float) -> pa.Table:
+    """(id, dup_of, how): the earliest record each duplicate repeats, exact|near. Exact pairs stand; near pairs
+    must reach the Jaccard threshold on the full signatures (`sigs`: id, minhash). Of several, the smallest
+    (dup_of, how) wins: deterministic. Vectorised (numpy over signature rows, Arrow sort)."""
+    near = pc.equal(pairs["how"], "near")
+    if pairs.num_rows and pc.any(near).as_py():
+        cand = pairs.filter(near)
+        sig_ids = sigs["id"].combine_chunks()
+        mat = np.frombuffer(b"".join(sigs["minhash"].to_pylist()), dtype=np.uint64).reshape(len(sig_ids), -1)
+        a = pc.index_in(cand["id"], value_set=sig_ids).to_numpy()
+        b = pc.index_in(cand["cand"], value_set=sig_ids).to_numpy()
+        similar = np.empty(len(a), dtype=bool)
+        for s in range(0, len(a), 8192):
+            similar[s:s + 8192] = (mat[a[s:s + 8192]] == mat[b[s:s + 8192]]).mean(axis=1) >= threshold
+        pairs = pa.concat_tables([pairs.filter(pc.invert(near)), cand.filter(pa.array(similar))])
+    if pairs.num_rows == 0:
+        return MARK_SCHEMA.empty_table()
+    pairs = pairs.sort_by([("id", "ascending"), ("cand", "ascending"), ("how", "ascending")])
+    best = pairs.take(_group_starts(pairs["id"]))
+    return pa.Table.from_arrays([best["id"], best["cand"], best["how"]], schema=MARK_SCHEMA)
 
 
-# ---- stage 3: apply marks, write -----------------------------------------------------------------
-def apply_marks(batch: pa.Table, marks_ref) -> pa.Table:
-    marks = marks_ref if isinstance(marks_ref, dict) else ray.get(marks_ref)
-    dropped, reason = batch["dropped_by"].to_pylist(), batch["reason"].to_pylist()
-    for i, rid in enumerate(batch["id"].to_pylist()):
-        if dropped[i] is None and rid in marks:
-            dup_of, how = marks[rid]
-            dropped[i], reason[i] = "dedup", f"{how}_duplicate_of:{dup_of}"
-    batch = batch.set_column(batch.schema.get_field_index("dropped_by"), "dropped_by", pa.array(dropped, pa.string()))
-    return batch.set_column(batch.schema.get_field_index("reason"), "reason", pa.array(reason, pa.string()))
+# ---- stage 3: apply marks, count, write (one pass) ------------------------------------------------
+QUARANTINE_COLUMNS = ["id", "kind", "source_file", "source_line", "dropped_by", "reason", "record", "raw"]
+FINAL_COLUMNS = [n for n in STAGE1_SCHEMA.names if n not in ("exact_hash", "band_keys", "minhash")]
+
+
+def apply_marks(batch: pa.Table, marks: pa.Table) -> pa.Table:
+    """Dedup marks onto the rows they name; a row an earlier operator dropped keeps that reason."""
+    pos = pc.index_in(batch["id"], value_set=marks["id"].combine_chunks())
+    hit = pc.and_(pc.is_valid(pos), pc.is_null(batch["dropped_by"]))
+    if not pc.any(hit).as_py():
+        return batch
+    reason = pc.binary_join_element_wise(marks["how"].take(pos), marks["dup_of"].take(pos), "_duplicate_of:")
+    batch = batch.set_column(batch.schema.get_field_index("dropped_by"), "dropped_by",
+                             pc.if_else(hit, pa.scalar("dedup"), batch["dropped_by"]))
+    return batch.set_column(batch.schema.get_field_index("reason"), "reason",
+                            pc.if_else(hit, reason, batch["reason"]))
+
+
+def chunk_start_ids(chunks: list[SourceChunk]) -> list[str]:
+    """The smallest id each chunk can hold, sorted: a record belongs to the last chunk starting at or before it."""
+    return sorted(record_id(c.file_no, c.first_line if c.first_line > 1 else 0, 0) for c in chunks)
+
+
+def finish_block(batch: pa.Table, marks_ref, chunk_starts: list[str], out_dir: str) -> pa.Table:
+    """Stage 3 for one block of stage 1's output, in one pass: dedup marks applied, report counts taken, and
+    each source chunk's rows in the block written in id order as their own parts (kept records per kind as
+    canonical Parquet under data/<kind>/, dropped ones to quarantine/, JSONL, 0600). A chunk is a contiguous
+    id range, so parts never overlap and need no global sort. Returns one row: counts and parts written."""
+    batch = apply_marks(batch.take(pc.sort_indices(batch, [("id", "ascending")])), ray.get(marks_ref))
+    run = np.searchsorted(np.array(chunk_starts), np.array(batch["id"].to_pylist(), dtype=str), side="right")
+    bounds = [0, *(np.flatnonzero(np.diff(run)) + 1).tolist(), batch.num_rows]
+    out, parts = Path(out_dir), []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=False):
+        seg = batch.slice(a, b - a)
+        dropped = pc.is_valid(seg["dropped_by"])
+        kept = seg.filter(pc.invert(dropped))
+        for kind in sorted(set(kept["kind"].to_pylist())):
+            rows = kept.filter(pc.equal(kept["kind"], kind))
+            parts.append(write_part(to_canonical_columns(rows, kind), out / "data" / kind, "parquet"))
+        quarantined = seg.filter(dropped).select(QUARANTINE_COLUMNS)
+        if quarantined.num_rows:
+            parts.append(write_part(quarantined, out / "quarantine", "jsonl"))
+    return pa.table({"counts": [json.dumps(partial_counts(batch))], "parts": [json.dumps(parts)]})
 
 
 def to_canonical_columns(batch: pa.Table, kind: str) -> pa.Table:
@@ -240,28 +344,34 @@ def to_canonical_columns(batch: pa.Table, kind: str) -> pa.Table:
     fields = CANONICAL_TYPES[kind]
     cols = {"id": batch["id"], "source_file": batch["source_file"], "source_line": batch["source_line"]}
     for name, typ in fields:
-        cols[name] = pa.array([r[name] for r in records], typ)
+        if name == "tools":
+            values = [json.dumps(r["tools"], ensure_ascii=False) if r.get("tools") else None for r in records]
+        else:
+            values = [r.get(name) for r in records]  # only optional fields (a prompt's answer) may be absent
+        cols[name] = pa.array(values, typ)
     return pa.table(cols)
 
 
-def partial_counts(batch: pa.Table) -> pa.Table:
-    """Per-batch counts for the report, summed by the driver (one small row per batch)."""
+def partial_counts(batch: pa.Table) -> Counter[str]:
+    """Report counts of one block (the driver sums them): rows, source records, kept/dropped per kind, drops per
+    operator and reason, redactions, stripped sign-offs. Python only over the dropped rows."""
     c: Counter[str] = Counter()
-    for kind, dropped, reason, red, so, rid in zip(
-            batch["kind"].to_pylist(), batch["dropped_by"].to_pylist(), batch["reason"].to_pylist(),
-            batch["redactions"].to_pylist(), batch["signoffs"].to_pylist(), batch["id"].to_pylist(), strict=True):
-        c["rows"] += 1
-        if rid.endswith("-000"):
-            c["source_records"] += 1
-        c[f"kind:{kind}:{'kept' if dropped is None else 'dropped'}"] += 1
-        if dropped is not None:
-            c[f"dropped_by:{dropped}"] += 1
-            short = reason.split(":", 1)[0] if dropped == "dedup" else reason
-            c[f"reason:{dropped}:{short if dropped != 'reader' else _reader_reason(reason)}"] += 1
-        for typ, n in json.loads(red or "{}").items():
+    c["rows"] = batch.num_rows
+    c["source_records"] = int(pc.sum(pc.ends_with(batch["id"], "-000")).as_py() or 0)
+    c["signoffs"] = int(pc.sum(batch["signoffs"]).as_py() or 0)
+    kept = pc.is_null(batch["dropped_by"])
+    for (kind, k), n in Counter(zip(batch["kind"].to_pylist(), kept.to_pylist(), strict=True)).items():
+        c[f"kind:{kind}:{'kept' if k else 'dropped'}"] += n
+    dropped = batch.filter(pc.invert(kept))
+    for by, reason in zip(dropped["dropped_by"].to_pylist(), dropped["reason"].to_pylist(), strict=True):
+        c[f"dropped_by:{by}"] += 1
+        short = reason.split(":", 1)[0] if by == "dedup" else reason
+        c[f"reason:{by}:{short if by != 'reader' else _reader_reason(reason)}"] += 1
+    red = batch["redactions"]
+    for r in pc.filter(red, pc.not_equal(red, "{}")).to_pylist():
+        for typ, n in json.loads(r).items():
             c[f"pii:{typ}"] += n
-        c["signoffs"] += so or 0
-    return pa.table({"counts": [json.dumps(c)]})
+    return c
 
 
 def _reader_reason(reason: str) -> str:
@@ -270,6 +380,20 @@ def _reader_reason(reason: str) -> str:
 
 
 # ---- driver --------------------------------------------------------------------------------------
+def read_stage1(path: str, columns: list[str], files: int, remote: dict[str, Any]):
+    """Stage 1's Parquet, `columns` only, one read task per file (one per source chunk), asking for the same
+    resources as the map after it. Through Ray Data's V1 Parquet reader: 2.60's default (V2) bin-packs files
+    into read units by size and ignores override_num_blocks (on 16 cores a 100k-record corpus's 64 files became
+    one read task, so every pass after stage 1 ran on one core), and lists them through a pool of FooterReader
+    actors (32 by default, a process each) for every read."""
+    ctx = ray.data.DataContext.get_current()
+    v2, ctx.use_datasource_v2 = ctx.use_datasource_v2, False
+    try:
+        return ray.data.read_parquet(path, columns=columns, override_num_blocks=files, **remote)
+    finally:
+        ctx.use_datasource_v2 = v2
+
+
 def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanConfig,
                  echo: Callable[[str], None] = print) -> dict[str, Any]:
     t0 = time.monotonic()
@@ -281,17 +405,19 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     remote = {"num_cpus": cfg.num_cpus_per_task}
     # Ray Data's default of 200 shuffle partitions is sized for big clusters; on a 2-core box it spends
     # most of a small run scheduling empty partitions. Two per CPU keeps every core busy.
-    partitions = max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    partitions = 2 * cpus
 
-    chunks = plan_inputs(inputs, kind, echo)
+    chunks = plan_inputs(inputs, kind, echo, cpus)
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    progress = LiveProgress(len(chunks), t0, echo)
+    progress = LiveProgress(len(chunks), t0, echo, files=len(files), total_bytes=sum(map(chunk_bytes, chunks)))
     stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
                             batch_format="pyarrow", batch_size=1, **remote)
     with progress:
-        stage1.write_parquet(str(work / "stage1"))
+        # The same resources as the map, so Ray Data fuses map and write into one task (no block hand-over).
+        stage1.write_parquet(str(work / "stage1"), ray_remote_args=remote)
     t1 = time.monotonic()
 
     if not any((work / "stage1").glob("*.parquet")):
@@ -305,56 +431,53 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
 
     echo(f"[clean] 2/3 finding duplicates (exact={cfg.dedup.exact}, near={cfg.dedup.near}) "
          f"[{t1 - t0:.1f}s so far]")
-    live = (ray.data.read_parquet(str(work / "stage1"))
-            .select_columns(["id", "kind", "dropped_by", "exact_hash", "band_keys", "minhash"])
-            .filter(expr=col("dropped_by").is_null()))
-    keyed = live.map_batches(explode_keys, fn_kwargs={"cfg": cfg}, batch_format="pyarrow", **remote)
+    stage1_dir = str(work / "stage1")
+    stage1_files = max(1, len(list((work / "stage1").glob("*.parquet"))))
+    keyed = (read_stage1(stage1_dir, KEY_COLUMNS, stage1_files, remote)
+             .map_batches(explode_keys, fn_kwargs={"cfg": cfg}, batch_format="pyarrow", **remote))
+    # What map_groups does under the hash-shuffle strategy: whole key groups per block, sorted by key.
     grouped = keyed.repartition(partitions, keys=["key"], sort=True)
     pair_ds = grouped.map_batches(candidate_block, batch_size=None, batch_format="pyarrow", **remote)
     pairs = pa.concat_tables([PAIR_SCHEMA.empty_table(), *ray.get(pair_ds.to_arrow_refs())])
+    t_pairs = time.monotonic()
     # Only the signatures of records in a near-duplicate candidate pair come to the driver.
     near = pairs.filter(pc.equal(pairs["how"], "near"))
-    wanted = set(near["id"].to_pylist()) | set(near["cand"].to_pylist())
-    sigs: dict[str, np.ndarray] = {}
-    if wanted:
-        sig_ds = (ray.data.read_parquet(str(work / "stage1")).select_columns(["id", "minhash"])
+    wanted = pc.unique(pa.chunked_array([*near["id"].chunks, *near["cand"].chunks], pa.string()))
+    sigs = pa.table({"id": pa.array([], pa.string()), "minhash": pa.array([], pa.binary())})
+    if near.num_rows:
+        sig_ds = (read_stage1(stage1_dir, ["id", "minhash"], stage1_files, remote)
                   .map_batches(signatures_of, fn_kwargs={"wanted_ref": ray.put(wanted)}, batch_format="pyarrow",
                                **remote))
-        for t in ray.get(sig_ds.to_arrow_refs()):
-            for rid, sig in zip(t["id"].to_pylist(), t["minhash"].to_pylist(), strict=True):
-                sigs[rid] = np.frombuffer(sig, dtype=np.uint64)
+        sigs = pa.concat_tables([sigs, *ray.get(sig_ds.to_arrow_refs())], promote_options="permissive")
+    t_sigs = time.monotonic()
     marks = decide_marks(pairs, sigs, cfg.dedup.threshold)
-    clusters = {how: len({d for d, h in marks.values() if h == how}) for how in ("exact", "near")}
+    clusters = {how: pc.count_distinct(marks.filter(pc.equal(marks["how"], how))["dup_of"]).as_py()
+                for how in ("exact", "near")}
     t2 = time.monotonic()
 
-    echo(f"[clean] 3/3 writing: {len(marks)} duplicates in {sum(clusters.values())} clusters "
+    echo(f"[clean] 3/3 writing: {marks.num_rows} duplicates in {sum(clusters.values())} clusters "
          f"[{t2 - t0:.1f}s so far]")
-    marks_ref = ray.put(marks)
-    final = ray.data.read_parquet(str(work / "stage1")).drop_columns(["band_keys", "minhash", "exact_hash"])
-    final = final.map_batches(apply_marks, fn_kwargs={"marks_ref": marks_ref}, batch_format="pyarrow", **remote)
-    final.write_parquet(str(work / "stage3"))
-    stage3 = str(work / "stage3")
-
-    def read_stage3():
-        return ray.data.read_parquet(stage3, override_num_blocks=min(partitions, len(list(Path(stage3).iterdir()))))
-
+    (out / "quarantine").mkdir(mode=0o700)
+    final = (read_stage1(stage1_dir, FINAL_COLUMNS, stage1_files, remote)
+             .map_batches(finish_block, fn_kwargs={"marks_ref": ray.put(marks), "chunk_starts": chunk_start_ids(chunks),
+                                                   "out_dir": str(out)},
+                          batch_size=None, batch_format="pyarrow", **remote))
     counts: Counter[str] = Counter()
-    for row in read_stage3().map_batches(partial_counts, batch_format="pyarrow", **remote).iter_rows():
-        counts.update(json.loads(row["counts"]))
+    parts: list[list[Any]] = []
+    for t in ray.get(final.to_arrow_refs()):
+        for c, w in zip(t["counts"].to_pylist(), t["parts"].to_pylist(), strict=True):
+            counts.update(json.loads(c))
+            parts += json.loads(w)
+    if merged := merge_overlapping_parts(parts):
+        echo(f"[clean] merged {merged} group(s) of overlapping part files")
     kinds = sorted({k.split(":")[1] for k in counts if k.startswith("kind:")})
-    for k in kinds:
-        if counts[f"kind:{k}:kept"]:
-            kept = (read_stage3().filter(expr=(col("kind") == k) & col("dropped_by").is_null())
-                    .map_batches(to_canonical_columns, fn_kwargs={"kind": k}, batch_format="pyarrow", **remote))
-            write_sorted(kept, out / "data" / k, "parquet", remote)
-    qdir = out / "quarantine"
-    qdir.mkdir(mode=0o700)
-    quarantine_columns = ["id", "kind", "source_file", "source_line", "dropped_by", "reason", "record", "raw"]
-    quarantined = read_stage3().select_columns(quarantine_columns).filter(expr=col("dropped_by").is_not_null())
-    write_sorted(quarantined, qdir, "jsonl", remote)
     shutil.rmtree(work)
     wall = time.monotonic() - t0
     report = build_report(counts, kinds, clusters, files, wall)
+    # Where the time went (seconds), to tell a slow operator from a slow shuffle on a new machine.
+    report["timings_s"] = {"read_clean": round(t1 - t0, 2), "dedup_shuffle_pairs": round(t_pairs - t1, 2),
+                           "dedup_signatures": round(t_sigs - t_pairs, 2), "dedup_decide": round(t2 - t_sigs, 2),
+                           "apply_write": round(time.monotonic() - t2, 2)}
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     record_clean_report(out.parent.name if out.name == "clean" else out.name, report)
     echo(format_report(report, out))

@@ -158,3 +158,19 @@ def test_auto_kind_on_a_file_with_no_known_rows_says_to_pass_kind(ray_cluster, t
     odd.write_text('{"foo": 1, "bar": 2}\n')
     with pytest.raises(DataFileError, match="pass --kind"):
         clean_corpus([str(odd)], tmp_path / "out", "auto", CleanConfig(), echo=lambda _: None)
+
+
+def test_overlapping_parts_are_merged_into_one_sorted_part(tmp_path):
+    """The no-global-sort write's safety net: parts whose id ranges overlap become one sorted part (0600 kept)."""
+    import pyarrow as pa
+
+    from medgpt_ray.data.clean import merge_overlapping_parts, write_part
+
+    q = tmp_path / "quarantine"
+    parts = [write_part(pa.table({"id": ids, "x": [1] * len(ids)}), q, "jsonl")
+             for ids in (["a1", "a5"], ["a3", "a4"], ["b1", "b2"])]
+    assert merge_overlapping_parts(parts) == 1
+    assert sorted(f.name for f in q.iterdir()) == ["part-a1.jsonl", "part-b1.jsonl"]
+    assert [json.loads(x)["id"] for x in (q / "part-a1.jsonl").read_text().splitlines()] == ["a1", "a3", "a4", "a5"]
+    assert stat.S_IMODE((q / "part-a1.jsonl").stat().st_mode) == 0o600
+    assert merge_overlapping_parts([write_part(pa.table({"id": ["c1"]}), q, "jsonl")]) == 0
