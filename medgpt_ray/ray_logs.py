@@ -38,7 +38,9 @@ def _ray_data_config(log_file: Path, console_level: str) -> dict:
             "file": {"class": "logging.FileHandler", "formatter": "ray", "filename": str(log_file),
                      "encoding": "utf-8"},
             "console": {"class": "logging.StreamHandler", "formatter": "ray", "level": console_level,
-                        "filters": ["console_filter", "our_choices"], "stream": "ext://sys.stderr"},
+                        # stderr, the default: an "ext://sys.stderr" stream in this YAML reached Ray Data's
+                        # handler as a plain string ("'str' object has no attribute 'write'" on its first warning)
+                        "filters": ["console_filter", "our_choices"]},
         },
         "loggers": {"ray.data": {"level": "DEBUG" if console_level == "INFO" else "INFO",
                                  "handlers": ["file", "console"], "propagate": False}},
