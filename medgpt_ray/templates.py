@@ -409,33 +409,46 @@ def _require_tool_format(template: ChatTemplate, conversation: list[dict], tools
         raise TemplateToolsUnsupported(_unsupported_message(template.name))
 
 
-def _tool_calls(content: str, position: int) -> list[tuple[str, Any]]:
-    """(name, arguments) of a tool_call turn; a string ``arguments`` holding a JSON object becomes it."""
-    try:
-        value = json.loads(content)
-    except ValueError:
-        value = None
-    calls = value if isinstance(value, list) else [value]
-    if not calls or not all(
-        isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"] and "arguments" in call
-        for call in calls
-    ):
+def parse_tool_calls(value: object) -> tuple[list[tuple[str, dict]], bool] | None:
+    """The one reading of a function call (readers canonicalise with it, templates render with it): `value` is
+    the JSON (text, or parsed) of {"name": str, "arguments": object} or of a non-empty list of them. Returns
+    ([(name, arguments), ...], whether it was a list), a string "arguments" holding a JSON object replaced by
+    the object; None when `value` is no such JSON."""
+    obj = value
+    if isinstance(value, str):
+        try:
+            obj = json.loads(value)
+        except ValueError:
+            return None
+    calls = obj if isinstance(obj, list) else [obj]
+    if not calls:
+        return None
+    out = []
+    for call in calls:
+        if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
+            return None
+        name, arguments = call["name"], call["arguments"]
+        if not isinstance(name, str) or not name.strip():
+            return None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        out.append((name, arguments))
+    return out, isinstance(obj, list)
+
+
+def _tool_calls(content: str, position: int) -> list[tuple[str, dict]]:
+    parsed = parse_tool_calls(content)
+    if parsed is None:
         raise TemplateError(
             f"turn {position} (tool_call): content must be a JSON {{name, arguments}} object "
             "or a non-empty array of them"
         )
-    out = []
-    for call in calls:
-        arguments = call["arguments"]
-        if isinstance(arguments, str):
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, dict):
-                arguments = parsed
-        out.append((call["name"], arguments))
-    return out
+    return parsed[0]
 
 
 def _segments(

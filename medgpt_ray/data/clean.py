@@ -34,6 +34,7 @@ import ray
 from medgpt_ray.config import CleanConfig
 from medgpt_ray.data.chunks import CHUNK_BYTES, SourceChunk, plan_chunks
 from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, record_id, rows_to_table
+from medgpt_ray.data.explain import reason_group
 from medgpt_ray.data.files import expand_paths, iter_rows
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
@@ -365,18 +366,12 @@ def partial_counts(batch: pa.Table) -> Counter[str]:
     dropped = batch.filter(pc.invert(kept))
     for by, reason in zip(dropped["dropped_by"].to_pylist(), dropped["reason"].to_pylist(), strict=True):
         c[f"dropped_by:{by}"] += 1
-        short = reason.split(":", 1)[0] if by == "dedup" else reason
-        c[f"reason:{by}:{short if by != 'reader' else _reader_reason(reason)}"] += 1
+        c[f"reason:{reason_group(by, reason)}"] += 1
     red = batch["redactions"]
     for r in pc.filter(red, pc.not_equal(red, "{}")).to_pylist():
         for typ, n in json.loads(r).items():
             c[f"pii:{typ}"] += n
     return c
-
-
-def _reader_reason(reason: str) -> str:
-    # Parser messages carry positions ("column 17"): group them by their stable head.
-    return reason.split(" (", 1)[0].split(":", 1)[0]
 
 
 # ---- driver --------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ MAX_FIELD_CHARS = 160
 
 
 def reason_group(dropped_by: str, reason: str) -> str:
-    """The report's grouping: dedup reasons lose the id they point at, parser reasons their positions."""
+    """"<operator>:<reason>" as the report counts it: dedup reasons lose the id they point at, reader reasons
+    their positions ("column 17", "turn 3: ...") so that messages of one kind group together."""
     if dropped_by == "dedup":
         return f"dedup:{reason.split(':', 1)[0]}"
     if dropped_by == "reader":

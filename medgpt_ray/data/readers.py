@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from medgpt_ray.templates import ROLES, turn_order_error
+from medgpt_ray.templates import ROLES, parse_tool_calls, turn_order_error
 
 Kind = Literal["pretrain", "sft", "preference", "prompt"]
 
@@ -233,35 +233,14 @@ def parse_tools(value: object) -> list[dict]:
 
 
 def canonical_tool_call(value: object) -> str | None:
-    """The canonical text of a function call: json.dumps (ensure_ascii=False) of {"name": str, "arguments":
-    object}, or of a non-empty list of such objects (parallel calls). `value` is that JSON as text (or
-    already parsed); a string "arguments" holding a JSON object is replaced by the object. None when `value`
-    is no such JSON. Idempotent: a canonical text comes back unchanged."""
-    obj = value
-    if isinstance(value, str):
-        try:
-            obj = json.loads(value)
-        except json.JSONDecodeError:
-            return None
-    calls = obj if isinstance(obj, list) else [obj]
-    if not calls:
+    """The canonical text of a function call (templates.parse_tool_calls reads it): json.dumps (ensure_ascii=False)
+    of {"name", "arguments": object}, or of a list of them. None when `value` is no such JSON. Idempotent."""
+    parsed = parse_tool_calls(value)
+    if parsed is None:
         return None
-    out = []
-    for call in calls:
-        if not isinstance(call, dict) or set(call) != {"name", "arguments"}:
-            return None
-        name, arguments = call["name"], call["arguments"]
-        if not isinstance(name, str) or not name.strip():
-            return None
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        out.append({"name": name, "arguments": arguments})
-    return json.dumps(out if isinstance(obj, list) else out[0], ensure_ascii=False)
+    calls, many = parsed
+    out = [{"name": name, "arguments": arguments} for name, arguments in calls]
+    return json.dumps(out if many else out[0], ensure_ascii=False)
 
 
 def check_turn_order(turns: Sequence[dict], last: str) -> None:
