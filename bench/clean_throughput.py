@@ -4,6 +4,7 @@ killed anything.
 
     python bench/clean_throughput.py --records 100000 --cpus 1 2 --baseline --out bench/results/clean_100k.json
     python bench/clean_throughput.py --records 1000000 --cpus 1 4 8 16 --baseline --out clean_scaling_1m.json
+    python bench/clean_throughput.py --records 100000 --cpus 16 --parallel-baseline 16 --out loops.json
 
 Every configuration runs in its own child process pinned with `taskset -c 0-(n-1)` (the raylet and the Ray workers
 inherit the affinity, so "n CPUs" means n cores), with its own fresh Ray temp dir, an explicit object store size
@@ -47,15 +48,41 @@ def corpus(records: int, work: Path) -> Path:
     return path
 
 
+def cpu_group(names: set[str], cmd: str) -> str:
+    """Where a process's CPU time counts: the driver, Ray's task workers, actors (Ray Data's _StatsActor and
+    autoscaling coordinator, our progress actor), or Ray's own daemons."""
+    if any(n.startswith("ray::") and ("Actor" in n or n.startswith("ray::_")) for n in names):
+        return "actors"
+    if any(n.startswith("ray::") for n in names):
+        return "task_workers"
+    for daemon in ("raylet", "gcs_server", "dashboard", "log_monitor", "runtime_env", "agent"):
+        if daemon in cmd:
+            return "ray_daemons"
+    return "other"
+
+
 class PeakRSS:
-    """Samples the RSS of this process and of every descendant (the Ray workers) twice a second."""
+    """Samples the RSS of this process and of every descendant (the Ray workers) twice a second, and the CPU
+    seconds each of them used (grouped by cpu_group at the end: what shares the cores with the cleaning)."""
 
     def __init__(self) -> None:
         self.driver = 0
         self.worker = 0
         self.total = 0
+        self._cpu: dict[int, tuple[set[str], str, float]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample_cpu(self, procs: list[psutil.Process]) -> None:
+        for p in procs:
+            try:
+                cmd = " ".join(p.cmdline())
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            names, _, _ = self._cpu.get(p.pid, (set(), "", 0.0))
+            names.add(cmd.split(" ")[0] if cmd.startswith("ray::") else p.name())
+            self._cpu[p.pid] = (names, cmd, t.user + t.system)
 
     def _run(self) -> None:
         me = psutil.Process()
@@ -68,9 +95,18 @@ class PeakRSS:
                 self.driver = max(self.driver, driver)
                 self.worker = max(self.worker, max(workers, default=0))
                 self.total = max(self.total, driver + sum(k.memory_info().rss for k in kids))
+                self._sample_cpu(kids)
             except psutil.Error:
                 pass
             time.sleep(0.5)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        t = psutil.Process().cpu_times()
+        groups = {"driver": t.user + t.system}
+        for names, cmd, secs in self._cpu.values():
+            g = cpu_group(names, cmd)
+            groups[g] = groups.get(g, 0.0) + secs
+        return {k: round(v, 1) for k, v in sorted(groups.items())}
 
     def __enter__(self) -> PeakRSS:
         self._thread.start()
@@ -104,16 +140,16 @@ def baseline(path: Path, records_limit: int | None = None) -> dict:
         cleaned = clean_table(live, "sft", cfg)
         ok = cleaned.filter(pc.is_null(cleaned["dropped_by"]))
         feats = dedup_features(ok, "sft", cfg.dedup)
-        for xh, bands, sig in zip(feats["exact_hash"].to_pylist(), feats["band_keys"].to_pylist(),
-                                  feats["minhash"].to_pylist(), strict=True):
+        for keys, sig in zip(feats["dedup_keys"].to_pylist(), feats["minhash"].to_pylist(), strict=True):
             s = np.frombuffer(sig, dtype=np.uint64)
-            dup = bool(buckets.get("x" + xh)) or any(
+            xh, bands = keys[0], keys[1:]  # the exact key, then one per LSH band (ops.dedup.dedup_features)
+            dup = bool(buckets.get(xh)) or any(
                 float(np.mean(s == other)) >= cfg.dedup.threshold for b in bands for other in buckets.get(b, ())[:8])
             if dup:
                 dups += 1
                 continue
             kept += 1
-            buckets["x" + xh].append(s)
+            buckets[xh].append(s)
             for b in bands:
                 buckets[b].append(s)
         batch.clear()
@@ -150,6 +186,8 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
     try:
         with PeakRSS() as rss:
             report = clean_corpus([str(path)], work / f"out_{cpus}cpu", "sft", load_clean_config(None, sets), echo=echo)
+            time.sleep(0.6)  # one more sample of every process's CPU time before the cluster goes
+        cpu = rss.cpu_seconds()
     finally:
         ray.shutdown()
     stages = report.get("timings_s")  # read+clean, the dedup decision's parts, apply+write
@@ -160,7 +198,8 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
             "wall_s": report["wall_s"], "stages": stages, "records_per_s": report["source_records_per_s"],
             "records_per_s_per_cpu": round(report["source_records_per_s"] / cpus, 1),
             "peak_rss_mib": {"driver": round(rss.driver / 2**20, 1), "largest_worker": round(rss.worker / 2**20, 1),
-                             "all_processes": round(rss.total / 2**20, 1)}}
+                             "all_processes": round(rss.total / 2**20, 1)},
+            "cpu_s": cpu}
 
 
 # What Ray 2.60 logs when its memory monitor kills workers, and when objects were lost (a killed worker's outputs).
@@ -216,11 +255,13 @@ def child(args: argparse.Namespace) -> None:
     Path(args.result_file).write_text(json.dumps(result), encoding="utf-8")
 
 
-def run_configuration(kind: str, cpus: int, args: argparse.Namespace, path: Path, object_store_gib: float) -> dict:
-    """Run one configuration in a child pinned to cores 0..cpus-1 (taskset), with a deadline. SIGINT on
-    timeout: a SIGTERM'd driver leaves ray:: workers behind."""
+def run_configuration(kind: str, cpus: int, args: argparse.Namespace, path: Path, object_store_gib: float,
+                      cores: str | None = None) -> dict:
+    """Run one configuration in a child pinned to cores 0..cpus-1 (or `cores`) with taskset, with a deadline.
+    SIGINT on timeout: a SIGTERM'd driver leaves ray:: workers behind."""
     stamp = time.strftime("%H%M%S")
-    temp_dir = f"/tmp/mcb/{kind[0]}{cpus}-{stamp}-{os.getpid()}"  # short: Ray's socket paths live under it
+    cores = cores or f"0-{cpus - 1}"
+    temp_dir = f"/tmp/mcb/{kind[0]}{cpus}-{cores}-{stamp}-{os.getpid()}"  # short: Ray's sockets live under it
     Path(temp_dir).mkdir(parents=True, exist_ok=True)
     result_file = Path(temp_dir) / "result.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--child-cpus", str(cpus),
@@ -228,7 +269,7 @@ def run_configuration(kind: str, cpus: int, args: argparse.Namespace, path: Path
            "--temp-dir", temp_dir, "--result-file", str(result_file), "--out", "-",
            *(f"--set={x}" for x in args.sets)]
     if shutil.which("taskset"):
-        cmd = ["taskset", "-c", f"0-{cpus - 1}", *cmd]
+        cmd = ["taskset", "-c", cores, *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "ray" and args.no_memory_monitor:
         env["RAY_memory_monitor_refresh_ms"] = "0"  # its kill threshold is fixed from the memory seen at start
@@ -264,6 +305,28 @@ def run_configuration(kind: str, cpus: int, args: argparse.Namespace, path: Path
     return result
 
 
+def parallel_baselines(n: int, args: argparse.Namespace, path: Path) -> dict:
+    """n single-process loops at once, each pinned to its own core, each over the whole corpus: the per-core
+    rate the machine itself gives when n cores are busy (clock, caches, memory bandwidth), the ceiling for
+    any n-core run of the same operators."""
+    runs: list[dict] = [{} for _ in range(n)]
+
+    def one(i: int) -> None:
+        runs[i] = run_configuration("baseline", 1, args, path, 0.0, cores=str(i))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for r in runs if r.get("status") == "ok"]
+    rates = [r["records_per_s"] for r in ok]
+    return {"mode": f"{n} single-process loops at once", "cpus": n, "status": "ok" if len(ok) == n else "failed",
+            "records_per_s_per_cpu": round(sum(rates) / len(rates), 1) if rates else None,
+            "slowest_per_cpu": min(rates, default=None), "fastest_per_cpu": max(rates, default=None),
+            "runs": [{k: r.get(k) for k in ("status", "records_per_s", "wall_s", "affinity")} for r in runs]}
+
+
 def summarize(results: dict) -> None:
     """Per-core rate, scaling efficiency against 1 core and the ratio to the single-process loop."""
     base = next((r for r in results["runs"] if r.get("mode") == "single-process loop" and r.get("status") == "ok"),
@@ -271,6 +334,8 @@ def summarize(results: dict) -> None:
     one = next((r for r in results["runs"] if r.get("cpus") == 1 and "ray" in r.get("mode", "")
                 and r.get("status") == "ok"), None)
     for r in results["runs"]:
+        if "loops at once" in r.get("mode", "") and base and r.get("records_per_s_per_cpu"):
+            r["per_core_vs_baseline"] = round(r["records_per_s_per_cpu"] / base["records_per_s"], 3)
         if "ray" not in r.get("mode", "") or r.get("status") != "ok":
             continue
         per_core = r["records_per_s"] / r["cpus"]
@@ -286,6 +351,9 @@ def one_line(r: dict) -> str:
         return f"[bench] {r.get('mode')}: {r.get('status')} after {r.get('elapsed_s')}s"
     if r.get("mode") == "single-process loop":
         return f"[bench] baseline (1 core): {r['records_per_s']:,.0f} records/s, {r['wall_s']}s"
+    if "loops at once" in r.get("mode", ""):
+        return (f"[bench] {r['mode']}: {r['records_per_s_per_cpu']:,.0f} records/s per core "
+                f"({r.get('per_core_vs_baseline')}x one loop alone)")
     extra = [f"{r['records_per_s_per_cpu']:,.0f}/s per core"]
     if "scaling_efficiency_vs_1cpu" in r:
         extra.append(f"scaling {r['scaling_efficiency_vs_1cpu']:.2f} of linear")
@@ -302,6 +370,8 @@ def main() -> None:
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--cpus", type=int, nargs="+", default=[1, 2], help="Ray configurations (cores each)")
     p.add_argument("--baseline", action="store_true", help="also time the single-process loop (on one core)")
+    p.add_argument("--parallel-baseline", type=int, nargs="*", default=[], metavar="N",
+                   help="also run N loops at once, one per core (the machine's own per-core rate under load)")
     p.add_argument("--work", default="/tmp/medgpt-clean-bench")
     p.add_argument("--out", required=True)
     p.add_argument("--object-store-gib", type=float, default=None,
@@ -334,10 +404,13 @@ def main() -> None:
                "runs": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    configs = ([("baseline", 1)] if args.baseline else []) + [("ray", n) for n in args.cpus]
+    configs = (([("baseline", 1)] if args.baseline else []) + [("parallel", n) for n in args.parallel_baseline]
+               + [("ray", n) for n in args.cpus])
     for kind, cpus in configs:
         if cpus > (os.cpu_count() or 1):
             results["runs"].append({"mode": kind, "cpus": cpus, "status": f"skipped: only {os.cpu_count()} cores"})
+        elif kind == "parallel":
+            results["runs"].append(parallel_baselines(cpus, args, path))
         else:
             results["runs"].append(run_configuration(kind, cpus, args, path, store))
         summarize(results)

@@ -164,7 +164,7 @@ def test_overlapping_parts_are_merged_into_one_sorted_part(tmp_path):
     """The no-global-sort write's safety net: parts whose id ranges overlap become one sorted part (0600 kept)."""
     import pyarrow as pa
 
-    from medgpt_ray.data.clean import merge_overlapping_parts, write_part
+    from medgpt_ray.data.clean_output import merge_overlapping_parts, write_part
 
     q = tmp_path / "quarantine"
     parts = [write_part(pa.table({"id": ids, "x": [1] * len(ids)}), q, "jsonl")
@@ -174,3 +174,4 @@ def test_overlapping_parts_are_merged_into_one_sorted_part(tmp_path):
     assert [json.loads(x)["id"] for x in (q / "part-a1.jsonl").read_text().splitlines()] == ["a1", "a3", "a4", "a5"]
     assert stat.S_IMODE((q / "part-a1.jsonl").stat().st_mode) == 0o600
     assert merge_overlapping_parts([write_part(pa.table({"id": ["c1"]}), q, "jsonl")]) == 0
+

@@ -15,10 +15,12 @@ import pytest
 from medgpt_ray.config import DedupConfig
 from medgpt_ray.data.ops import dedup as d
 from medgpt_ray.data.ops.dedup import (
-    band_keys,
+    EXACT_BIT,
+    band_hashes,
     dedup_features,
     dedup_text,
     exact_hash,
+    exact_keys,
     jaccard_estimate,
     minhash_signature,
     shingles,
@@ -218,9 +220,11 @@ def test_shingle_hash_depends_only_on_the_shingle():
 def test_near_duplicate_shares_a_band_and_unrelated_do_not():
     orig, near, other = sig(HYPERTENSION), sig(HYPERTENSION_NEAR), sig(DIARRHEA)
     assert jaccard_estimate(orig, near) > 0.7
-    assert set(band_keys(orig, CFG.bands)) & set(band_keys(near, CFG.bands))
+    bands = {name: set(band_hashes(s, CFG.bands, "pretrain")[0].tolist())
+             for name, s in (("orig", orig), ("near", near), ("other", other))}
+    assert bands["orig"] & bands["near"]
     assert jaccard_estimate(orig, other) < 0.3
-    assert not set(band_keys(orig, CFG.bands)) & set(band_keys(other, CFG.bands))
+    assert not bands["orig"] & bands["other"]
 
 
 def test_batched_signatures_equal_single_ones(monkeypatch):
@@ -246,17 +250,19 @@ def test_seed_and_ngram_change_the_signature():
 _CHILD = """
 import json, sys
 from medgpt_ray.config import DedupConfig
-from medgpt_ray.data.ops.dedup import band_keys, dedup_text, exact_hash, minhash_signature
+from medgpt_ray.data.ops.dedup import band_hashes, dedup_text, exact_hash, exact_keys, minhash_signature
 text = dedup_text({"text": sys.argv[1]}, "pretrain")
 s = minhash_signature(text, DedupConfig())
-print(json.dumps({"hash": exact_hash(text), "sig": s.tolist(), "bands": band_keys(s, 16)}))
+print(json.dumps({"hash": exact_hash(text), "sig": s.tolist(), "bands": band_hashes(s, 16, "pretrain")[0].tolist(),
+                  "exact": exact_keys([exact_hash(text)], "pretrain").tolist()}))
 """
 
 
 def test_deterministic_across_processes_and_hash_seeds():
     text = dedup_text({"text": HYPERTENSION}, "pretrain")
     s = minhash_signature(text, CFG)
-    here = {"hash": exact_hash(text), "sig": s.tolist(), "bands": band_keys(s, 16)}
+    here = {"hash": exact_hash(text), "sig": s.tolist(), "bands": band_hashes(s, 16, "pretrain")[0].tolist(),
+            "exact": exact_keys([exact_hash(text)], "pretrain").tolist()}
     for seed in ("0", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
         out = subprocess.run([sys.executable, "-c", _CHILD, HYPERTENSION], env=env, cwd=ROOT, capture_output=True,
@@ -269,22 +275,29 @@ def test_deterministic_across_processes_and_hash_seeds():
 # --------------------------------------------------------------------------------------------------------------
 
 
-def test_band_keys_format():
+def test_band_and_exact_keys():
     s = sig(HYPERTENSION)
-    keys = band_keys(s, 16)
-    assert len(keys) == 16 and len(set(keys)) == 16
-    assert [k.split(":")[0] for k in keys] == [str(i) for i in range(16)]
-    assert all(len(k.split(":")[1]) == 16 for k in keys)
-    # a band's key depends only on that band's rows
+    keys = band_hashes(s, 16, "pretrain")[0]
+    assert keys.dtype == np.uint64 and len(set(keys.tolist())) == 16
+    assert not (keys & EXACT_BIT).any()
+    # a band's key depends only on that band's rows, its index and the kind
     t = s.copy()
     t[0] ^= np.uint64(1)
-    changed = band_keys(t, 16)
-    assert changed[0] != keys[0] and changed[1:] == keys[1:]
+    changed = band_hashes(t, 16, "pretrain")[0]
+    assert changed[0] != keys[0] and (changed[1:] == keys[1:]).all()
+    same_rows = np.tile(s[:8], 16)  # every band holds the same rows: the band index still separates them
+    assert len(set(band_hashes(same_rows, 16, "pretrain")[0].tolist())) == 16
+    assert not set(band_hashes(s, 16, "sft")[0].tolist()) & set(keys.tolist())
+    # exact keys: top bit set, equal for equal hashes, different per kind
+    h = [exact_hash("高血压"), exact_hash("高血压"), exact_hash("高血糖")]
+    ex = exact_keys(h, "pretrain")
+    assert (ex & EXACT_BIT).all() and ex[0] == ex[1] != ex[2]
+    assert exact_keys(h[:1], "sft")[0] != ex[0]
 
 
 def test_bands_must_divide_num_perm():
     with pytest.raises(ValueError, match=r"num_perm=128.*bands=12"):
-        band_keys(sig(HYPERTENSION), 12)
+        band_hashes(sig(HYPERTENSION), 12, "pretrain")
     with pytest.raises(ValueError, match=r"num_perm=128.*bands=12"):
         dedup_features(pa.table({"id": ["a"], "record": ['{"text": "x"}']}), "pretrain",
                        DedupConfig(num_perm=128, bands=12))
@@ -317,15 +330,15 @@ def test_dedup_features_small_table():
     records = [{"text": HYPERTENSION}, {"text": HYPERTENSION.replace("，", ", ")}, {"text": HYPERTENSION_NEAR},
                {"text": DIARRHEA}]
     out = dedup_features(_table(records), "pretrain", CFG)
-    assert out.column_names == ["id", "record", "source_line", "exact_hash", "band_keys", "minhash"]
+    assert out.column_names == ["id", "record", "source_line", "exact_hash", "dedup_keys", "minhash"]
     assert out.schema.field("exact_hash").type == pa.string()
-    assert out.schema.field("band_keys").type == pa.list_(pa.string())
+    assert out.schema.field("dedup_keys").type == pa.list_(pa.uint64())
     assert out.schema.field("minhash").type == pa.binary()
     assert out.column("source_line").to_pylist() == [1, 2, 3, 4]
     hashes = out.column("exact_hash").to_pylist()
     assert hashes[0] == hashes[1] and len({hashes[0], hashes[2], hashes[3]}) == 3
-    keys = [set(k) for k in out.column("band_keys").to_pylist()]
-    assert all(len(k) == CFG.bands for k in keys)
+    keys = [set(k) for k in out.column("dedup_keys").to_pylist()]
+    assert all(len(k) == 1 + CFG.bands for k in keys)  # the exact key, then one per band
     assert keys[0] == keys[1] and keys[0] & keys[2] and not keys[0] & keys[3]
     sigs = [np.frombuffer(b, dtype="<u8") for b in out.column("minhash").to_pylist()]
     assert all(len(b) == CFG.num_perm * 8 for b in out.column("minhash").to_pylist())
@@ -341,17 +354,18 @@ def test_dedup_features_sft_and_exact_only():
     out = dedup_features(_table(records), "sft", DedupConfig(near=False))
     hashes = out.column("exact_hash").to_pylist()
     assert hashes[0] == hashes[1]
-    assert out.column("band_keys").to_pylist() == [[], []]
+    keys = out.column("dedup_keys").to_pylist()
+    assert len(keys[0]) == 1 and keys[0] == keys[1]  # the exact key only
     assert out.column("minhash").to_pylist() == [b"", b""]
     # re-running replaces the feature columns instead of duplicating them
     again = dedup_features(out, "sft", CFG)
-    assert again.column_names.count("exact_hash") == 1 and len(again.column("band_keys")[0]) == CFG.bands
+    assert again.column_names.count("exact_hash") == 1 and len(again.column("dedup_keys")[0]) == 1 + CFG.bands
 
 
 def test_dedup_features_empty_table():
     table = pa.table({"id": pa.array([], pa.string()), "record": pa.array([], pa.string())})
     out = dedup_features(table, "pretrain", CFG)
-    assert out.num_rows == 0 and out.schema.field("band_keys").type == pa.list_(pa.string())
+    assert out.num_rows == 0 and out.schema.field("dedup_keys").type == pa.list_(pa.uint64())
 
 
 def test_dedup_features_errors_name_the_row_not_its_text():

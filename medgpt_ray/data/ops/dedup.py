@@ -8,7 +8,7 @@ then NFKC, lowercase, and every character that is not a letter or a digit (white
 punctuation, symbols) removed. Records that differ only in spacing, punctuation, full/half width or case
 have the same dedup text, hence the same `exact_hash`.
 
-Near duplicates (`minhash_signature`, `band_keys`): the dedup text is cut into character n-grams
+Near duplicates (`minhash_signature`, `band_hashes`): the dedup text is cut into character n-grams
 (`DedupConfig.ngram`; a text shorter than n is one shingle, itself); each shingle is hashed once to 64 bits
 with a fixed, seedless function of its code points computed by numpy for a whole batch at once (a polynomial
 with fixed odd 64-bit multipliers, then MurmurHash3's fmix64: as good as blake2b-64 for this and over 10x faster
@@ -17,15 +17,15 @@ than hashing shingle strings one by one) and reduced mod the Mersenne prime p = 
 `np.random.default_rng(seed)`, is computed exactly in uint64 (products split into 32-bit halves, folded mod p),
 vectorised over shingles x permutations (each distinct shingle of a batch once), and the signature keeps the
 minimum per permutation. LSH: the signature is cut into `bands` bands of
-num_perm/bands rows; a band's key is f"{band_index}:{blake2b-64 hex of the rows' little-endian bytes}".
-Two records sharing any band key are candidates; `jaccard_estimate` (the fraction of equal signature
+num_perm/bands rows; a band's key is a 64-bit hash of its rows, seeded by the band index and the record kind
+(`band_hashes`). Two records sharing any band key are candidates; `jaccard_estimate` (the fraction of equal signature
 entries) checks them against `DedupConfig.threshold`.
 
 Determinism: nothing here uses Python's salted `hash()` or set iteration order for anything but a min, so
 the outputs are the same in every process and on every machine (numpy's `default_rng` stream is fixed for
 the pinned numpy version).
 
-`dedup_features` adds `exact_hash`, `band_keys` and `minhash` columns to a table of `id` + `record`
+`dedup_features` adds `exact_hash`, `dedup_keys` and `minhash` columns to a table of `id` + `record`
 (canonical record JSON); grouping by key and choosing the survivor is `data/clean.py`'s job.
 """
 
@@ -343,14 +343,40 @@ def _check_bands(num_perm: int, bands: int) -> int:
     return num_perm // bands
 
 
-def band_keys(signature: np.ndarray, bands: int) -> list[str]:
-    """One LSH key per band: f"{band_index}:{hex blake2b-64 of the band's rows}"."""
-    sig = np.ascontiguousarray(signature, dtype="<u8")
-    rows = _check_bands(len(sig), bands)
-    raw = sig.tobytes()
-    step = rows * 8
-    return [f"{i}:{hashlib.blake2b(raw[i * step:(i + 1) * step], digest_size=8).hexdigest()}"
-            for i in range(bands)]
+EXACT_BIT = np.uint64(1 << 63)  # set on exact keys, clear on LSH band keys: a key says which it is
+_BAND_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def kind_salt(kind: str) -> np.uint64:
+    """A fixed 64-bit salt per record kind: keys of different kinds never meet (a pretraining paragraph is
+    never a duplicate of a conversation)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return np.uint64(_splitmix64(KINDS.index(kind) + 101))
+
+
+def band_hashes(signatures: np.ndarray, bands: int, kind: str) -> np.ndarray:
+    """LSH keys, uint64 (n, bands): band i of a signature hashed with fmix64 chaining over its rows, seeded by
+    the band index and the kind, top bit clear. Vectorised over all records and bands at once."""
+    sigs = np.ascontiguousarray(signatures, dtype=np.uint64)
+    if sigs.ndim == 1:
+        sigs = sigs.reshape(1, -1)
+    rows = _check_bands(sigs.shape[1], bands)
+    cube = sigs.reshape(len(sigs), bands, rows)
+    with np.errstate(over="ignore"):
+        h = np.arange(1, bands + 1, dtype=np.uint64) * _BAND_MIX ^ kind_salt(kind)
+        h = np.repeat(h.reshape(1, bands), len(sigs), axis=0)
+        for r in range(rows):
+            h = _fmix64(h ^ cube[:, :, r] * _BAND_MIX)
+    return h & ~EXACT_BIT
+
+
+def exact_keys(hex_hashes: list[str], kind: str) -> np.ndarray:
+    """Exact-duplicate keys, uint64 (n,): the first 64 bits of each `exact_hash`, mixed with the kind, top bit
+    set. Two different texts share a key with probability ~2^-63 per pair (1M records: ~1e-7 for the corpus)."""
+    first = np.array([int(h[:16], 16) for h in hex_hashes], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        return _fmix64(first ^ kind_salt(kind)) | EXACT_BIT
 
 
 def jaccard_estimate(a: np.ndarray, b: np.ndarray) -> float:
@@ -364,15 +390,17 @@ def jaccard_estimate(a: np.ndarray, b: np.ndarray) -> float:
 # table op
 # ---------------------------------------------------------------------------------------------------------------
 
-FEATURE_COLUMNS = ("exact_hash", "band_keys", "minhash")
+FEATURE_COLUMNS = ("exact_hash", "dedup_keys", "minhash")
 
 
 def dedup_features(table: pa.Table, kind: str, cfg: DedupConfig) -> pa.Table:
-    """Add `exact_hash` (string), `band_keys` (list<string>) and `minhash` (binary) to a table of `id` + `record`.
+    """Add `exact_hash` (string), `dedup_keys` (list<uint64>) and `minhash` (binary) to a table of `id` + `record`.
 
     `record` holds canonical record JSON strings; every other column is kept (existing feature columns are
-    replaced). `exact_hash` is always computed (it is cheap). With `cfg.near` False, `band_keys` are empty lists
-    and `minhash` is empty bytes; otherwise `minhash` is the signature as little-endian uint64 bytes.
+    replaced). `exact_hash` is always computed (it is cheap). `dedup_keys` are the keys the cleaner groups
+    records by: the exact key (`exact_keys`) when `cfg.exact`, then one LSH key per band (`band_hashes`) when
+    `cfg.near`. With `cfg.near` False `minhash` is empty bytes; otherwise the signature as little-endian uint64
+    bytes.
     Errors name the row's id, never its text.
     """
     if kind not in KINDS:
@@ -393,14 +421,19 @@ def dedup_features(table: pa.Table, kind: str, cfg: DedupConfig) -> pa.Table:
             reason = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
             raise ValueError(f"dedup_features: row id={rid!r}: {reason}") from None
     hashes = [exact_hash(t) for t in texts]
+    key_cols = [exact_keys(hashes, kind).reshape(-1, 1)] if cfg.exact else []
     if cfg.near:
         sigs = _signatures(texts, cfg).astype("<u8", copy=False)
-        keys = [band_keys(s, cfg.bands) for s in sigs]
-        minhash = [s.tobytes() for s in sigs]
+        key_cols.append(band_hashes(sigs, cfg.bands, kind))
+        minhash = pa.FixedSizeBinaryArray.from_buffers(pa.binary(sigs.shape[1] * 8), len(sigs),
+                                                       [None, pa.py_buffer(sigs.tobytes())]).cast(pa.binary())
     else:
-        keys = [[] for _ in texts]
-        minhash = [b""] * len(texts)
+        minhash = pa.array([b""] * len(texts), pa.binary())
+    keys = np.hstack(key_cols) if key_cols else np.zeros((len(texts), 0), np.uint64)
+    dedup_keys = pa.ListArray.from_arrays(pa.array(np.arange(0, keys.size + 1, max(keys.shape[1], 1))
+                                                   if keys.shape[1] else np.zeros(len(texts) + 1, np.int32),
+                                                   pa.int32()), pa.array(keys.ravel(), pa.uint64()))
     out = table.drop_columns([c for c in FEATURE_COLUMNS if c in table.column_names])
     out = out.append_column("exact_hash", pa.array(hashes, type=pa.string()))
-    out = out.append_column("band_keys", pa.array(keys, type=pa.list_(pa.string())))
-    return out.append_column("minhash", pa.array(minhash, type=pa.binary()))
+    out = out.append_column("dedup_keys", dedup_keys)
+    return out.append_column("minhash", minhash)
