@@ -69,20 +69,25 @@ class PeakRSS:
         self.driver = 0
         self.worker = 0
         self.total = 0
-        self._cpu: dict[int, tuple[set[str], str, float]] = {}
+        self._last: dict[int, float] = {}
+        self._groups: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample_cpu(self, procs: list[psutil.Process]) -> None:
+        """CPU time used since the last sample, counted under the role the process has now: Ray reuses a worker
+        process for tasks and later for an actor, so a process's whole life cannot go to one group."""
         for p in procs:
             try:
                 cmd = " ".join(p.cmdline())
                 t = p.cpu_times()
             except psutil.Error:
                 continue
-            names, _, _ = self._cpu.get(p.pid, (set(), "", 0.0))
-            names.add(cmd.split(" ")[0] if cmd.startswith("ray::") else p.name())
-            self._cpu[p.pid] = (names, cmd, t.user + t.system)
+            now = t.user + t.system
+            name = cmd.split(" ")[0] if cmd.startswith("ray::") else p.name()
+            group = cpu_group({name}, cmd)
+            self._groups[group] = self._groups.get(group, 0.0) + now - self._last.get(p.pid, 0.0)
+            self._last[p.pid] = now
 
     def _run(self) -> None:
         me = psutil.Process()
@@ -102,10 +107,7 @@ class PeakRSS:
 
     def cpu_seconds(self) -> dict[str, float]:
         t = psutil.Process().cpu_times()
-        groups = {"driver": t.user + t.system}
-        for names, cmd, secs in self._cpu.values():
-            g = cpu_group(names, cmd)
-            groups[g] = groups.get(g, 0.0) + secs
+        groups = {"driver": t.user + t.system, **self._groups}
         return {k: round(v, 1) for k, v in sorted(groups.items())}
 
     def __enter__(self) -> PeakRSS:
