@@ -77,6 +77,24 @@ class StageConfig(_Strict):
     placement: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
 
 
+    def training_identity(self) -> dict[str, Any]:
+        """The config as a stage fingerprint sees it: what decides the updates the stage computes.
+
+        Left out: `enabled`, and the memory and placement knobs, explicit or `auto` (ARCHITECTURE.md): the
+        micro-batch/accumulation split, checkpointing, fused CE and layer kernels, compiling, ZeRO, offload and
+        the GPUs it runs on compute the same updates in another memory layout. The knobs the planner resolves
+        that do change the updates (method, precision, optimizer, per-worker batch) enter the fingerprint as
+        the plan resolved them (StagePlan.identity), so `auto` and its explicit resolution hash the same."""
+        return self.model_dump(mode="json", exclude={"enabled", *MEMORY_KNOBS, *PLAN_RESOLVED_KNOBS})
+
+
+# Planner knobs that change only how the same updates are laid out in memory, and where they run.
+MEMORY_KNOBS: frozenset[str] = frozenset(
+    {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
+# Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.
+PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
+
+
 class DPOStageConfig(StageConfig):
     beta: Annotated[float, Field(gt=0)] = 0.1
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"

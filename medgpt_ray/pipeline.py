@@ -195,10 +195,9 @@ class Pipeline:
 
     def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
                      base_config: dict[str, Any], prov: dict[str, Any]) -> str:
-        stage_cfg = self.cfg.stages.get(stage).model_dump(mode="json")
-        stage_cfg.pop("enabled")
         return sha256_json({
-            "stage": stage, "config": stage_cfg, "plan": plan.identity(), "data": data_fp,
+            "stage": stage, "config": self.cfg.stages.get(stage).training_identity(), "plan": plan.identity(),
+            "data": data_fp,
             "upstream": upstream_fp, "base_model": base_config, "template": self._template(stage),
             "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
         })

@@ -49,3 +49,28 @@ def test_missing_upstream_output_names_the_stage(tmp_path):
     p = Pipeline(make(tmp_path))
     with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft"):
         p._upstream_model("dpo", tmp_path)
+
+
+def _sft_fingerprint(tmp_path, **sft) -> str:
+    """The sft stage's fingerprint for the default stages with `sft` keys set, planned as the pipeline plans."""
+    from medgpt_ray.memory.stage_plans import plan_all
+
+    cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "output_dir": str(tmp_path),
+                                         "resources": {"num_workers": 2},
+                                         "stages": {"sft": {"method": "lora", "effective_batch": 8, **sft}}})
+    plans, errors = plan_all(cfg)
+    assert not errors
+    prov = {"git_commit": "c0ffee", "packages": {"torch": "x"}}
+    return Pipeline(cfg)._fingerprint("sft", plans["sft"], "data-fp", "pt-fp", {"hidden_size": 8}, prov)
+
+
+def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_does(tmp_path):
+    planned = _sft_fingerprint(tmp_path)
+    # The tiny CPU plan picks micro-batch 4 without checkpointing; other explicit layouts of the same
+    # updates must not retrain a finished stage.
+    assert _sft_fingerprint(tmp_path, micro_batch=1) == planned
+    assert _sft_fingerprint(tmp_path, micro_batch=2, grad_ckpt=True) == planned
+    assert _sft_fingerprint(tmp_path, grad_ckpt=0.5, zero_stage=0, offload="none", compile=False) == planned
+    assert _sft_fingerprint(tmp_path, lr=1e-3) != planned
+    assert _sft_fingerprint(tmp_path, effective_batch=16) != planned
+    assert _sft_fingerprint(tmp_path, method="full") != planned
