@@ -76,11 +76,6 @@ class Choice:
     runner_up_cost: float | None = None
     why: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "cost": round(self.cost, 4), "runner_up": self.runner_up,
-                "runner_up_cost": None if self.runner_up_cost is None else round(self.runner_up_cost, 4),
-                "why": self.why}
-
 
 def explain(topo: Topology, gpus: list[int]) -> list[str]:
     if len(gpus) < 2:

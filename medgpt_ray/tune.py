@@ -39,7 +39,8 @@ class SweepConfig(_Strict):
     space: dict[str, dict[Literal["choice", "grid", "uniform", "loguniform", "randint"], list[Any]]]
 
 
-def load_sweep(path: str | Path) -> SweepConfig:
+def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConfig:
+    """The sweep file, checked; with the pipeline config it runs on, also checked against it."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file not found: {p}")
@@ -55,6 +56,12 @@ def load_sweep(path: str | Path) -> SweepConfig:
             raise ConfigError(f"{p}: space.{key}: exactly one of choice, grid, uniform, loguniform, randint")
     if sweep.searcher == "grid" and any("grid" not in s and "choice" not in s for s in sweep.space.values()):
         raise ConfigError(f"{p}: searcher grid needs every space entry to be a list (grid or choice)")
+    if cfg is not None and sweep.scheduler == "asha" and "eval_steps" not in sweep.space \
+            and cfg.stages.get(sweep.stage).eval_steps is None:
+        # Without evaluations during training a trial reports once, at its end: ASHA could stop nothing.
+        raise ConfigError(f"{p}: scheduler asha stops trials at their evaluations, but stages.{sweep.stage}.eval_steps "
+                          f"is not set (the stage evaluates once, at the end): set stages.{sweep.stage}.eval_steps "
+                          f"or use scheduler: none")
     return sweep
 
 
@@ -129,6 +136,18 @@ def format_table(rows: list[dict[str, Any]], metric: str) -> str:
     return "\n".join(lines)
 
 
+def trial_gpu_groups(topo, workers: int, explicit: Literal["auto"] | list[int]) -> list[list[int]]:
+    """The GPU sets concurrent trials take turns on: disjoint sets chosen together by the placement policy, or the
+    one set stages.<stage>.placement names (trials then run one at a time on it)."""
+    from medgpt_ray.placement import partition_gpus
+
+    if explicit != "auto":
+        return [list(explicit)]
+    per_trial = min(workers, topo.n)
+    groups, _ = partition_gpus(topo, [per_trial] * max(1, topo.n // per_trial))
+    return groups
+
+
 def wait_for_slot(pool, poll_s: float = 0.5, owner: str = "") -> int:
     import ray
 
@@ -139,10 +158,5 @@ def wait_for_slot(pool, poll_s: float = 0.5, owner: str = "") -> int:
         time.sleep(poll_s)
 
 
-def data_records(path: str) -> int:
-    with open(path, encoding="utf-8") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
 __all__ = ["DATA_KIND", "PENALTY", "SweepConfig", "format_table", "load_sweep", "override_lines", "param_space",
-           "predicted_run_seconds", "trial_config", "wait_for_slot"]
+           "predicted_run_seconds", "trial_config", "trial_gpu_groups", "wait_for_slot"]

@@ -26,6 +26,7 @@ from medgpt_ray.tune import (
     param_space,
     predicted_run_seconds,
     trial_config,
+    trial_gpu_groups,
     wait_for_slot,
 )
 
@@ -85,7 +86,8 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from medgpt_ray.placement import StagePlacement, place_stage, ray_train_resources
+    from medgpt_ray.memory.backoff import run_with_backoff
+    from medgpt_ray.placement import PlacementError, StagePlacement, place_stage, ray_train_resources
     from medgpt_ray.stages.common import StageInputs
     from medgpt_ray.topology import load_topology_file
 
@@ -106,11 +108,16 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
     pool = ray.get_actor(ctx["pool"], namespace=ctx["namespace"])
     slot = wait_for_slot(pool, owner=tune.get_context().get_trial_id())
     try:
-        placement = None
         if plan.use_gpu:
             topo = load_topology_file(ctx["topology"])
-            placement = place_stage(topo, plan.num_workers, None, cfg.resources.nccl_env,
-                                    gpus=ray.get(pool.group.remote(slot)))
+            explicit = cfg.stages.get(stage).placement
+            try:
+                # An explicit placement is checked against the topology; otherwise the slot's set is used.
+                placement = place_stage(topo, plan.num_workers, None if explicit == "auto" else explicit,
+                                        cfg.resources.nccl_env,
+                                        gpus=None if explicit != "auto" else ray.get(pool.group.remote(slot)))
+            except PlacementError as e:
+                raise ConfigError(f"stages.{stage}.placement: {e}") from None
             plan.placement = placement.to_dict()
         trial_id = tune.get_context().get_trial_id()
         inp = StageInputs(stage, cfg.stages.get(stage), plan, ctx["model_path"], cfg.stages.get(stage).template
@@ -120,12 +127,18 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
                                            plan.num_workers, plan.use_gpu, cfg.resources.cpus_per_worker,
                                            ray.cluster_resources(), ctx["worker_env"])
         extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
-        TorchTrainer(_tune_worker_loop, train_loop_config={"inputs": inp, "metric": metric, "extra": extra},
-                     scaling_config=ScalingConfig(**scaling),
-                     run_config=RunConfig(name=f"trial_{trial_id}", storage_path=str(Path(ctx["out"]) / "train"),
-                                          callbacks=[TuneReportCallback()],
-                                          logging_config=ray.LoggingConfig(log_level="WARNING"),
-                                          worker_runtime_env={"env_vars": env})).fit()
+        inp.out.mkdir(parents=True, exist_ok=True)
+
+        def attempt(n: int) -> None:
+            # After an OOM back-off the same trial resumes from its last checkpoint at the smaller micro-batch.
+            TorchTrainer(_tune_worker_loop, train_loop_config={"inputs": inp, "metric": metric, "extra": extra},
+                         scaling_config=ScalingConfig(**scaling),
+                         run_config=RunConfig(name=f"trial_{trial_id}" + (f"-b{n}" if n else ""),
+                                              storage_path=ctx["train_storage"], callbacks=[TuneReportCallback()],
+                                              logging_config=ray.LoggingConfig(log_level="WARNING"),
+                                              worker_runtime_env={"env_vars": env})).fit()
+
+        run_with_backoff(inp, attempt, cfg.name, cfg.resources.oom_backoff, print)
     finally:
         # Synchronous: the process may end right after this function. A trial ASHA stops is killed before it
         # gets here; the driver's SlotReleaser gives its set back then.
@@ -186,7 +199,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     from medgpt_ray.ray_stage import worker_env
 
     cfg = load_config(config_path, sets)
-    sweep = load_sweep(sweep_path)
+    sweep = load_sweep(sweep_path, cfg)
     stage = sweep.stage
     out = (Path(cfg.output_dir) / f"{cfg.name}-tune-{stage}").resolve()
     budget = resolve_budget(cfg, None, 24.0 if dry_run else None)
@@ -218,13 +231,15 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
                         cfg.data.max_records)
     records = data.train_records
     workers = cfg.workers_for(stage)
+    # Ray Train's and Tune's storage: resources.storage_path (shared by every node of a cluster), else the sweep's
+    # own directory.
+    storage_root = Path(cfg.resources.storage_path) / out.name if cfg.resources.storage_path else out
     if cfg.resources.use_gpu:
-        from medgpt_ray.placement import partition_gpus
         from medgpt_ray.wave_placement import find_topology
 
         topo = find_topology(cfg)
-        slots = max(1, topo.n // min(workers, topo.n))
-        groups, _ = partition_gpus(topo, [min(workers, topo.n)] * slots)
+        groups = trial_gpu_groups(topo, workers, cfg.stages.get(stage).placement)
+        slots = len(groups)
         topology = topo.source if Path(topo.source).is_file() else cfg.resources.topology_file
     else:
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // (workers * cfg.resources.cpus_per_worker)))
@@ -237,9 +252,10 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     ctx = {"base": base, "stage": stage, "metric": sweep.metric, "mode": sweep.mode, "budget": budget,
            "pool": pool_name, "namespace": namespace, "topology": topology, "out": str(out),
            "model_path": str(models.resolve_model_path(cfg.model.path)), "train_file": data.train_file,
-           "eval_file": data.eval_file, "worker_env": worker_env(), "pruned_cost": pruned_cost}
+           "eval_file": data.eval_file, "worker_env": worker_env(), "pruned_cost": pruned_cost,
+           "train_storage": str(storage_root / "train")}
     trainable = tune.with_resources(tune.with_parameters(_trial, ctx=ctx), {"cpu": 0, "memory": 1})
-    storage = out / "tune"
+    storage = storage_root / "tune"
     exp = storage / "sweep"
     if resume and tune.Tuner.can_restore(str(exp)):
         echo(f"resuming the sweep in {exp}: finished trials are not rerun")

@@ -23,15 +23,11 @@ class PreparedData:
     kind: str
     train_file: str
     eval_file: str
-    fingerprint: str  # of the source files' bytes and the split settings
     source_records: int
     train_records: int
     eval_records: int
     quarantined: int
     quarantine_file: str | None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _record_key(record: dict) -> str:
@@ -90,6 +86,5 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
     train_file, eval_file = out_dir / f"{kind}.train.jsonl", out_dir / f"{kind}.eval.jsonl"
     _write_jsonl(train_file, train)
     _write_jsonl(eval_file, held_out)
-    return PreparedData(kind, str(train_file), str(eval_file),
-                        data_fingerprint(paths, eval_fraction, max_records), loaded.source_count,
-                        len(train), len(held_out), len(loaded.quarantined), quarantine_file)
+    return PreparedData(kind, str(train_file), str(eval_file), loaded.source_count, len(train), len(held_out),
+                        len(loaded.quarantined), quarantine_file)

@@ -48,8 +48,6 @@ from medgpt_ray.templates import ROLES, parse_tool_calls, turn_order_error
 
 Kind = Literal["pretrain", "sft", "preference", "prompt"]
 
-FORMATS = ("text", "sharegpt", "canonical_sft", "alpaca", "reward", "sharegpt_preference", "canonical_preference",
-           "huatuo", "toyhom", "grpo", "sharegpt_prompt", "canonical_prompt")
 KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "pretrain": ("text",),
     "sft": ("sharegpt", "canonical_sft", "alpaca", "huatuo", "toyhom"),
@@ -448,7 +446,7 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "sharegpt_prompt": _prompt_converter("sharegpt"),
     "canonical_prompt": _prompt_converter("canonical"),
 }
-assert set(CONVERTERS) == set(FORMATS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
+assert set(CONVERTERS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 
 
 def check_kind(kind: str) -> None:

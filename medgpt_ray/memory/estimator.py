@@ -18,7 +18,6 @@ bench/memory_calibration.py; each says where it comes from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from medgpt_ray.memory.shapes import ModelShape
 
@@ -46,9 +45,6 @@ ZERO_OFFLOAD_STAGING_BYTES = 5e7 * 4 * 2
 # ZeRO-3 parameter offload: gathered parameters live on the GPU up to the prefetch bucket plus one layer.
 ZERO3_LIVE_PARAM_ELEMENTS = 5e7
 
-Stage = Literal["pt", "sft", "rm", "dpo"]
-
-
 @dataclass(frozen=True)
 class TrainSetup:
     stage: str
@@ -63,7 +59,6 @@ class TrainSetup:
     gpus: int = 1
     optim: str = "adamw"  # adamw | adamw-8bit
     lora_rank: int = 8
-    lora_dropout: float = 0.05
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE

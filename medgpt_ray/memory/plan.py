@@ -36,10 +36,6 @@ class StagePlan:
     compile: bool = False  # decoder layers compiled in place (stages/speed.py)
     placement: dict[str, Any] | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
 
-    @property
-    def grad_ckpt(self) -> bool:
-        return self.ckpt_fraction > 0
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -268,7 +268,7 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
         yield TrainSetup(
             stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
-            lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout, grad_accum=per_worker // micro,
+            lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
             fused_kernels=kernels)
 

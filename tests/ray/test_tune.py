@@ -29,7 +29,10 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
 
     monkeypatch.chdir(repo)
     cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
-    cfg_file.write_text(yaml.safe_dump({**BASE, "output_dir": str(tmp_path / "runs")}))
+    # Ray Train's and Tune's storage go where resources.storage_path says (shared storage on a cluster).
+    base = {**BASE, "output_dir": str(tmp_path / "runs"),
+            "resources": {**BASE["resources"], "storage_path": str(tmp_path / "storage")}}
+    cfg_file.write_text(yaml.safe_dump(base))
     sweep_file.write_text(yaml.safe_dump(SWEEP))
     lines: list[str] = []
     summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append)
@@ -42,8 +45,10 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
     assert len(done) == 3 and all(r["eval_loss"] is not None and r["eval_loss"] < 1e8 for r in done)
     # Pruned trials never created a Ray Train run (no worker process, no stage directory).
     out = tmp_path / "runs" / "sweepbase-tune-sft"
-    train_runs = sorted(p.name for p in (out / "train").iterdir())
-    assert len(train_runs) == 3
+    storage = tmp_path / "storage" / out.name
+    train_runs = sorted(p.name for p in (storage / "train").iterdir())
+    assert len(train_runs) == 3 and (storage / "tune" / "sweep").is_dir()
+    assert not (out / "train").exists() and not (out / "tune").exists()
     assert len(list((out / "trials").iterdir())) == 3
     # The best trial is a ready override file the pipeline accepts.
     best = yaml.safe_load((out / "best_overrides.yaml").read_text())
@@ -56,7 +61,7 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
     # Interrupted or finished: --resume restores the experiment and reruns nothing that finished.
     again = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append, resume=True)
     assert any("resuming the sweep" in line for line in lines)
-    assert sorted(p.name for p in (out / "train").iterdir()) == train_runs
+    assert sorted(p.name for p in (storage / "train").iterdir()) == train_runs
     assert sorted(r["status"] for r in again["rows"]) == sorted(r["status"] for r in rows)
 
 

@@ -31,7 +31,12 @@ def test_chosen_configuration_fits_and_keeps_the_effective_batch():
     # Something faster was considered and rejected for memory, with the numbers.
     rejected = [a for a in plan.alternatives if "budget" in a["why"]]
     assert rejected and all(a["peak_gib"] > 22.0 and a["relative_speed"] > 1 for a in rejected)
-    assert plan.deepspeed is None or plan.deepspeed["train_micro_batch_size_per_gpu"] == plan.micro_batch
+    # LoRA's frozen base fits each 4090 whole: no ZeRO, and then no DeepSpeed config at all.
+    assert (plan.zero_stage, plan.offload, plan.deepspeed) == (0, "none", None)
+    sharded = plan_stage("sft", sft_7b(zero_stage=3, offload="none"), 4, True, Q7, RTX4090)
+    assert sharded.deepspeed is not None
+    assert sharded.deepspeed["train_micro_batch_size_per_gpu"] == sharded.micro_batch
+    assert sharded.deepspeed["gradient_accumulation_steps"] == sharded.grad_accum
 
 
 def test_more_memory_buys_a_faster_plan():
