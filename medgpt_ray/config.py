@@ -72,7 +72,7 @@ class StageConfig(_Strict):
     logging_steps: Annotated[int, Field(ge=1)] = 10
     template: str | None = None  # None: model.template
     num_workers: Annotated[int, Field(ge=1)] | None = None  # None: resources.num_workers
-    # GPUs by PCIe topology (medgpt_ray/placement.py), or an explicit list of GPU indices on each node
+    # GPUs by PCIe topology (medgpt_ray/placement/policy.py), or an explicit list of GPU indices on each node
     # (PCI bus order, as nvidia-smi numbers them), checked against the node's topology.
     placement: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
 
@@ -262,6 +262,9 @@ class PipelineConfig(_Strict):
 
     def workers_for(self, stage: str) -> int:
         return self.stages.get(stage).num_workers or self.resources.num_workers
+
+    def template_for(self, stage: str) -> str:
+        return self.stages.get(stage).template or self.model.template
 
 
 def _format_validation_error(err: ValidationError, source: str) -> str:

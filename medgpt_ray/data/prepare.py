@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from medgpt_ray.data.files import expand_paths, load_canonical
-from medgpt_ray.manifest import file_sha256
 
 
 @dataclass
@@ -50,6 +49,14 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
         for r in records:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def data_fingerprint(paths: list[str], eval_fraction: float, max_records: int | None) -> str:

@@ -122,7 +122,7 @@ class StageMetrics(TrainerCallback):
 
 
 def _gpu_tag() -> str:
-    from medgpt_ray.placement import chosen_gpu
+    from medgpt_ray.placement.device import chosen_gpu
 
     chosen = chosen_gpu()
     if chosen is not None:

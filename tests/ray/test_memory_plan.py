@@ -7,8 +7,8 @@ import json
 import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions
-from medgpt_ray.stages.common import INJECT_OOM_ENV
+from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
+from medgpt_ray.stages.callbacks import INJECT_OOM_ENV
 
 pytestmark = pytest.mark.ray
 

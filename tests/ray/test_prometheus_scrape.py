@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from medgpt_ray.config import PipelineConfig
-from medgpt_ray.pipeline import Pipeline, RunOptions
+from medgpt_ray.run.pipeline import Pipeline, RunOptions
 from tests.promserver import PromServer
 
 pytestmark = pytest.mark.ray

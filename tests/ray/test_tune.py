@@ -25,7 +25,7 @@ SWEEP = {"stage": "sft", "metric": "eval_loss", "mode": "min", "searcher": "grid
 
 
 def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, repo, tmp_path, monkeypatch):
-    from medgpt_ray.tune_run import run_sweep
+    from medgpt_ray.tune.driver import run_sweep
 
     monkeypatch.chdir(repo)
     cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
@@ -68,10 +68,10 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
 def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     import ray
 
-    from medgpt_ray.placement import partition_gpus
-    from medgpt_ray.topology import load_topology_file
-    from medgpt_ray.tune import wait_for_slot
-    from medgpt_ray.tune_run import SlotPool
+    from medgpt_ray.placement.policy import partition_gpus
+    from medgpt_ray.placement.topology import load_topology_file
+    from medgpt_ray.tune.driver import SlotPool
+    from medgpt_ray.tune.sweep import wait_for_slot
 
     groups, _ = partition_gpus(load_topology_file("8x4090-switches-single-socket"), [2, 2, 2, 2])
     pool = SlotPool.remote(groups)

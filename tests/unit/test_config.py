@@ -62,7 +62,7 @@ SWEEP_CONFIGS = {"sft-lora.yaml": "qwen2.5-7b-4x4090.yaml", "sft-tiny.yaml": "ti
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
 def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
-    from medgpt_ray.memory.stage_plans import model_shape, plan_all
+    from medgpt_ray.memory.planner import model_shape, plan_all
 
     cfg = load_config(CONFIGS / name)
     # No GPU is read here: a GPU config is planned for a 24 GiB card (an RTX 4090), as `medgpt-ray plan` does.
@@ -81,7 +81,7 @@ def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
 
 @pytest.mark.parametrize("sweep", sorted(SWEEP_CONFIGS))
 def test_shipped_sweep_loads_with_its_config_and_plans_its_trials(sweep):
-    from medgpt_ray.tune_run import run_sweep
+    from medgpt_ray.tune.driver import run_sweep
 
     assert sorted(SWEEP_CONFIGS) == sorted(p.name for p in (CONFIGS / "sweeps").glob("*.yaml"))
     lines: list[str] = []
@@ -97,7 +97,7 @@ def test_shipped_sweep_loads_with_its_config_and_plans_its_trials(sweep):
 
 
 def test_asha_without_evaluations_is_refused_naming_the_key(tmp_path):
-    from medgpt_ray.tune import load_sweep
+    from medgpt_ray.tune.sweep import load_sweep
 
     sweep = write(tmp_path, "stage: sft\nscheduler: asha\nspace: {lr: {choice: [0.1, 0.2]}}\n", "s.yaml")
     cfg = load_config(write(tmp_path, MINIMAL))
@@ -110,8 +110,8 @@ def test_asha_without_evaluations_is_refused_naming_the_key(tmp_path):
 
 
 def test_trials_take_turns_on_an_explicit_placement_or_share_the_gpus():
-    from medgpt_ray.topology import load_topology_file
-    from medgpt_ray.tune import trial_gpu_groups
+    from medgpt_ray.placement.topology import load_topology_file
+    from medgpt_ray.tune.sweep import trial_gpu_groups
 
     topo = load_topology_file("8x4090-switches-single-socket")
     groups = trial_gpu_groups(topo, 2, "auto")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions, _effective_upstream
+from medgpt_ray.run import dag
+from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
 
 
 def make(tmp_path, **stages) -> PipelineConfig:
@@ -34,10 +35,10 @@ def test_rm_and_dpo_share_a_wave(tmp_path):
 
 def test_a_disabled_stage_hands_its_input_to_its_dependants(tmp_path):
     cfg = make(tmp_path, sft=False)
-    assert _effective_upstream(cfg, "dpo") == "pt"
+    assert dag.effective_from(cfg, "dpo") == "pt"
     assert Pipeline(cfg)._waves(cfg.enabled_stages()) == [["pt"], ["rm", "dpo"]]
     cfg = make(tmp_path, pt=False, sft=False)
-    assert _effective_upstream(cfg, "rm") is None
+    assert dag.effective_from(cfg, "rm") is None
 
 
 def test_only_stage_of_a_disabled_stage_is_refused(tmp_path):
@@ -53,7 +54,7 @@ def test_missing_upstream_output_names_the_stage(tmp_path):
 
 def _sft_fingerprint(tmp_path, **sft) -> str:
     """The sft stage's fingerprint for the default stages with `sft` keys set, planned as the pipeline plans."""
-    from medgpt_ray.memory.stage_plans import plan_all
+    from medgpt_ray.memory.planner import plan_all
 
     cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "output_dir": str(tmp_path),
                                          "resources": {"num_workers": 2},

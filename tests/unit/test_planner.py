@@ -11,10 +11,11 @@ import torch
 
 from medgpt_ray.cli import main
 from medgpt_ray.config import ConfigError, LoraConfig, StageConfig, load_config
-from medgpt_ray.memory.backoff import is_cuda_oom
-from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
-from medgpt_ray.memory.planner import PlanError, make_budget, plan_stage
+from medgpt_ray.memory.budget import make_budget
+from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
+from medgpt_ray.memory.stage_plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.run.backoff import is_cuda_oom
 
 Q7 = PRESETS["qwen2.5-7b"]
 RTX4090 = make_budget(24, 2, "rtx4090", True, "test")
@@ -94,22 +95,26 @@ def test_a_tiny_budget_forces_smaller_micro_batches_and_checkpointing():
 def test_halving_keeps_the_effective_batch_until_nothing_is_left():
     plan = plan_stage("sft", sft_7b(micro_batch=8, grad_ckpt=0.5), 1, True, Q7, make_budget(200, 2, "h200", True, "t"))
     seen = []
-    while halve_micro_batch(plan, sft_7b(), "CUDA out of memory", step=3):
+    first = plan
+    while (smaller := halve_micro_batch(plan, sft_7b(), "CUDA out of memory", step=3)) is not None:
+        plan = smaller
         seen.append((plan.micro_batch, plan.grad_accum, plan.ckpt_fraction))
+    assert (first.micro_batch, first.backoffs) == (8, [])  # the back-off returns new plans; the first is unchanged
     assert seen == [(4, 8, 0.5), (2, 16, 0.5), (1, 32, 0.5), (1, 32, 1.0)]
     assert len(plan.backoffs) == 4 and plan.backoffs[0]["before"]["micro_batch"] == 8
     odd = plan_stage("sft", sft_7b(effective_batch=3, micro_batch=3), 1, True, Q7,
                      make_budget(200, 2, "h200", True, "t"))
-    assert halve_micro_batch(odd, sft_7b(effective_batch=3), "oom", 0) and (odd.micro_batch, odd.grad_accum) == (1, 3)
+    odd = halve_micro_batch(odd, sft_7b(effective_batch=3), "oom", 0)
+    assert odd is not None and (odd.micro_batch, odd.grad_accum) == (1, 3)
 
 
 def test_resumed_attempt_keeps_its_backoffs_and_fingerprint_identity_ignores_memory_knobs():
     budget = make_budget(200, 2, "h200", True, "t")
     planned = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
     previous = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
-    halve_micro_batch(previous, sft_7b(), "oom", 5)
+    previous = halve_micro_batch(previous, sft_7b(), "oom", 5)
     assert previous.identity() == planned.identity()
-    keep_backoffs(planned, previous, sft_7b())
+    planned = keep_backoffs(planned, previous, sft_7b())
     assert (planned.micro_batch, planned.grad_accum, len(planned.backoffs)) == (4, 8, 1)
 
 
@@ -193,7 +198,7 @@ def test_plan_cli_on_the_shipped_4090_config(capsys, repo):
 
 def test_planning_a_config_whose_model_is_elsewhere_needs_a_shape(tmp_path, repo):
     from medgpt_ray.config import ConfigError
-    from medgpt_ray.memory.stage_plans import plan_all
+    from medgpt_ray.memory.planner import plan_all
 
     cfg = load_config(repo / "configs/qwen2.5-7b-4x4090.yaml", ["model.shape=null"])
     with pytest.raises(ConfigError, match="set model.shape"):
@@ -234,7 +239,7 @@ def test_cpu_offload_must_fit_the_nodes_host_ram():
 
 def test_host_ram_comes_from_the_config_or_the_gpu_node(tmp_path, repo):
     from medgpt_ray.memory.budget import GPUMemory, read_host_available_gib
-    from medgpt_ray.memory.stage_plans import resolve_budget
+    from medgpt_ray.memory.planner import resolve_budget
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       263842948 kB\nMemAvailable:   201326592 kB\n")

@@ -105,7 +105,7 @@ def override_lines(stage: str, params: dict[str, Any]) -> dict[str, Any]:
 def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> float | None:
     """How long the stage would run (the throughput model, with no memory limit): what pruning saves."""
     from medgpt_ray.memory.estimator import TrainSetup
-    from medgpt_ray.memory.stage_plans import model_shape
+    from medgpt_ray.memory.planner import model_shape
     from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
 
     s = cfg.stages.get(stage)
@@ -139,7 +139,7 @@ def format_table(rows: list[dict[str, Any]], metric: str) -> str:
 def trial_gpu_groups(topo, workers: int, explicit: Literal["auto"] | list[int]) -> list[list[int]]:
     """The GPU sets concurrent trials take turns on: disjoint sets chosen together by the placement policy, or the
     one set stages.<stage>.placement names (trials then run one at a time on it)."""
-    from medgpt_ray.placement import partition_gpus
+    from medgpt_ray.placement.policy import partition_gpus
 
     if explicit != "auto":
         return [list(explicit)]

@@ -7,7 +7,7 @@ back-offs that happened while it ran.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
@@ -86,31 +86,29 @@ def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None
     }
 
 
-def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int | None) -> bool:
-    """OOM back-off: half the micro-batch, twice the accumulation (same effective batch).
-    False when there is nothing left to give (micro-batch 1 with full checkpointing)."""
+def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int | None) -> StagePlan | None:
+    """OOM back-off: a new plan with half the micro-batch and twice the accumulation (same effective batch).
+    None when there is nothing left to give (micro-batch 1 with full checkpointing)."""
     if plan.micro_batch == 1 and plan.ckpt_fraction >= 1:
-        return False
+        return None
     before = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "ckpt_fraction": plan.ckpt_fraction}
-    if plan.micro_batch > 1:
+    micro, accum, ckpt = plan.micro_batch, plan.grad_accum, plan.ckpt_fraction
+    if micro > 1:
         # The largest divisor of the micro-batch up to its half keeps micro x accumulation unchanged.
-        smaller = max(d for d in range(1, plan.micro_batch // 2 + 1) if plan.micro_batch % d == 0)
-        plan.grad_accum *= plan.micro_batch // smaller
-        plan.micro_batch = smaller
+        smaller = max(d for d in range(1, micro // 2 + 1) if micro % d == 0)
+        micro, accum = smaller, accum * (micro // smaller)
     else:
-        plan.ckpt_fraction = 1.0  # micro-batch 1 already: recompute every layer
-    plan.backoffs.append({"after_step": step, "reason": reason, "before": before,
-                          "after": {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
-                                    "ckpt_fraction": plan.ckpt_fraction}})
-    plan.deepspeed = deepspeed_config(plan, cfg)
-    return True
+        ckpt = 1.0  # micro-batch 1 already: recompute every layer
+    after = {"micro_batch": micro, "grad_accum": accum, "ckpt_fraction": ckpt}
+    new = replace(plan, **after, backoffs=[*plan.backoffs, {"after_step": step, "reason": reason, "before": before,
+                                                            "after": after}])
+    return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 
-def keep_backoffs(plan: StagePlan, previous: StagePlan, cfg: StageConfig) -> None:
-    """Resume an interrupted attempt where its OOM back-offs left it (same per-worker batch only)."""
+def keep_backoffs(plan: StagePlan, previous: StagePlan, cfg: StageConfig) -> StagePlan:
+    """The plan an interrupted attempt resumes with: where its OOM back-offs left it (same per-worker batch only)."""
     if not previous.backoffs or previous.micro_batch * previous.grad_accum != plan.micro_batch * plan.grad_accum:
-        return
-    plan.micro_batch, plan.grad_accum = previous.micro_batch, previous.grad_accum
-    plan.ckpt_fraction = max(plan.ckpt_fraction, previous.ckpt_fraction)
-    plan.backoffs = previous.backoffs
-    plan.deepspeed = deepspeed_config(plan, cfg)
+        return plan
+    new = replace(plan, micro_batch=previous.micro_batch, grad_accum=previous.grad_accum,
+                  ckpt_fraction=max(plan.ckpt_fraction, previous.ckpt_fraction), backoffs=list(previous.backoffs))
+    return replace(new, deepspeed=deepspeed_config(new, cfg))

@@ -7,6 +7,7 @@ import json
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,13 @@ import yaml
 from medgpt_ray import models
 from medgpt_ray.config import DATA_KIND, ConfigError, load_config, resolved_dict
 from medgpt_ray.data.prepare import prepare_kind
-from medgpt_ray.memory.planner import PlanError, plan_stage
-from medgpt_ray.memory.stage_plans import model_shape, resolve_budget
-from medgpt_ray.tune import (
+from medgpt_ray.memory.planner import PlanError, model_shape, plan_stage, resolve_budget
+from medgpt_ray.placement.policy import PlacementError, place_stage
+from medgpt_ray.placement.topology import load_topology_file
+from medgpt_ray.run.backoff import run_with_backoff
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.tune.sweep import (
     PENALTY,
     format_table,
     load_sweep,
@@ -62,34 +67,10 @@ class SlotPool:
         return self.groups[slot]
 
 
-def _tune_worker_loop(config: dict[str, Any]) -> None:
-    import torch
-
-    from medgpt_ray.ray_stage import report_with_receipt, start_worker
-    from medgpt_ray.stages import run_stage
-
-    start_worker()
-    result = run_stage(config["inputs"])
-    # Not "done": Tune reads a truthy `done` in a result as the trial's end and stops it on the spot, before
-    # the trial gives its GPU set back.
-    final = {config["metric"]: result.get("eval", {}).get(config["metric"]), "completed": 1,
-             "steps": result.get("steps"), **config["extra"]}
-    if torch.cuda.is_available():
-        final["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    report_with_receipt(final, result)
-
-
 def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
     """One trial: plan (prune if it cannot fit), take a slot, run the stage under Ray Train, give the slot back."""
     from ray import tune
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from medgpt_ray.memory.backoff import run_with_backoff
-    from medgpt_ray.placement import PlacementError, StagePlacement, place_stage, ray_train_resources
-    from medgpt_ray.stages.common import StageInputs
-    from medgpt_ray.topology import load_topology_file
 
     stage, metric = ctx["stage"], ctx["metric"]
     worst = PENALTY if ctx["mode"] == "min" else -PENALTY
@@ -118,25 +99,20 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
                                         gpus=None if explicit != "auto" else ray.get(pool.group.remote(slot)))
             except PlacementError as e:
                 raise ConfigError(f"stages.{stage}.placement: {e}") from None
-            plan.placement = placement.to_dict()
+            plan = replace(plan, placement=placement.to_dict())
         trial_id = tune.get_context().get_trial_id()
-        inp = StageInputs(stage, cfg.stages.get(stage), plan, ctx["model_path"], cfg.stages.get(stage).template
-                          or cfg.model.template, ctx["train_file"], ctx["eval_file"],
-                          str(Path(ctx["out"]) / "trials" / trial_id / stage), seed=cfg.seed, report_evals=True)
-        scaling, env = ray_train_resources(StagePlacement.from_dict(plan.placement) if plan.placement else None,
-                                           plan.num_workers, plan.use_gpu, cfg.resources.cpus_per_worker,
-                                           ray.cluster_resources(), ctx["worker_env"])
-        extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
+        inp = StageInputs.of(cfg, stage, plan, ctx["model_path"], ctx["train_file"], ctx["eval_file"],
+                             str(Path(ctx["out"]) / "trials" / trial_id / stage))
         inp.out.mkdir(parents=True, exist_ok=True)
+        extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
 
-        def attempt(n: int) -> None:
-            # After an OOM back-off the same trial resumes from its last checkpoint at the smaller micro-batch.
-            TorchTrainer(_tune_worker_loop, train_loop_config={"inputs": inp, "metric": metric, "extra": extra},
-                         scaling_config=ScalingConfig(**scaling),
-                         run_config=RunConfig(name=f"trial_{trial_id}" + (f"-b{n}" if n else ""),
-                                              storage_path=ctx["train_storage"], callbacks=[TuneReportCallback()],
-                                              logging_config=ray.LoggingConfig(log_level="WARNING"),
-                                              worker_runtime_env={"env_vars": env})).fit()
+        def attempt(n: int, inp: StageInputs) -> None:
+            # The same runner as the pipeline's, with Tune's report callback injected. After an OOM back-off the
+            # trial resumes from its last checkpoint at the smaller micro-batch.
+            run_stage_on_ray(inp, RayOptions(
+                storage_path=ctx["train_storage"], name=f"trial_{trial_id}" + (f"-b{n}" if n else ""),
+                cpus_per_worker=cfg.resources.cpus_per_worker, report_evals=True, extra_metrics=extra,
+                callbacks=[TuneReportCallback()], env=ctx["worker_env"]))
 
         run_with_backoff(inp, attempt, cfg.name, cfg.resources.oom_backoff, print)
     finally:
@@ -191,12 +167,31 @@ def _sample(sweep, n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _dry_run(sweep, base: dict[str, Any], budget, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Plan sampled trials and say which would be pruned; nothing runs. The data may not be here: run times of
+    pruned trials are predicted per 10k records."""
+    stage, rows = sweep.stage, []
+    for i, params in enumerate(_sample(sweep, sweep.num_samples)):
+        c = trial_config(base, stage, params)
+        try:
+            p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu, model_shape(c),
+                           budget)
+            rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction["peak_gib"],
+                         "params": params})
+        except PlanError as e:
+            rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
+                         "params": params, "predicted_run_s": predicted_run_seconds(c, stage, 10_000)})
+    echo(format_table(rows, sweep.metric))
+    echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
+    return {"rows": rows, "dry_run": True}
+
+
 def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
               dry_run: bool = False, resume: bool = False) -> dict[str, Any]:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from medgpt_ray.ray_stage import worker_env
+    from medgpt_ray.run.ray_env import worker_env
 
     cfg = load_config(config_path, sets)
     sweep = load_sweep(sweep_path, cfg)
@@ -211,21 +206,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
         return predicted_run_seconds(trial_config(base, stage, params), stage, records)
 
     if dry_run:
-        records = 10_000  # the data may not be here: report per 10k records
-        rows = []
-        for i, params in enumerate(_sample(sweep, sweep.num_samples)):
-            c = trial_config(base, stage, params)
-            try:
-                p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu,
-                               model_shape(c), budget)
-                rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction["peak_gib"],
-                             "params": params})
-            except PlanError as e:
-                rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
-                             "params": params, "predicted_run_s": pruned_cost(params)})
-        echo(format_table(rows, sweep.metric))
-        echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
-        return {"rows": rows, "dry_run": True}
+        return _dry_run(sweep, base, budget, echo)
 
     data = prepare_kind(DATA_KIND[stage], cfg.data.paths(DATA_KIND[stage]), out / "data", cfg.data.eval_fraction,
                         cfg.data.max_records)
@@ -235,7 +216,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     # own directory.
     storage_root = Path(cfg.resources.storage_path) / out.name if cfg.resources.storage_path else out
     if cfg.resources.use_gpu:
-        from medgpt_ray.wave_placement import find_topology
+        from medgpt_ray.run.gpu_placement import find_topology
 
         topo = find_topology(cfg)
         groups = trial_gpu_groups(topo, workers, cfg.stages.get(stage).placement)
