@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from medgpt_ray.config import STAGES, ConfigError, load_config
+from medgpt_ray.config import STAGE_KINDS, ConfigError, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 
@@ -21,8 +21,9 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 def add_run_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--from-stage", choices=STAGES, help="rerun this stage and everything downstream")
-    g.add_argument("--only-stage", choices=STAGES, help="rerun this stage alone (its upstream must be finished)")
+    g.add_argument("--from-stage", choices=list(STAGE_KINDS), help="rerun this stage and everything downstream")
+    g.add_argument("--only-stage", choices=list(STAGE_KINDS),
+                   help="rerun this stage alone (its upstream must be finished)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's own INFO log lines here (default: RUN_DIR/ray.log)")

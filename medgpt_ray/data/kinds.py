@@ -1,5 +1,5 @@
 """The data kinds, defined once: each kind's canonical record (ARCHITECTURE.md), the source formats read as it,
-and how one record's format is detected. The stages name the kind they train on (config.DATA_KIND); the data
+and how one record's format is detected. Each stage kind names the kind it trains on (config.STAGE_KINDS); the data
 config has one list of paths per kind.
 """
 

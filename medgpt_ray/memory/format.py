@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from medgpt_ray.memory.stage_plan import StagePlan
@@ -17,10 +18,10 @@ def _knobs(d: dict[str, Any]) -> str:
 
 def plan_line(p: StagePlan) -> str:
     """One line per stage for the pipeline's log."""
-    pred = p.prediction or {}
+    pred = p.prediction
     ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(p.ckpt_fraction, f"ckpt {p.ckpt_fraction:.0%} of layers")
-    budget = pred.get("budget_gib")
-    fit = f"predicted peak {pred.get('peak_gib', 0):.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
+    budget = pred.budget_gib if pred else None
+    fit = f"predicted peak {pred.peak_gib if pred else 0:.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
     return (f"{p.method}, micro-batch {p.micro_batch} x accum {p.grad_accum} x {p.num_workers} worker(s), {ck}, "
             f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
@@ -29,7 +30,7 @@ def plan_line(p: StagePlan) -> str:
 
 
 def format_plan(plan: StagePlan) -> list[str]:
-    p = plan.prediction or {}
+    p = asdict(plan.prediction) if plan.prediction else {}
     budget = p.get("budget_gib")
     budget_s = "none (CPU)" if budget is None else \
         f"{budget:.1f} GiB ({p.get('gpu_memory_gib')} - {p.get('margin_gib')} margin)"

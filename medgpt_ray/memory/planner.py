@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig
+from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, GPUMemory, gib, make_budget, tightest_local_gpu
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
-from medgpt_ray.memory.stage_plan import StagePlan, deepspeed_config
+from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
 from medgpt_ray.memory.throughput import tokens_per_second
 
 MAX_MICRO_BATCH = 64
@@ -93,6 +93,7 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
              reasons: list[str]) -> dict[str, list[Any]]:
     """The values each knob may take: the explicit one, or the searched set, each with its reason."""
     where = f"stages.{stage}"
+    model = stage_kind(stage).memory_kind  # the built-in kind whose trainer and memory model it follows
 
     def note(key: str, value: Any, searched: list[Any], why: str) -> list[Any]:
         if value == "auto":
@@ -127,30 +128,30 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False]}[stage]
+                  "dpo": [True], "rm": [False]}[model]
     if cfg.fused_ce != "auto":
-        if stage in ("sft", "dpo") and not cfg.fused_ce:
+        if model in ("sft", "dpo") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
-        if stage == "rm" and cfg.fused_ce:
+        if model == "rm" and cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: the reward model has a 1-wide score head, no vocabulary loss")
-        if stage == "pt" and cfg.fused_ce and not use_gpu:
+        if model == "pt" and cfg.fused_ce and not use_gpu:
             raise ConfigError(f"{where}.fused_ce: Liger's fused linear cross-entropy needs a GPU")
-        if stage == "pt" and cfg.fused_ce and not liger_available():
+        if model == "pt" and cfg.fused_ce and not liger_available():
             raise ConfigError(f"{where}.fused_ce: needs liger-kernel: pip install 'medgpt-ray[gpu]'")
     why_fused = ("Liger fused linear CE" + ("" if liger_available() else " unavailable: liger-kernel not installed")
-                 if stage == "pt" else "fixed by the trainer")
+                 if model == "pt" else "fixed by the trainer")
     fused = note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
 
     fusable = use_gpu and (liger_available() or cfg.compile is not False)
     if cfg.fused_kernels is True:
-        if stage == "rm":
+        if model == "rm":
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels are applied to the causal-LM stages "
                               f"(pt, sft, dpo), not the reward model")
         if not fusable:
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels need a GPU and either compile "
                               f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]')")
-    kernels_auto = [False, True] if (fusable and stage != "rm") else [False]
+    kernels_auto = [False, True] if (fusable and model != "rm") else [False]
     kernels = note("fused_kernels", cfg.fused_kernels, kernels_auto,
                    "fused RMSNorm/SwiGLU/RoPE: compiled layers, else Liger"
                    + ("" if liger_available() else " (liger-kernel not installed)"))
@@ -208,7 +209,8 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
         if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
             continue  # nothing would fuse the layer ops this estimate assumes fused
         yield TrainSetup(
-            stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
+            stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
+            seq_len=cfg.seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
             lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
@@ -295,17 +297,15 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
                    + ("explicit" if cfg.compile != "auto" else
                       f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
     plan.deepspeed = deepspeed_config(plan, cfg)
-    plan.prediction = {
-        "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,
-        "budget_gib": None if budget.gpu_gib is None else round(budget.usable_gib, 3),
-        "gpu_memory_gib": budget.gpu_gib, "margin_gib": budget.margin_gib, "budget_source": budget.source,
-        "gpu": budget.gpu.name, "tokens_per_s_per_gpu": round(chosen.tokens_per_s, 1),
-        "breakdown_gib": chosen.est.breakdown_gib(), "candidates": len(cands), "fitting": len(fits),
-    }
-    if chosen.host_node_gib:
-        plan.prediction["host_offload_gib_per_node"] = round(chosen.host_node_gib, 2)
-        plan.prediction["host_usable_gib"] = (None if budget.host_gib is None
-                                              else round(budget.host_usable_gib, 2))
+    offload = bool(chosen.host_node_gib)
+    plan.prediction = Prediction(
+        model=shape.name, peak_gib=round(chosen.peak_gib, 3), moment=chosen.est.moment,
+        budget_gib=None if budget.gpu_gib is None else round(budget.usable_gib, 3),
+        gpu_memory_gib=budget.gpu_gib, margin_gib=budget.margin_gib, budget_source=budget.source,
+        gpu=budget.gpu.name, tokens_per_s_per_gpu=round(chosen.tokens_per_s, 1),
+        breakdown_gib=chosen.est.breakdown_gib(), candidates=len(cands), fitting=len(fits),
+        host_offload_gib_per_node=round(chosen.host_node_gib, 2) if offload else None,
+        host_usable_gib=round(budget.host_usable_gib, 2) if offload and budget.host_gib is not None else None)
     plan.alternatives = _alternatives(chosen, cands, budget)
     reasons.append(f"chosen: {chosen.label()} (peak {chosen.peak_gib:.1f} GiB, "
                    f"{chosen.tokens_per_s:,.0f} tokens/s/GPU predicted)")

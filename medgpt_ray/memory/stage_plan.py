@@ -10,7 +10,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.config import ConfigError, StageConfig, stage_kind
+from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.placement.device import StagePlacement
+
+
+@dataclass
+class Prediction:
+    """What the planner predicted for the chosen configuration, and the per-GPU budget it was chosen for."""
+
+    model: str
+    peak_gib: float
+    moment: str  # when the peak happens: "backward start" or "optimizer step"
+    budget_gib: float | None  # usable per GPU: gpu_memory_gib - margin_gib; None: no GPU memory limit (CPU)
+    gpu_memory_gib: float | None  # resources.gpu_memory_gib, or what was read on the GPU
+    margin_gib: float
+    budget_source: str
+    gpu: str  # the GPU spec the throughput is predicted for
+    tokens_per_s_per_gpu: float
+    breakdown_gib: dict[str, float]
+    candidates: int
+    fitting: int
+    host_offload_gib_per_node: float | None = None  # CPU offload's host RAM, when the plan offloads
+    host_usable_gib: float | None = None
 
 
 @dataclass
@@ -29,19 +51,42 @@ class StagePlan:
     offload: str
     deepspeed: dict[str, Any] | None
     reasons: list[str] = field(default_factory=list)
-    prediction: dict[str, Any] | None = None  # peak_gib, budget_gib, breakdown_gib, tokens_per_s...
+    prediction: Prediction | None = None
     alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
     backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
     fused_kernels: bool = False  # fused RMSNorm/SwiGLU/RoPE: compiled layers when `compile`, else Liger's
     compile: bool = False  # decoder layers compiled in place (stages/speed.py)
-    placement: dict[str, Any] | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
+    placement: StagePlacement | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What plan.json holds (run/manifest.write_plan writes it)."""
+        d = asdict(self)
+        d["placement"] = None if self.placement is None else self.placement.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StagePlan:
+        d = dict(d)
+        d["prediction"] = None if d.get("prediction") is None else Prediction(**d["prediction"])
+        d["placement"] = None if d.get("placement") is None else StagePlacement.from_dict(d["placement"])
         return cls(**d)
+
+    @property
+    def examples_per_step(self) -> int:
+        """The global batch in examples (pretraining blocks, conversations, preference pairs): what
+        `effective_batch` asks for, whatever the memory layout (micro-batch x accumulation x workers)."""
+        return self.micro_batch * self.grad_accum * self.num_workers
+
+    def train_setup(self, cfg: StageConfig) -> TrainSetup:
+        """The setup the estimator and the throughput model score: this plan's knobs with the stage's
+        sequence length and LoRA rank (the one way from a plan to a TrainSetup)."""
+        return TrainSetup(
+            stage=stage_kind(self.stage).memory_kind, method=self.method, precision=self.precision,
+            micro_batch=self.micro_batch,
+            seq_len=cfg.seq_len, ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
+            offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
+            grad_accum=self.grad_accum, fused_kernels=self.fused_kernels,
+            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs

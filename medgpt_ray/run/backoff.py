@@ -67,7 +67,7 @@ def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], 
             if plan is None:
                 raise OutOfMemoryGiveUp(
                     f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
-                    f"(predicted peak {(old.prediction or {}).get('peak_gib')} GiB); nothing left to give: "
+                    f"(predicted peak {old.prediction.peak_gib if old.prediction else '?'} GiB); nothing left to give: "
                     f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
                 ) from e
             attempt += 1

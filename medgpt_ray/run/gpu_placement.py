@@ -55,12 +55,12 @@ def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: di
                             gpus=shares[s])
         except PlacementError as e:
             raise ConfigError(f"stages.{s}.placement: {e}") from None
-        plans[s] = replace(plans[s], placement=p.to_dict())
+        plans[s] = replace(plans[s], placement=p)
         write_plan(run_dir / s, plans[s])
         env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
         echo(f"[{s:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
              f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
-    used = [g for s in gpu_stages for g in plans[s].placement["gpus"]] if parallel else []
+    used = [g for s in gpu_stages for g in plans[s].placement.gpus] if parallel else []
     if len(used) != len(set(used)):
         raise ConfigError(f"stages {', '.join(gpu_stages)} run side by side on overlapping GPUs {used}; "
                           f"give them disjoint stages.<stage>.placement lists or leave them on auto")

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from medgpt_ray import models
-from medgpt_ray.config import DATA_KIND, STAGES, ConfigError, PipelineConfig, resolved_dict
+from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
 from medgpt_ray.data.kinds import KINDS, DataFileError
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
 from medgpt_ray.memory.format import plan_line
@@ -78,8 +78,8 @@ class Pipeline:
         self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
         self._topo: Topology | None = None
         for s in (self.opt.from_stage, self.opt.only_stage):
-            if s is not None and s not in STAGES:
-                raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGES)}")
+            if s is not None and s not in STAGE_KINDS:
+                raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGE_KINDS)}")
             if s is not None and not cfg.stages.get(s).enabled:
                 raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)")
 
@@ -114,7 +114,7 @@ class Pipeline:
     def _data_kinds(self) -> list[str]:
         """The kinds an enabled stage trains on, and every other kind the config gives data for (read, cleaned
         and split now, so a bad file shows before the stage that needs it exists or is enabled)."""
-        needed = {DATA_KIND[s] for s in self.cfg.enabled_stages()}
+        needed = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
         return sorted(needed | {k for k in KINDS if k not in needed and self._data_paths(k)})
 
     def _prepare_data(self) -> dict[str, PreparedData]:
@@ -149,8 +149,9 @@ class Pipeline:
         return plans
 
     def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
-                     base_config: dict[str, Any], prov: dict[str, Any]) -> str:
-        return dag.fingerprint(self.cfg, stage, plan, data_fp, upstream_fp, base_config, prov)
+                     base_config: dict[str, Any], prov: dict[str, Any],
+                     needs_fps: dict[str, str] | None = None) -> str:
+        return dag.fingerprint(self.cfg, stage, plan, data_fp, upstream_fp, base_config, prov, needs_fps)
 
     # ---- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -170,18 +171,19 @@ class Pipeline:
         if self.opt.only_stage:
             order = [self.opt.only_stage]
         # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
-        data_fps = {kind: self._data_fingerprint(kind) for kind in {DATA_KIND[s] for s in self.cfg.enabled_stages()}}
+        kinds = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
+        data_fps = {kind: self._data_fingerprint(kind) for kind in kinds}
         fingerprints: dict[str, str] = {}
         for s in self.cfg.enabled_stages():
             up = dag.effective_from(self.cfg, s)
-            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[DATA_KIND[s]],
-                                                fingerprints.get(up) if up else None, base_config, prov)
+            needs = {n: fingerprints[n] for n in self.cfg.stages.get(s).needs}
+            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[stage_kind(s).data_kind],
+                                                fingerprints.get(up) if up else None, base_config, prov, needs)
 
         to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
         # A stage that reruns makes everything downstream of it rerun too.
         for s in self.cfg.enabled_stages():
-            up = dag.effective_from(self.cfg, s)
-            if up in to_run and s not in to_run and s in order:
+            if any(d in to_run for d in dag.dependencies(self.cfg, s)) and s not in to_run and s in order:
                 to_run.append(s)
         for s in order:
             set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")
@@ -211,7 +213,7 @@ class Pipeline:
         finally:
             printer.feed(ray.get(actor.drain.remote()))
             ray.kill(actor)
-        for s in STAGES:
+        for s in self.cfg.stages.kinds():
             if s not in outcomes:
                 status = "disabled" if not self.cfg.stages.get(s).enabled else "not-run"
                 outcomes[s] = StageOutcome(s, status, self.manifest.entry(s) or {} if status == "not-run" else {})
@@ -228,17 +230,18 @@ class Pipeline:
     def _waves(self, stages: list[str]) -> list[list[str]]:
         return dag.waves(self.cfg, stages)
 
-    def _upstream_model(self, stage: str, base_path: Path) -> Path:
-        up = dag.effective_from(self.cfg, stage)
-        if up is None:
-            return base_path
+    def _output_of(self, up: str, stage: str, how: str) -> str:
         entry = self.manifest.entry(up)
         if not entry or not Path(entry.get("output_model", "")).is_dir():
             raise PipelineError(
-                f"stage {stage} starts from the output of stage {up}, which is not finished in "
+                f"stage {stage} {how} the output of stage {up}, which is not finished in "
                 f"{self.manifest.path}; run the pipeline without --only-stage first"
             )
-        return Path(entry["output_model"])
+        return entry["output_model"]
+
+    def _upstream_model(self, stage: str, base_path: Path) -> Path:
+        up = dag.effective_from(self.cfg, stage)
+        return base_path if up is None else Path(self._output_of(up, stage, "starts from"))
 
     def _inputs(self, stage: str, plan: StagePlan, fingerprint: str, base_path: Path,
                 prepared: dict[str, PreparedData], forced: bool) -> StageInputs:
@@ -256,9 +259,10 @@ class Pipeline:
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(attempt, {"fingerprint": fingerprint})
         write_plan(stage_dir, plan)
-        data = prepared[DATA_KIND[stage]]
+        data = prepared[stage_kind(stage).data_kind]
+        needs = {n: self._output_of(n, stage, "needs") for n in self.cfg.stages.get(stage).needs}
         return StageInputs.of(self.cfg, stage, plan, str(self._upstream_model(stage, base_path)), data.train_file,
-                              data.eval_file, str(stage_dir))
+                              data.eval_file, str(stage_dir), needs)
 
     def _fits_side_by_side(self, stages: list[str], plans: dict[str, StagePlan]) -> bool:
         if len(stages) < 2:
@@ -333,7 +337,7 @@ class Pipeline:
     # ---- reporting ------------------------------------------------------------------------
     def _summary(self, outcomes: dict[str, StageOutcome], wall_s: float) -> dict[str, Any]:
         stages = {}
-        for s in STAGES:
+        for s in self.cfg.stages.kinds():
             o = outcomes[s]
             r = o.result.get("result", o.result) if o.status in ("skipped", "not-run") else o.result
             stages[s] = {

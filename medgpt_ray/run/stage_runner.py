@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from transformers import TrainerCallback
 
-from medgpt_ray.placement.device import StagePlacement, bind_worker_device, ray_train_resources
+from medgpt_ray.placement.device import bind_worker_device, ray_train_resources
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import is_rank_zero
@@ -109,8 +109,7 @@ def run_stage_on_ray(inputs: StageInputs, opts: RayOptions):
     from ray.train.torch import TorchTrainer
 
     plan = inputs.plan
-    placement = StagePlacement.from_dict(plan.placement) if plan.placement else None
-    scaling, env = ray_train_resources(placement, plan.num_workers, plan.use_gpu, opts.cpus_per_worker,
+    scaling, env = ray_train_resources(plan.placement, plan.num_workers, plan.use_gpu, opts.cpus_per_worker,
                                        ray.cluster_resources(), worker_env() if opts.env is None else opts.env)
     trainer = TorchTrainer(
         _worker_loop,

@@ -11,11 +11,13 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from medgpt_ray.config import stage_kind
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 
 
 def _module(stage: str):
-    return importlib.import_module(f"medgpt_ray.stages.{stage}")
+    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.stages.<kind> unless its entry names another."""
+    return importlib.import_module(stage_kind(stage).module_name)
 
 
 def run_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None,

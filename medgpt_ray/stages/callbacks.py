@@ -22,7 +22,7 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
     """The callbacks every stage trains with; `extra` is what the runner injects (Tune's evaluation reports)."""
     from medgpt_ray.stages.telemetry import stage_metrics_callback
 
-    budget = (inp.plan.prediction or {}).get("budget_gib")
+    budget = inp.plan.prediction.budget_gib if inp.plan.prediction else None
     callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink, budget),
                                         stage_metrics_callback(inp)]
     if 0 < inp.plan.ckpt_fraction < 1:

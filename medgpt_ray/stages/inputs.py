@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,14 @@ class StageInputs:
     out_dir: str  # runs/<name>/<stage>
     seed: int = 42
     resume: bool = True
+    needs: dict[str, str] = field(default_factory=dict)  # stage -> output model, for each stage it `needs`
 
     @classmethod
     def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,
-           out_dir: str) -> StageInputs:
+           out_dir: str, needs: dict[str, str] | None = None) -> StageInputs:
         """A stage's inputs as the pipeline and a Tune trial give them: its config, template and the run's seed."""
         return cls(stage, cfg.stages.get(stage), plan, model_path, cfg.template_for(stage), train_file, eval_file,
-                   out_dir, seed=cfg.seed)
+                   out_dir, seed=cfg.seed, needs=dict(needs or {}))
 
     @property
     def out(self) -> Path:

@@ -15,7 +15,7 @@ import ray
 import yaml
 
 from medgpt_ray import models
-from medgpt_ray.config import DATA_KIND, ConfigError, load_config, resolved_dict
+from medgpt_ray.config import ConfigError, load_config, resolved_dict, stage_kind
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import PlanError, model_shape, plan_stage, resolve_budget
 from medgpt_ray.placement.policy import PlacementError, place_stage
@@ -99,12 +99,12 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
                                         gpus=None if explicit != "auto" else ray.get(pool.group.remote(slot)))
             except PlacementError as e:
                 raise ConfigError(f"stages.{stage}.placement: {e}") from None
-            plan = replace(plan, placement=placement.to_dict())
+            plan = replace(plan, placement=placement)
         trial_id = tune.get_context().get_trial_id()
         inp = StageInputs.of(cfg, stage, plan, ctx["model_path"], ctx["train_file"], ctx["eval_file"],
                              str(Path(ctx["out"]) / "trials" / trial_id / stage))
         inp.out.mkdir(parents=True, exist_ok=True)
-        extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
+        extra = {"pruned": 0, "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None, "slot": slot}
 
         def attempt(n: int, inp: StageInputs) -> None:
             # The same runner as the pipeline's, with Tune's report callback injected. After an OOM back-off the
@@ -176,7 +176,7 @@ def _dry_run(sweep, base: dict[str, Any], budget, echo: Callable[[str], None]) -
         try:
             p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu, model_shape(c),
                            budget)
-            rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction["peak_gib"],
+            rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction.peak_gib,
                          "params": params})
         except PlanError as e:
             rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
@@ -208,7 +208,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     if dry_run:
         return _dry_run(sweep, base, budget, echo)
 
-    data = prepare_kind(DATA_KIND[stage], cfg.data.paths(DATA_KIND[stage]), out / "data", cfg.data.eval_fraction,
+    kind = stage_kind(stage).data_kind
+    data = prepare_kind(kind, cfg.data.paths(kind), out / "data", cfg.data.eval_fraction,
                         cfg.data.max_records)
     records = data.train_records
     workers = cfg.workers_for(stage)

@@ -25,6 +25,8 @@ SWEEP = {"stage": "sft", "metric": "eval_loss", "mode": "min", "searcher": "grid
 
 
 def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, repo, tmp_path, monkeypatch):
+    # Over 60 s (~95 s on 2 cores), on purpose: a real 6-trial Tune sweep (3 trials each start a Ray Train run)
+    # and its restore; pruning, the best override and --resume are only visible across trials.
     from medgpt_ray.tune.driver import run_sweep
 
     monkeypatch.chdir(repo)

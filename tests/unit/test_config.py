@@ -72,11 +72,11 @@ def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
     shape = model_shape(cfg)
     assert shape.name == (cfg.model.shape or "tiny")
     for p in plans.values():
-        assert p.prediction["model"] == shape.name
+        assert p.prediction.model == shape.name
         assert p.micro_batch * p.grad_accum * p.num_workers == cfg.stages.get(p.stage).effective_batch
         if cfg.resources.use_gpu:
-            assert p.prediction["gpu_memory_gib"] == 24.0
-            assert 0 < p.prediction["peak_gib"] <= p.prediction["budget_gib"] == 24.0 - cfg.resources.memory_margin_gib
+            assert p.prediction.gpu_memory_gib == 24.0
+            assert 0 < p.prediction.peak_gib <= p.prediction.budget_gib == 24.0 - cfg.resources.memory_margin_gib
 
 
 @pytest.mark.parametrize("sweep", sorted(SWEEP_CONFIGS))
@@ -141,3 +141,15 @@ def test_deepspeed_dict_is_concrete_and_agrees_with_the_plan(tmp_path):
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["bf16"]["enabled"] is True  # amp-bf16 for full training on GPU
+
+
+def test_readme_stage_keys_are_generated_from_the_config_classes(repo):
+    """The README's per-stage key list is what medgpt_ray.config.keys generates from the field docs (a field
+    without a doc fails here too); regenerate with `python -m medgpt_ray.config.keys README.md`."""
+    from medgpt_ray.config.keys import BEGIN, END, stage_keys_block
+
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index(BEGIN): readme.index(END) + len(END)]
+    assert block == stage_keys_block()
+    for key in ("`from`", "`needs`", "`eval_steps`", "`lora.rank`", "`beta`", "`placement`"):
+        assert key in block

@@ -220,7 +220,7 @@ def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
     lines: list[str] = []
     topo = load_topology_file("8x4090-dual-socket")
     placed = place_wave(c, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
-    assert [placed[s].placement["gpus"] for s in ("rm", "dpo")] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [placed[s].placement.gpus for s in ("rm", "dpo")] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert all(plans[s].placement is None for s in plans)  # new plans; the planner's are not mutated
     saved = json.loads((tmp_path / "dpo" / "plan.json").read_text())
     assert saved["placement"]["gpus"] == [4, 5, 6, 7] and saved["placement"]["nccl_env"]["NCCL_P2P_DISABLE"] == "1"
