@@ -15,16 +15,16 @@ from medgpt_ray.config import stage_kind
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 
 
-def _module(stage: str):
+def _module(inputs: StageInputs):
     """The stage kind's module (config.STAGE_KINDS): medgpt_ray.stages.<kind> unless its entry names another."""
-    return importlib.import_module(stage_kind(stage).module_name)
+    return importlib.import_module(inputs.module or stage_kind(inputs.stage).module_name)
 
 
 def run_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None,
               callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    return _module(inputs.stage).run(inputs, sink, callbacks)
+    return _module(inputs).run(inputs, sink, callbacks)
 
 
 def build_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None) -> BuiltStage:
     """The stage's trainer, built exactly as run_stage builds it, not yet trained (memory calibration)."""
-    return _module(inputs.stage).build(inputs, sink)
+    return _module(inputs).build(inputs, sink)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig, StageConfig
+from medgpt_ray.config import PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.stage_plan import StagePlan
 
 Sink = Callable[[dict[str, Any]], None]
@@ -27,13 +27,16 @@ class StageInputs:
     seed: int = 42
     resume: bool = True
     needs: dict[str, str] = field(default_factory=dict)  # stage -> output model, for each stage it `needs`
+    # The kind's module, resolved where the inputs are made: a Ray worker may not have a kind registered at run time
+    # in the driver (config.STAGE_KINDS). None: looked up by `stage`.
+    module: str | None = None
 
     @classmethod
     def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,
            out_dir: str, needs: dict[str, str] | None = None) -> StageInputs:
         """A stage's inputs as the pipeline and a Tune trial give them: its config, template and the run's seed."""
         return cls(stage, cfg.stages.get(stage), plan, model_path, cfg.template_for(stage), train_file, eval_file,
-                   out_dir, seed=cfg.seed, needs=dict(needs or {}))
+                   out_dir, seed=cfg.seed, needs=dict(needs or {}), module=stage_kind(stage).module_name)
 
     @property
     def out(self) -> Path:

@@ -95,6 +95,7 @@ def test_the_planner_and_the_stage_dispatch_take_the_kind_from_the_registry(echo
     out.mkdir()
     inp = StageInputs.of(cfg, "echo", plans["echo"], str(tiny_model), "train", "eval", str(out),
                          needs={"sft": str(tiny_model)})
+    assert inp.module == __name__  # resolved on the driver: a Ray worker need not have the kind registered
     seen: list[dict] = []
     result = run_stage(inp, seen.append)
     assert result["greeting"] == "hello" and result["needs"] == {"sft": str(tiny_model)}
