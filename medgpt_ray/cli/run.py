@@ -30,7 +30,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
-    from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
+    from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions, check_only_stage
     from medgpt_ray.run.ray_env import connect_ray
 
     try:
@@ -38,6 +38,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"config error:\n{e}", file=sys.stderr)
         return 2
+    try:
+        if args.only_stage:
+            check_only_stage(cfg, args.only_stage)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     connected = connect_ray(args.num_cpus, log_file=Path(cfg.output_dir) / cfg.name / "ray.log",
                             verbose=args.verbose)
     print(f"medgpt-ray: run '{cfg.name}' on {connected} Ray ({args.config})", flush=True)

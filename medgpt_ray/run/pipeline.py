@@ -68,6 +68,28 @@ def _run_dir(cfg: PipelineConfig, connected_to: str) -> Path:
     return (out / cfg.name).resolve()
 
 
+def finished_output(manifest: Manifest, up: str, stage: str, how: str) -> str:
+    """The output model of finished stage `up`, which `stage` starts from or needs (`how`)."""
+    entry = manifest.entry(up)
+    if not entry or not Path(entry.get("output_model", "")).is_dir():
+        raise PipelineError(
+            f"stage {stage} {how} the output of stage {up}, which is not finished in "
+            f"{manifest.path}; run the pipeline without --only-stage first"
+        )
+    return entry["output_model"]
+
+
+def check_only_stage(cfg: PipelineConfig, stage: str) -> None:
+    """`--only-stage S` reruns S alone: what it starts from and needs must be finished. Read from the manifest
+    before Ray starts, so a user learns it in a second."""
+    manifest = Manifest((Path(cfg.output_dir) / cfg.name / "manifest.json").resolve())
+    up = dag.effective_from(cfg, stage)
+    if up is not None:
+        finished_output(manifest, up, stage, "starts from")
+    for need in cfg.stages.get(stage).needs:
+        finished_output(manifest, need, stage, "needs")
+
+
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, options: RunOptions | None = None, connected_to: str = "local"):
         self.cfg = cfg
@@ -231,13 +253,7 @@ class Pipeline:
         return dag.waves(self.cfg, stages)
 
     def _output_of(self, up: str, stage: str, how: str) -> str:
-        entry = self.manifest.entry(up)
-        if not entry or not Path(entry.get("output_model", "")).is_dir():
-            raise PipelineError(
-                f"stage {stage} {how} the output of stage {up}, which is not finished in "
-                f"{self.manifest.path}; run the pipeline without --only-stage first"
-            )
-        return entry["output_model"]
+        return finished_output(self.manifest, up, stage, how)
 
     def _upstream_model(self, stage: str, base_path: Path) -> Path:
         up = dag.effective_from(self.cfg, stage)

@@ -75,3 +75,19 @@ def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_d
     assert _sft_fingerprint(tmp_path, lr=1e-3) != planned
     assert _sft_fingerprint(tmp_path, effective_batch=16) != planned
     assert _sft_fingerprint(tmp_path, method="full") != planned
+
+
+def test_only_stage_is_checked_against_the_manifest_before_ray_starts(tmp_path):
+    import json
+
+    from medgpt_ray.run.pipeline import check_only_stage
+
+    cfg = make(tmp_path)
+    with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft, which is not finished"):
+        check_only_stage(cfg, "dpo")
+    model = tmp_path / "sft-model"
+    model.mkdir()
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "manifest.json").write_text(json.dumps({"stages": {"sft": {"output_model": str(model)}}}))
+    check_only_stage(cfg, "dpo")  # sft finished: nothing to say
+    check_only_stage(make(tmp_path, pt=False), "sft")  # starts from the base model
