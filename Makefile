@@ -31,7 +31,7 @@ prometheus:
 
 test: venv prometheus
 	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample bench
-	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VENV)/bin/pytest -q tests/unit tests/stages tests/ray tests/e2e
+	RAY_TRAIN_ENABLE_PRINT_PATCH=0 $(VENV)/bin/pytest -q tests/unit tests/stages tests/ray tests/e2e --durations=15
 
 lint: venv
 	$(VENV)/bin/ruff check medgpt_ray jobs tests data/sample bench

@@ -24,10 +24,11 @@ def main() -> None:
     os.environ["MEDGPT_RAY_METRICS_PORT"] = str(port)
     from medgpt_ray.config import LoraConfig, StageConfig
     from medgpt_ray.data.prepare import prepare_kind
-    from medgpt_ray.memory.planner import make_budget, plan_stage
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import plan_stage
     from medgpt_ray.memory.shapes import load_shape
     from medgpt_ray.stages import run_stage
-    from medgpt_ray.stages.common import StageInputs
+    from medgpt_ray.stages.inputs import StageInputs
     from medgpt_ray.tiny import ensure_tiny
 
     work = Path(tempfile.mkdtemp())

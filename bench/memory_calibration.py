@@ -180,9 +180,9 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
     from transformers import TrainerCallback
 
     from medgpt_ray.config import DPOStageConfig, LoraConfig, StageConfig
-    from medgpt_ray.memory.plan import StagePlan, deepspeed_config
+    from medgpt_ray.memory.stage_plan import StagePlan, deepspeed_config
     from medgpt_ray.stages import build_stage
-    from medgpt_ray.stages.common import StageInputs
+    from medgpt_ray.stages.inputs import StageInputs
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():

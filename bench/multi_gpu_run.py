@@ -57,7 +57,7 @@ def gpu_indices_by_bus() -> dict[str, int]:
 
 
 def save_topology(out: Path) -> dict[str, Any]:
-    from medgpt_ray.topology import parse_topo_matrix, read_local_topology
+    from medgpt_ray.placement.topology import parse_topo_matrix, read_local_topology
 
     raw = sh(["nvidia-smi", "topo", "-m"]).stdout
     topo = read_local_topology()

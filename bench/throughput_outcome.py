@@ -38,7 +38,8 @@ EFFECTIVE_BATCH = 8
 def planned(stage: str, seq_len: int) -> dict[str, Any]:
     """The planner's choice for a 24 GiB card, for the calibration runner."""
     from medgpt_ray.config import DPOStageConfig, LoraConfig, StageConfig
-    from medgpt_ray.memory.planner import make_budget, plan_stage
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import plan_stage
     from medgpt_ray.memory.shapes import load_shape
 
     cls = DPOStageConfig if stage == "dpo" else StageConfig

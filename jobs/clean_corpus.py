@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from medgpt_ray.cli import add_clean_args, run_clean  # noqa: E402
+from medgpt_ray.cli.clean import add_clean_args, run_clean  # noqa: E402
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 # A `ray job submit --working-dir .` copy is not pip-installed: make the package importable from it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from medgpt_ray.cli import add_run_args, run_pipeline  # noqa: E402
+from medgpt_ray.cli.run import add_run_args, run_pipeline  # noqa: E402
 
 
 def main() -> int:

@@ -12,8 +12,6 @@ from typing import Any
 
 import torch
 
-PRESETS = ("tiny",)
-
 
 class ModelPathError(FileNotFoundError):
     pass

@@ -12,7 +12,7 @@ import ray.cloudpickle
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from medgpt_ray.placement import StagePlacement, bind_worker_device, ray_train_resources
+from medgpt_ray.placement.device import StagePlacement, bind_worker_device, ray_train_resources
 
 # Ray workers need not find this test helper on their sys.path: ship its functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from medgpt_ray.data.files import expand_paths, load_canonical
-from medgpt_ray.manifest import file_sha256
 
 
 @dataclass
@@ -23,15 +22,11 @@ class PreparedData:
     kind: str
     train_file: str
     eval_file: str
-    fingerprint: str  # of the source files' bytes and the split settings
     source_records: int
     train_records: int
     eval_records: int
     quarantined: int
     quarantine_file: str | None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _record_key(record: dict) -> str:
@@ -54,6 +49,14 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
         for r in records:
             fh.write(json.dumps(r, ensure_ascii=False) + "\n")
     os.replace(tmp, path)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def data_fingerprint(paths: list[str], eval_fraction: float, max_records: int | None) -> str:
@@ -90,6 +93,5 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
     train_file, eval_file = out_dir / f"{kind}.train.jsonl", out_dir / f"{kind}.eval.jsonl"
     _write_jsonl(train_file, train)
     _write_jsonl(eval_file, held_out)
-    return PreparedData(kind, str(train_file), str(eval_file),
-                        data_fingerprint(paths, eval_fraction, max_records), loaded.source_count,
-                        len(train), len(held_out), len(loaded.quarantined), quarantine_file)
+    return PreparedData(kind, str(train_file), str(eval_file), loaded.source_count, len(train), len(held_out),
+                        len(loaded.quarantined), quarantine_file)

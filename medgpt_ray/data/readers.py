@@ -40,22 +40,19 @@ messages end up in reports and logs (ARCHITECTURE.md, data cleaning semantics).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Sequence
-from typing import Literal
 
+from medgpt_ray.data.kinds import (  # noqa: F401  (RecordError, DataFileError: imported from here by the cleaner)
+    KIND_FORMATS,
+    DataFileError,
+    Kind,
+    RecordError,
+    check_kind,
+    detect_format,
+    safe_name,
+)
 from medgpt_ray.templates import ROLES, parse_tool_calls, turn_order_error
 
-Kind = Literal["pretrain", "sft", "preference", "prompt"]
-
-FORMATS = ("text", "sharegpt", "canonical_sft", "alpaca", "reward", "sharegpt_preference", "canonical_preference",
-           "huatuo", "toyhom", "grpo", "sharegpt_prompt", "canonical_prompt")
-KIND_FORMATS: dict[str, tuple[str, ...]] = {
-    "pretrain": ("text",),
-    "sft": ("sharegpt", "canonical_sft", "alpaca", "huatuo", "toyhom"),
-    "preference": ("reward", "sharegpt_preference", "canonical_preference"),
-    "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
-}
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
 
 SHAREGPT_ROLES = {
@@ -68,94 +65,6 @@ SHAREGPT_ROLES = {
 CANONICAL_ROLES = ROLES
 
 TOOLS_ERROR = "field 'tools' is not a JSON list of objects"
-
-
-class RecordError(ValueError):
-    """Why a single source record cannot be used. The message is the reason only, never record text.
-
-    `raw` carries the original line for records that could not even be parsed, so that the caller can
-    keep it in an owner-only quarantine file; it is never part of the message.
-    """
-
-    def __init__(self, reason: str, raw: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.raw = raw
-
-
-class DataFileError(ValueError):
-    """A problem with a whole file (missing, unreadable, wrong type); the message names the file."""
-
-
-
-# --------------------------------------------------------------------------------------------------
-# Format detection
-# --------------------------------------------------------------------------------------------------
-
-
-def _safe_name(value: object) -> str:
-    """A role or field name fit to appear in an error message: short identifiers only, never free text."""
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,31}", value):
-        return repr(value)
-    return f"<{type(value).__name__} value>"
-
-
-def _conversation_style(conv: object) -> str:
-    """"sharegpt" (from/value turns) or "canonical" (role/content turns), judged by the first turn."""
-    if not isinstance(conv, list):
-        raise RecordError(f"'conversations' is a {type(conv).__name__}, not a list")
-    if not conv:
-        raise RecordError("'conversations' is empty")
-    first = conv[0]
-    if not isinstance(first, dict):
-        raise RecordError("turn 1 is not an object")
-    if "from" in first or "value" in first:
-        return "sharegpt"
-    if "role" in first or "content" in first:
-        return "canonical"
-    raise RecordError("conversation turns have neither from/value nor role/content fields")
-
-
-def detect_format(row: dict) -> str:
-    """Name the source format of one record (see the module docstring); RecordError if none fits.
-
-    Detection looks at the distinguishing field of each format, not at the full set, so that a record
-    missing a required field is reported as "missing field X" by `to_canonical` rather than as unknown:
-
-    - "conversations": with "chosen" or "rejected" a preference, else with "answer" a prompt, else sft; the
-      turn style (from/value or role/content) of the first turn picks sharegpt_* or canonical_*. A preference
-      or prompt whose turns are unreadable counts as canonical_*, whose converter then says why.
-    - otherwise, first match: "response_chosen"/"response_rejected" reward, "questions" huatuo, "instruction"
-      alpaca, "ask" toyhom, "question" grpo, "text" text, a single string field text.
-    """
-    if not isinstance(row, dict):
-        raise RecordError(f"record is a {type(row).__name__}, not an object")
-    keys = set(row)
-    if "conversations" in keys:
-        if "chosen" in keys or "rejected" in keys or "answer" in keys:
-            suffix = "preference" if "chosen" in keys or "rejected" in keys else "prompt"
-            try:
-                style = _conversation_style(row["conversations"])
-            except RecordError:
-                style = "canonical"
-            return f"{style}_{suffix}"
-        return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
-    if "response_chosen" in keys or "response_rejected" in keys:
-        return "reward"
-    if "questions" in keys:
-        return "huatuo"
-    if "instruction" in keys:
-        return "alpaca"
-    if "ask" in keys:
-        return "toyhom"
-    if "question" in keys:
-        return "grpo"
-    if "text" in keys:
-        return "text"
-    if len(row) == 1 and isinstance(next(iter(row.values())), str):
-        return "text"
-    names = ", ".join(sorted(_safe_name(k) for k in keys)) or "none"
-    raise RecordError(f"unrecognised record format (fields: {names})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,7 +184,7 @@ def _parse_turns(conv: object, style: str) -> list[dict]:
         source_role = t[role_key]
         role = roles.get(source_role) if isinstance(source_role, str) else None
         if role is None:
-            raise RecordError(f"turn {i}: unsupported role {_safe_name(source_role)} "
+            raise RecordError(f"turn {i}: unsupported role {safe_name(source_role)} "
                               f"(expected one of {', '.join(roles)})")
         if role == "tool_call":
             value = t.get(text_key)
@@ -313,7 +222,7 @@ def _response(row: dict, key: str) -> str:
         if role_key in value:
             source_role = value[role_key]
             if (roles.get(source_role) if isinstance(source_role, str) else None) != "assistant":
-                raise RecordError(f"field '{key}': role {_safe_name(source_role)} is not an assistant turn")
+                raise RecordError(f"field '{key}': role {safe_name(source_role)} is not an assistant turn")
             return _content(value.get(text_key), f"field '{key}' {text_key}")
     raise RecordError(f"field '{key}' is an object with neither from/value nor role/content")
 
@@ -362,7 +271,7 @@ def _from_text(row: dict) -> list[dict]:
     if "text" in row:
         return [{"text": _required(row, "text")}]
     (key, value), = row.items()  # detect_format guarantees a single string field here
-    return [{"text": _content(value, f"field {_safe_name(key)}")}]
+    return [{"text": _content(value, f"field {safe_name(key)}")}]
 
 
 def _sft_converter(style: str) -> Callable[[dict], list[dict]]:
@@ -448,12 +357,7 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "sharegpt_prompt": _prompt_converter("sharegpt"),
     "canonical_prompt": _prompt_converter("canonical"),
 }
-assert set(CONVERTERS) == set(FORMATS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
-
-
-def check_kind(kind: str) -> None:
-    if kind not in KIND_FORMATS:
-        raise ValueError(f"unknown data kind {kind!r} (expected one of {', '.join(KIND_FORMATS)})")
+assert set(CONVERTERS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 
 
 def convert_as(row: dict, fmt: str, kind: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Where the planner's per-GPU memory budget comes from: the config, the CLI, or the GPUs themselves.
+"""The planner's per-GPU memory Budget, and where it comes from: the config, the CLI, or the GPUs themselves.
 
 GPUs are read with nvidia-smi (or NVML), never through torch: a CUDA context
 on the driver would itself take ~0.5 GiB of the GPU it measures.
@@ -10,6 +10,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from medgpt_ray.config import ConfigError
+from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, spec_for
 
 # The CUDA context, NCCL and cuBLAS workspaces sit outside PyTorch's allocator (FIELD-NOTES: a 24 GB 4090
 # leaves about 23.5 GiB to the allocator).
@@ -93,12 +96,58 @@ def tightest_local_gpu() -> GPUMemory | None:
     return None if g is None else replace(g, host_available_gib=read_host_available_gib(), gpus_on_node=len(gpus))
 
 
-def probe_cluster_gpu() -> GPUMemory | None:
-    """The tightest GPU: read on this machine, or by a one-GPU Ray task when the driver has none."""
-    import ray
+HOST_RAM_FOR_OFFLOAD = 0.8  # share of a node's available RAM that CPU offload may take
 
-    local = tightest_local_gpu()
-    if local is not None or not ray.cluster_resources().get("GPU"):
-        return local
-    probe = ray.remote(num_gpus=1, num_cpus=0)(tightest_local_gpu)
-    return ray.get(probe.remote(), timeout=300)
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-GPU memory for the allocator, less a safety margin; None plans without a memory limit (CPU)."""
+
+    gpu_gib: float | None
+    margin_gib: float
+    gpu: GPUSpec
+    source: str
+    # Host RAM available on each GPU node and its GPU count, for CPU offload; None: unknown, not checked.
+    host_gib: float | None = None
+    gpus_per_node: int | None = None
+
+    @property
+    def usable_gib(self) -> float:
+        return float("inf") if self.gpu_gib is None else self.gpu_gib - self.margin_gib
+
+    @property
+    def host_usable_gib(self) -> float:
+        # The rest stays for the OS, Ray's object store, data loading and each worker's model load.
+        return float("inf") if self.host_gib is None else self.host_gib * HOST_RAM_FOR_OFFLOAD
+
+    def workers_per_node(self, num_workers: int) -> int:
+        return min(num_workers, self.gpus_per_node or num_workers)
+
+    def describe(self) -> str:
+        if self.gpu_gib is None:
+            return "no GPU memory limit (CPU)"
+        host = "" if self.host_gib is None else f"; host RAM for offload {gib(self.host_usable_gib)} per node"
+        return (f"{gib(self.usable_gib)} = {gib(self.gpu_gib)} ({self.source}) - "
+                f"{gib(self.margin_gib)} margin, {self.gpu.name}{host}")
+
+
+def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu: bool, source: str,
+                detected_name: str | None = None, host_gib: float | None = None,
+                gpus_per_node: int | None = None) -> Budget:
+    if gpu_type != "auto":
+        try:
+            spec = spec_for(gpu_type)
+        except KeyError as e:
+            raise ConfigError(f"resources.gpu_type: {e.args[0]}") from None
+    elif detected_name:
+        try:
+            spec = spec_for(detected_name)
+        except KeyError:
+            spec = GPU_SPECS["rtx4090"]
+    else:
+        spec = GPU_SPECS["rtx4090"] if use_gpu else GPU_SPECS["cpu"]
+    return Budget(gpu_gib, margin_gib, spec, source, host_gib, gpus_per_node)
+
+
+def gib(x: float) -> str:
+    return f"{x:.2f} GiB" if x < 10 else f"{x:.1f} GiB"

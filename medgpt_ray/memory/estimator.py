@@ -18,7 +18,6 @@ bench/memory_calibration.py; each says where it comes from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from medgpt_ray.memory.shapes import ModelShape
 
@@ -46,9 +45,6 @@ ZERO_OFFLOAD_STAGING_BYTES = 5e7 * 4 * 2
 # ZeRO-3 parameter offload: gathered parameters live on the GPU up to the prefetch bucket plus one layer.
 ZERO3_LIVE_PARAM_ELEMENTS = 5e7
 
-Stage = Literal["pt", "sft", "rm", "dpo"]
-
-
 @dataclass(frozen=True)
 class TrainSetup:
     stage: str
@@ -63,7 +59,6 @@ class TrainSetup:
     gpus: int = 1
     optim: str = "adamw"  # adamw | adamw-8bit
     lora_rank: int = 8
-    lora_dropout: float = 0.05
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
@@ -188,6 +183,30 @@ def _loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float
     return HF_LOSS_BYTES_PER_LOGIT * tokens * shape.vocab
 
 
+def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
+    """What the forward saves for backward, what checkpointing rebuilds, and the backward's working set."""
+    full, deepspeed = s.method == "full", s.zero > 0
+    b: dict[str, float] = {}
+    tokens = s.tokens()
+    scale = STAGE_ACTIVATION_SCALE[s.stage] * (QLORA_ACTIVATION_SCALE if s.method == "qlora" else 1.0)
+    per_layer = _layer_activation_bytes(shape, s)
+    stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
+    k = round(s.ckpt_fraction * shape.layers)
+    saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
+    # A checkpointed layer rebuilds its activations during its backward. The checkpointed layers are the first
+    # ones, reached last by backward, when the later layers' activations are already freed: the rebuild only
+    # adds to the peak when every layer is checkpointed.
+    recompute = per_layer if k == shape.layers else 0
+    # Around the layers: embedding output and final norm; the LM head input when the head trains.
+    edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
+    b["activations"] = tokens * (saved + edges) * scale
+    b["recompute"] = tokens * recompute * scale
+    # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
+    e = 4 if s.precision == "fp32" else 2
+    b["backward_working_set"] = tokens * e * (3 * shape.intermediate + 2 * shape.hidden) * scale
+    return b
+
+
 def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     check_setup(s)
     n = s.gpus if s.zero > 0 else 1
@@ -235,24 +254,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     static = sum(b.values())
     host = _offload_host_bytes(s, total, trainable, state_bytes, n)
 
-    # --- activations -------------------------------------------------------------------------------------------
-    tokens = s.tokens()
-    scale = STAGE_ACTIVATION_SCALE[s.stage] * (QLORA_ACTIVATION_SCALE if s.method == "qlora" else 1.0)
-    per_layer = _layer_activation_bytes(shape, s)
-    stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
-    k = round(s.ckpt_fraction * shape.layers)
-    saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
-    # A checkpointed layer rebuilds its activations during its backward. The checkpointed layers are the first
-    # ones, reached last by backward, when the later layers' activations are already freed: the rebuild only
-    # adds to the peak when every layer is checkpointed.
-    recompute = per_layer if k == shape.layers else 0
-    # Around the layers: embedding output and final norm; the LM head input when the head trains.
-    edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
-    b["activations"] = tokens * (saved + edges) * scale
-    b["recompute"] = tokens * recompute * scale
-    # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
-    e = 4 if s.precision == "fp32" else 2
-    b["backward_working_set"] = tokens * e * (3 * shape.intermediate + 2 * shape.hidden) * scale
+    b.update(_activation_terms(shape, s))
     trainable_head = full
     b["loss"] = _loss_bytes(shape, s, trainable_head)
     if full and s.precision == "amp-bf16" and not deepspeed:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
+from medgpt_ray.memory.budget import Budget, GPUMemory, gib, make_budget, tightest_local_gpu
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
-from medgpt_ray.memory.plan import StagePlan, deepspeed_config
-from medgpt_ray.memory.shapes import ModelShape
-from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, tokens_per_second
-
-__all__ = ["Budget", "PlanError", "StagePlan", "deepspeed_config", "plan_stage"]
+from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
+from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
+from medgpt_ray.memory.throughput import tokens_per_second
 
 MAX_MICRO_BATCH = 64
 CKPT_STEPS = 8  # checkpointing fractions searched: 0, 1/8, ..., 1 of the layers
@@ -31,65 +32,6 @@ class PlanError(ConfigError):
     """Nothing fits (or the explicit configuration does not): the message carries the numbers."""
 
     smallest_peak_gib: float | None = None
-
-
-HOST_RAM_FOR_OFFLOAD = 0.8  # share of a node's available RAM that CPU offload may take
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Per-GPU memory for the allocator, less a safety margin; None plans without a memory limit (CPU)."""
-
-    gpu_gib: float | None
-    margin_gib: float
-    gpu: GPUSpec
-    source: str
-    # Host RAM available on each GPU node and its GPU count, for CPU offload; None: unknown, not checked.
-    host_gib: float | None = None
-    gpus_per_node: int | None = None
-
-    @property
-    def usable_gib(self) -> float:
-        return float("inf") if self.gpu_gib is None else self.gpu_gib - self.margin_gib
-
-    @property
-    def host_usable_gib(self) -> float:
-        # The rest stays for the OS, Ray's object store, data loading and each worker's model load.
-        return float("inf") if self.host_gib is None else self.host_gib * HOST_RAM_FOR_OFFLOAD
-
-    def workers_per_node(self, num_workers: int) -> int:
-        return min(num_workers, self.gpus_per_node or num_workers)
-
-    def describe(self) -> str:
-        if self.gpu_gib is None:
-            return "no GPU memory limit (CPU)"
-        host = "" if self.host_gib is None else f"; host RAM for offload {gib(self.host_usable_gib)} per node"
-        return (f"{gib(self.usable_gib)} = {gib(self.gpu_gib)} ({self.source}) - "
-                f"{gib(self.margin_gib)} margin, {self.gpu.name}{host}")
-
-
-def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu: bool, source: str,
-                detected_name: str | None = None, host_gib: float | None = None,
-                gpus_per_node: int | None = None) -> Budget:
-    from medgpt_ray.memory.throughput import spec_for
-
-    if gpu_type != "auto":
-        try:
-            spec = spec_for(gpu_type)
-        except KeyError as e:
-            raise ConfigError(f"resources.gpu_type: {e.args[0]}") from None
-    elif detected_name:
-        try:
-            spec = spec_for(detected_name)
-        except KeyError:
-            spec = GPU_SPECS["rtx4090"]
-    else:
-        spec = GPU_SPECS["rtx4090"] if use_gpu else GPU_SPECS["cpu"]
-    return Budget(gpu_gib, margin_gib, spec, source, host_gib, gpus_per_node)
-
-
-def gib(x: float) -> str:
-    return f"{x:.2f} GiB" if x < 10 else f"{x:.1f} GiB"
 
 
 @dataclass
@@ -151,6 +93,7 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
              reasons: list[str]) -> dict[str, list[Any]]:
     """The values each knob may take: the explicit one, or the searched set, each with its reason."""
     where = f"stages.{stage}"
+    model = stage_kind(stage).memory_kind  # the built-in kind whose trainer and memory model it follows
 
     def note(key: str, value: Any, searched: list[Any], why: str) -> list[Any]:
         if value == "auto":
@@ -185,30 +128,30 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False]}[stage]
+                  "dpo": [True], "rm": [False]}[model]
     if cfg.fused_ce != "auto":
-        if stage in ("sft", "dpo") and not cfg.fused_ce:
+        if model in ("sft", "dpo") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
-        if stage == "rm" and cfg.fused_ce:
+        if model == "rm" and cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: the reward model has a 1-wide score head, no vocabulary loss")
-        if stage == "pt" and cfg.fused_ce and not use_gpu:
+        if model == "pt" and cfg.fused_ce and not use_gpu:
             raise ConfigError(f"{where}.fused_ce: Liger's fused linear cross-entropy needs a GPU")
-        if stage == "pt" and cfg.fused_ce and not liger_available():
+        if model == "pt" and cfg.fused_ce and not liger_available():
             raise ConfigError(f"{where}.fused_ce: needs liger-kernel: pip install 'medgpt-ray[gpu]'")
     why_fused = ("Liger fused linear CE" + ("" if liger_available() else " unavailable: liger-kernel not installed")
-                 if stage == "pt" else "fixed by the trainer")
+                 if model == "pt" else "fixed by the trainer")
     fused = note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
 
     fusable = use_gpu and (liger_available() or cfg.compile is not False)
     if cfg.fused_kernels is True:
-        if stage == "rm":
+        if model == "rm":
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels are applied to the causal-LM stages "
                               f"(pt, sft, dpo), not the reward model")
         if not fusable:
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels need a GPU and either compile "
                               f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]')")
-    kernels_auto = [False, True] if (fusable and stage != "rm") else [False]
+    kernels_auto = [False, True] if (fusable and model != "rm") else [False]
     kernels = note("fused_kernels", cfg.fused_kernels, kernels_auto,
                    "fused RMSNorm/SwiGLU/RoPE: compiled layers, else Liger"
                    + ("" if liger_available() else " (liger-kernel not installed)"))
@@ -266,9 +209,10 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
         if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
             continue  # nothing would fuse the layer ops this estimate assumes fused
         yield TrainSetup(
-            stage=stage, method=method, precision=precision, micro_batch=micro, seq_len=cfg.seq_len,
+            stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
+            seq_len=cfg.seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
-            lora_rank=cfg.lora.rank, lora_dropout=cfg.lora.dropout, grad_accum=per_worker // micro,
+            lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
             fused_kernels=kernels)
 
@@ -322,8 +266,6 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
 
 def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, shape: ModelShape | None = None,
                budget: Budget | None = None) -> StagePlan:
-    from medgpt_ray.memory.shapes import load_shape
-
     shape = shape or load_shape("tiny")
     budget = budget or make_budget(None, 0.0, "auto", use_gpu, "none")
     reasons: list[str] = [f"budget: {budget.describe()}"]
@@ -355,17 +297,15 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
                    + ("explicit" if cfg.compile != "auto" else
                       f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
     plan.deepspeed = deepspeed_config(plan, cfg)
-    plan.prediction = {
-        "model": shape.name, "peak_gib": round(chosen.peak_gib, 3), "moment": chosen.est.moment,
-        "budget_gib": None if budget.gpu_gib is None else round(budget.usable_gib, 3),
-        "gpu_memory_gib": budget.gpu_gib, "margin_gib": budget.margin_gib, "budget_source": budget.source,
-        "gpu": budget.gpu.name, "tokens_per_s_per_gpu": round(chosen.tokens_per_s, 1),
-        "breakdown_gib": chosen.est.breakdown_gib(), "candidates": len(cands), "fitting": len(fits),
-    }
-    if chosen.host_node_gib:
-        plan.prediction["host_offload_gib_per_node"] = round(chosen.host_node_gib, 2)
-        plan.prediction["host_usable_gib"] = (None if budget.host_gib is None
-                                              else round(budget.host_usable_gib, 2))
+    offload = bool(chosen.host_node_gib)
+    plan.prediction = Prediction(
+        model=shape.name, peak_gib=round(chosen.peak_gib, 3), moment=chosen.est.moment,
+        budget_gib=None if budget.gpu_gib is None else round(budget.usable_gib, 3),
+        gpu_memory_gib=budget.gpu_gib, margin_gib=budget.margin_gib, budget_source=budget.source,
+        gpu=budget.gpu.name, tokens_per_s_per_gpu=round(chosen.tokens_per_s, 1),
+        breakdown_gib=chosen.est.breakdown_gib(), candidates=len(cands), fitting=len(fits),
+        host_offload_gib_per_node=round(chosen.host_node_gib, 2) if offload else None,
+        host_usable_gib=round(budget.host_usable_gib, 2) if offload and budget.host_gib is not None else None)
     plan.alternatives = _alternatives(chosen, cands, budget)
     reasons.append(f"chosen: {chosen.label()} (peak {chosen.peak_gib:.1f} GiB, "
                    f"{chosen.tokens_per_s:,.0f} tokens/s/GPU predicted)")
@@ -388,3 +328,59 @@ def _alternatives(chosen: Candidate, cands: list[Candidate], budget: Budget, n: 
         out.append({**c.knobs(), "peak_gib": round(c.peak_gib, 2), "relative_speed": round(rel, 3),
                     "why": f"fits, predicted {100 * (1 - rel):.0f}% slower"})
     return out
+
+
+# ---- every stage of a pipeline config ---------------------------------------------------------------------
+GpuProbe = Callable[[], GPUMemory | None]
+
+
+def model_shape(cfg: PipelineConfig) -> ModelShape:
+    path = cfg.model.path
+    if path == "tiny" or (Path(path).expanduser() / "config.json").is_file():
+        return load_shape(path)
+    if cfg.model.shape:
+        try:
+            return load_shape(cfg.model.shape)
+        except ShapeError as e:
+            raise ConfigError(f"model.shape: {e}") from None
+    raise ConfigError(f"model.path '{path}' has no config.json here to plan memory from; set model.shape to a "
+                      f"preset (e.g. qwen2.5-7b) to plan on a machine without the model")
+
+
+def resolve_budget(cfg: PipelineConfig, probe: GpuProbe | None, default_gpu_gib: float | None) -> Budget:
+    r = cfg.resources
+    # Host RAM for CPU offload: the config's, else what was read on a GPU node (never this laptop's when the
+    # GPU side comes from the config).
+    host = {"host_gib": r.host_memory_gib, "gpus_per_node": r.gpus_per_node}
+    if r.gpu_memory_gib is not None:
+        return make_budget(r.gpu_memory_gib, r.memory_margin_gib, r.gpu_type, r.use_gpu, "resources.gpu_memory_gib",
+                           **host)
+    if not r.use_gpu:
+        return make_budget(None, 0.0, "auto", False, "cpu")
+    gpu = (probe or tightest_local_gpu)()
+    if gpu is not None:
+        return make_budget(round(gpu.allocator_gib, 2), r.memory_margin_gib, r.gpu_type, True,
+                           f"{gpu.name}: {gpu.free_gib:.1f} GiB free of {gpu.total_gib:.1f}, less the CUDA context",
+                           detected_name=gpu.name,
+                           host_gib=r.host_memory_gib if r.host_memory_gib is not None else gpu.host_available_gib,
+                           gpus_per_node=r.gpus_per_node or gpu.gpus_on_node)
+    if default_gpu_gib is None:
+        raise ConfigError("resources.gpu_memory_gib: no GPU could be read to size the plan; set it to the "
+                          "per-GPU memory of the cluster's cards (e.g. 24 for an RTX 4090)")
+    return make_budget(default_gpu_gib, r.memory_margin_gib, r.gpu_type, True, "assumed: no GPU here", **host)
+
+
+def plan_all(cfg: PipelineConfig, probe: GpuProbe | None = None,
+             default_gpu_gib: float | None = None) -> tuple[dict[str, StagePlan], dict[str, str]]:
+    """Plans for the enabled stages, and for each stage that cannot be planned, the message why."""
+    shape = model_shape(cfg)
+    budget = resolve_budget(cfg, probe, default_gpu_gib)
+    plans: dict[str, StagePlan] = {}
+    errors: dict[str, str] = {}
+    for stage in cfg.enabled_stages():
+        try:
+            plans[stage] = plan_stage(stage, cfg.stages.get(stage), cfg.workers_for(stage), cfg.resources.use_gpu,
+                                      shape, budget)
+        except PlanError as e:
+            errors[stage] = str(e)
+    return plans, errors

@@ -1,26 +1,30 @@
 """One module per training stage; each builds its HF/TRL trainer from a StagePlan.
 
-Stages are plain functions callable in any process: `run_stage(inputs, sink)`.
-Ray only wraps them (pipeline.py), so a unit test can call them directly.
+Stages are plain functions callable in any process: `run_stage(inputs, sink, callbacks)`. Ray only wraps them
+(run/stage_runner.py), so a test can call them directly; what Ray needs inside a worker (a report callback, a
+progress sink) is injected by the runner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from medgpt_ray.stages.common import StageInputs
+from medgpt_ray.config import stage_kind
+from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 
 
-def run_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    from medgpt_ray.stages import dpo, pt, rm, sft
-
-    runners = {"pt": pt.run, "sft": sft.run, "rm": rm.run, "dpo": dpo.run}
-    return runners[inputs.stage](inputs, sink)
+def _module(inputs: StageInputs):
+    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.stages.<kind> unless its entry names another."""
+    return importlib.import_module(inputs.module or stage_kind(inputs.stage).module_name)
 
 
-def build_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None):
+def run_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None,
+              callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    return _module(inputs).run(inputs, sink, callbacks)
+
+
+def build_stage(inputs: StageInputs, sink: Callable[[dict[str, Any]], None] | None = None) -> BuiltStage:
     """The stage's trainer, built exactly as run_stage builds it, not yet trained (memory calibration)."""
-    import importlib
-
-    return importlib.import_module(f"medgpt_ray.stages.{inputs.stage}").build(inputs, sink)
+    return _module(inputs).build(inputs, sink)

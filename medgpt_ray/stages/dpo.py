@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from medgpt_ray import models, templates
-from medgpt_ray.stages.common import (
-    BuiltStage,
-    Sink,
-    StageInputs,
-    finish_stage,
-    quiet_libraries,
-    read_jsonl,
-    stage_callbacks,
-    training_kwargs,
-)
+from medgpt_ray.stages.callbacks import stage_callbacks
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.trainer_args import training_kwargs
 
 
 def preference_texts(records: list[dict], tokenizer, template):
@@ -42,7 +39,7 @@ def preference_texts(records: list[dict], tokenizer, template):
     }), len(records) - len(kept)
 
 
-def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
+def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import DPOConfig, DPOTrainer
 
     quiet_libraries()
@@ -69,16 +66,16 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=stage_callbacks(inp, sink),
+        callbacks=stage_callbacks(inp, sink, callbacks),
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
                       save_kwargs={"template": template})
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     t0 = time.monotonic()
-    built = build(inp, sink)
+    built = build(inp, sink, callbacks)
     return finish_stage(inp, built, t0, lambda ev: {
         "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
         "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size})

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from medgpt_ray import models
-from medgpt_ray.stages.common import (
-    BuiltStage,
-    Sink,
-    StageInputs,
-    finish_stage,
-    quiet_libraries,
-    read_jsonl,
-    stage_callbacks,
-    training_kwargs,
-)
+from medgpt_ray.stages.callbacks import stage_callbacks
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.trainer_args import training_kwargs
 
 
 def pack_blocks(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
@@ -39,7 +36,7 @@ def _dataset(blocks: list[list[int]]):
                               "labels": blocks})
 
 
-def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
+def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from transformers import Trainer, TrainingArguments, default_data_collator
 
     quiet_libraries()
@@ -63,13 +60,13 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         train_dataset=_dataset(train_blocks),
         eval_dataset=_dataset(eval_blocks) if eval_blocks else None,
         data_collator=default_data_collator,
-        callbacks=stage_callbacks(inp, sink),
+        callbacks=stage_callbacks(inp, sink, callbacks),
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_blocks),
                       extras={"train_blocks": len(train_blocks)})
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     t0 = time.monotonic()
-    return finish_stage(inp, build(inp, sink), t0, lambda ev: {
+    return finish_stage(inp, build(inp, sink, callbacks), t0, lambda ev: {
         "eval_loss": ev["eval_loss"], "eval_perplexity": math.exp(min(ev["eval_loss"], 50))})

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from medgpt_ray import models, templates
-from medgpt_ray.stages.common import (
-    BuiltStage,
-    Sink,
-    StageInputs,
-    finish_stage,
-    quiet_libraries,
-    read_jsonl,
-    stage_callbacks,
-    training_kwargs,
-)
+from medgpt_ray.stages.callbacks import stage_callbacks
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.trainer_args import training_kwargs
 
 
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
@@ -44,7 +41,7 @@ def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), skipped
 
 
-def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
+def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import RewardConfig, RewardTrainer
 
     quiet_libraries()
@@ -66,7 +63,7 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=stage_callbacks(inp, sink),
+        callbacks=stage_callbacks(inp, sink, callbacks),
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_too_long": skipped["too_long"],
@@ -74,9 +71,9 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
                       save_kwargs={"seq_cls": True})
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     t0 = time.monotonic()
-    built = build(inp, sink)
+    built = build(inp, sink, callbacks)
     return finish_stage(inp, built, t0, lambda ev: {
         "eval_loss": ev["eval_loss"], "eval_accuracy": ev["eval_accuracy"], "eval_margin": ev.get("eval_margin"),
         "eval_pairs": built.eval_size})

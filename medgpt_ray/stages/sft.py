@@ -8,21 +8,18 @@ receives `input_ids` + `labels` and leaves them as they are.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from medgpt_ray import models, templates
 from medgpt_ray.stages import sync_free
-from medgpt_ray.stages.common import (
-    BuiltStage,
-    Sink,
-    StageInputs,
-    finish_stage,
-    quiet_libraries,
-    read_jsonl,
-    stage_callbacks,
-    training_kwargs,
-)
+from medgpt_ray.stages.callbacks import stage_callbacks
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.trainer_args import training_kwargs
 
 
 def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
@@ -54,7 +51,7 @@ def encode_conversations(records: list[dict], tokenizer, template, seq_len: int)
     }), skipped
 
 
-def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
+def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import SFTConfig, SFTTrainer
 
     quiet_libraries()
@@ -76,7 +73,7 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=stage_callbacks(inp, sink),
+        callbacks=stage_callbacks(inp, sink, callbacks),
     )
     sync_free.install(trainer)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
@@ -85,8 +82,8 @@ def build(inp: StageInputs, sink: Sink | None = None) -> BuiltStage:
                       save_kwargs={"template": template})
 
 
-def run(inp: StageInputs, sink: Sink | None = None) -> dict[str, Any]:
+def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     t0 = time.monotonic()
-    return finish_stage(inp, build(inp, sink), t0, lambda ev: {
+    return finish_stage(inp, build(inp, sink, callbacks), t0, lambda ev: {
         "eval_loss": ev["eval_loss"],
         **({"eval_token_accuracy": ev["eval_mean_token_accuracy"]} if "eval_mean_token_accuracy" in ev else {})})

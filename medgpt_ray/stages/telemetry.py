@@ -76,11 +76,11 @@ class StageMetrics(TrainerCallback):
         metrics().set(name, value, self.tags)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        pred = self.plan.prediction or {}
-        if pred.get("peak_gib") is not None:
-            self._set("medgpt_gpu_memory_predicted_peak_bytes", pred["peak_gib"] * GIB)
-        if pred.get("budget_gib") is not None:
-            self._set("medgpt_gpu_memory_budget_bytes", pred["budget_gib"] * GIB)
+        pred = self.plan.prediction
+        if pred is not None:
+            self._set("medgpt_gpu_memory_predicted_peak_bytes", pred.peak_gib * GIB)
+        if pred is not None and pred.budget_gib is not None:
+            self._set("medgpt_gpu_memory_budget_bytes", pred.budget_gib * GIB)
         self._t_last = self._t0 = time.monotonic()
         self._tokens_last = int(getattr(state, "num_input_tokens_seen", 0) or 0)
         self._steps_start = state.global_step  # a resumed run starts mid-way
@@ -122,7 +122,7 @@ class StageMetrics(TrainerCallback):
 
 
 def _gpu_tag() -> str:
-    from medgpt_ray.placement import chosen_gpu
+    from medgpt_ray.placement.device import chosen_gpu
 
     chosen = chosen_gpu()
     if chosen is not None:
@@ -153,15 +153,11 @@ def stage_metrics_callback(inp: Any) -> StageMetrics:
     try:
         import torch
 
-        from medgpt_ray.memory.estimator import TrainSetup
         from medgpt_ray.memory.shapes import load_shape
         from medgpt_ray.memory.throughput import flops_per_token, spec_for
 
         if torch.cuda.is_available():
-            p = inp.plan
-            setup = TrainSetup(stage=inp.stage, method=p.method, precision=p.precision, micro_batch=p.micro_batch,
-                               seq_len=inp.cfg.seq_len, ckpt_fraction=p.ckpt_fraction, fused_ce=p.fused_ce)
-            flops = flops_per_token(load_shape(inp.model_path), setup)
+            flops = flops_per_token(load_shape(inp.model_path), inp.plan.train_setup(inp.cfg))
             peak = spec_for(torch.cuda.get_device_name()).bf16_tflops * 1e12
     except (KeyError, ValueError, OSError):
         flops = peak = None  # an unknown GPU or shape: no MFU, every other metric still flows

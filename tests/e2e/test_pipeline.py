@@ -59,8 +59,11 @@ def summary(out: Path) -> dict:
 
 
 def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path):
+    # Over 60 s (~3 min on 2 cores), on purpose: four runs of `jobs/pipeline.py` as a user runs it, each starting
+    # its own local Ray cluster (interrupted, resumed, all skipped, --only-stage). SFT gets 60 steps: enough that
+    # the Ctrl-C lands well after its first checkpoint (step 3) and before it ends.
     out = tmp_path / "runs"
-    sft = ["--set", "stages.sft.max_steps=200", "--set", "stages.sft.save_steps=3"]
+    sft = ["--set", "stages.sft.max_steps=60", "--set", "stages.sft.save_steps=3"]
     proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), start_new_session=True)
     ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
@@ -82,7 +85,7 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert "[ pt] done in manifest" in second
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
     assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
-    assert sft_result["steps"] == 200
+    assert sft_result["steps"] == 60
     s = summary(out)
     assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped", "done", "done", "done"]
     assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
@@ -118,6 +121,8 @@ def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
 
 def test_ray_job_submit_with_token_auth(repo, tmp_path):
     """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root."""
+    # Over 60 s (~100 s on 2 cores), on purpose: a `ray start --head` cluster of its own and a job that runs all
+    # four stages through `ray job submit`.
     venv_bin = str(Path(sys.executable).parent)
     token = tmp_path / "auth_token"
     token.write_text(secrets.token_hex(32))

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from medgpt_ray.placement import place_stage
-from medgpt_ray.topology import load_topology_file
+from medgpt_ray.placement.policy import place_stage
+from medgpt_ray.placement.topology import load_topology_file
 from tests.conftest import ray_temp_root
 from tests.placement_probe import run_placed
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from medgpt_ray.config import PipelineConfig
-from medgpt_ray.pipeline import Pipeline, RunOptions
+from medgpt_ray.run.pipeline import Pipeline, RunOptions
 from tests.e2e.test_clean_cli import FORMATS, malformed_lines
 
 pytestmark = pytest.mark.ray

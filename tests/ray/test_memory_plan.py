@@ -7,8 +7,8 @@ import json
 import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions
-from medgpt_ray.stages.common import INJECT_OOM_ENV
+from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
+from medgpt_ray.stages.callbacks import INJECT_OOM_ENV
 
 pytestmark = pytest.mark.ray
 
@@ -24,20 +24,16 @@ def _sft_only(tmp_path, name: str, sft: dict, resources: dict | None = None) -> 
     })
 
 
-def test_the_plan_chosen_for_a_budget_is_what_runs(ray_cluster, repo, tmp_path, monkeypatch):
-    monkeypatch.chdir(repo)
-    # A simulated 0.27 GiB card (the CPU has no allocator to cap): the tiny model no longer fits at
-    # micro-batch 8 without checkpointing, so the planner must trade.
-    cfg = _sft_only(tmp_path, "budget", {}, {"gpu_memory_gib": 0.27, "memory_margin_gib": 0.0})
-    lines: list[str] = []
-    summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
-    assert summary["stages"]["sft"]["status"] == "done"
-    plan = json.loads((tmp_path / "budget" / "sft" / "plan.json").read_text())
-    assert plan["prediction"]["peak_gib"] <= 0.27 < plan["alternatives"][0]["peak_gib"]
+def test_the_plan_chosen_for_a_budget_is_what_runs(tiny_run):
+    """The shared tiny run (tests/ray/conftest.py) was planned for a simulated 0.27 GiB card."""
+    assert tiny_run.summary["stages"]["sft"]["status"] == "done"
+    plan = json.loads((tiny_run.run_dir / "sft" / "plan.json").read_text())
+    assert plan["prediction"]["peak_gib"] <= tiny_run.budget_gib < plan["alternatives"][0]["peak_gib"]
     assert plan["micro_batch"] < 8 and plan["micro_batch"] * plan["grad_accum"] == 8
-    result = json.loads((tmp_path / "budget" / "sft" / "result.json").read_text())
-    assert result["steps"] == 3
-    assert any(line.startswith("[sft] plan: lora, micro-batch") and "predicted peak" in line for line in lines)
+    result = json.loads((tiny_run.run_dir / "sft" / "result.json").read_text())
+    assert result["steps"] == tiny_run.max_steps
+    assert any(line.startswith("[sft] plan: lora, micro-batch") and "predicted peak" in line
+               for line in tiny_run.lines)
 
 
 def test_a_config_predicted_not_to_fit_is_refused_before_anything_runs(ray_cluster, repo, tmp_path, monkeypatch):

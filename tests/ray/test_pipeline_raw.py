@@ -7,7 +7,7 @@ import json
 import pytest
 
 from medgpt_ray.config import PipelineConfig
-from medgpt_ray.pipeline import Pipeline, RunOptions
+from medgpt_ray.run.pipeline import Pipeline, RunOptions
 
 pytestmark = pytest.mark.ray
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from medgpt_ray.placement import partition_gpus, place_stage
-from medgpt_ray.topology import load_topology_file
+from medgpt_ray.placement.policy import partition_gpus, place_stage
+from medgpt_ray.placement.topology import load_topology_file
 from tests.placement_probe import run_placed
 
 pytestmark = pytest.mark.ray

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from medgpt_ray.config import LoraConfig, PipelineConfig, StageConfig
+from medgpt_ray.config import LoraConfig, StageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
-from medgpt_ray.pipeline import run_stage_on_ray
 from medgpt_ray.progress import ProgressActor
-from medgpt_ray.stages.common import StageInputs
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.stages.inputs import StageInputs
 
 pytestmark = pytest.mark.ray
 
@@ -28,17 +28,19 @@ def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, 
     out = tmp_path / "sft"
     out.mkdir()
     inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
-    pipe_cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "resources": {"num_workers": 2}})
-    actor = ProgressActor.options(name="test-progress", namespace=ray.get_runtime_context().namespace).remote()
+    namespace = ray.get_runtime_context().namespace
+    actor = ProgressActor.options(name="test-progress", namespace=namespace).remote()
 
-    result = run_stage_on_ray(inputs, pipe_cfg, str(tmp_path / "_ray"), "test-sft", "test-progress",
-                              ray.get_runtime_context().namespace)
+    opts = RayOptions(str(tmp_path / "_ray"), "test-sft", progress=("test-progress", namespace),
+                      extra_metrics={"trial": "x"})
+    result = run_stage_on_ray(inputs, opts)
 
     receipt = json.loads((out / "result.json").read_text())
     assert receipt["world_size"] == 2
     assert result.metrics["steps"] == receipt["steps"] == 3
     assert result.metrics["train_loss_last"] == pytest.approx(receipt["train_loss_last"])
-    assert result.metrics["eval/eval_loss"] == pytest.approx(receipt["eval"]["eval_loss"])
+    assert result.metrics["eval_loss"] == pytest.approx(receipt["eval"]["eval_loss"])
+    assert result.metrics["completed"] == 1 and result.metrics["trial"] == "x"  # what a Tune trial adds
     with result.checkpoint.as_directory() as d:
         assert json.loads((Path(d) / "result.json").read_text())["steps"] == 3
     progress = ray.get(actor.drain.remote())
@@ -48,7 +50,6 @@ def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, 
 
 def test_deepspeed_zero2_stage_under_ray_train(ray_cluster, repo, tiny_model, tmp_path):
     """The GPU path's DeepSpeed wiring, on CPU: the planner's ZeRO-2 dict is accepted by HF/TRL as is."""
-    ray = ray_cluster
     data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
                         max_records=16)
     cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
@@ -59,12 +60,8 @@ def test_deepspeed_zero2_stage_under_ray_train(ray_cluster, repo, tiny_model, tm
     out = tmp_path / "sft"
     out.mkdir()
     inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
-    pipe_cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}})
-    actor = ProgressActor.options(name="test-progress-ds", namespace=ray.get_runtime_context().namespace).remote()
-    run_stage_on_ray(inputs, pipe_cfg, str(tmp_path / "_ray"), "test-sft-ds", "test-progress-ds",
-                     ray.get_runtime_context().namespace)
+    run_stage_on_ray(inputs, RayOptions(str(tmp_path / "_ray"), "test-sft-ds"))  # no progress actor: none pushed
     receipt = json.loads((out / "result.json").read_text())
     assert receipt["deepspeed"] is True
     assert receipt["steps"] == 3
     assert receipt["train_loss_last"] < receipt["train_loss_first"]
-    ray.kill(actor)

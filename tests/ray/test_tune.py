@@ -21,52 +21,59 @@ BASE = {
                        "max_steps": 2, "grad_ckpt": False, "logging_steps": 1}},
 }
 SWEEP = {"stage": "sft", "metric": "eval_loss", "mode": "min", "searcher": "grid", "scheduler": "none",
-         "space": {"micro_batch": {"grid": [2, 8]}, "lr": {"grid": [1.0e-3, 3.0e-3, 1.0e-2]}}}
+         "space": {"micro_batch": {"grid": [2, 8]}, "lr": {"grid": [1.0e-3, 1.0e-2]}}}
 
 
 def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, repo, tmp_path, monkeypatch):
-    from medgpt_ray.tune_run import run_sweep
+    # Over 60 s (~80 s on 2 cores), on purpose: a real 4-trial Tune sweep (2 trials each start a Ray Train run)
+    # and its restore; pruning, the best override and --resume are only visible across trials.
+    from medgpt_ray.tune.driver import run_sweep
 
     monkeypatch.chdir(repo)
     cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
-    cfg_file.write_text(yaml.safe_dump({**BASE, "output_dir": str(tmp_path / "runs")}))
+    # Ray Train's and Tune's storage go where resources.storage_path says (shared storage on a cluster).
+    base = {**BASE, "output_dir": str(tmp_path / "runs"),
+            "resources": {**BASE["resources"], "storage_path": str(tmp_path / "storage")}}
+    cfg_file.write_text(yaml.safe_dump(base))
     sweep_file.write_text(yaml.safe_dump(SWEEP))
     lines: list[str] = []
     summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append)
     rows = summary["rows"]
-    assert len(rows) == 6
+    assert len(rows) == 4
     pruned = [r for r in rows if r["status"] == "pruned"]
     done = [r for r in rows if r["status"] == "done"]
-    assert sorted(r["params"]["micro_batch"] for r in pruned) == [8, 8, 8]
-    assert all(r["predicted_peak_gib"] > 0.27 for r in pruned) and summary["pruned"] == 3
-    assert len(done) == 3 and all(r["eval_loss"] is not None and r["eval_loss"] < 1e8 for r in done)
+    assert sorted(r["params"]["micro_batch"] for r in pruned) == [8, 8]
+    assert all(r["predicted_peak_gib"] > 0.27 for r in pruned) and summary["pruned"] == 2
+    assert len(done) == 2 and all(r["eval_loss"] is not None and r["eval_loss"] < 1e8 for r in done)
     # Pruned trials never created a Ray Train run (no worker process, no stage directory).
     out = tmp_path / "runs" / "sweepbase-tune-sft"
-    train_runs = sorted(p.name for p in (out / "train").iterdir())
-    assert len(train_runs) == 3
-    assert len(list((out / "trials").iterdir())) == 3
+    storage = tmp_path / "storage" / out.name
+    train_runs = sorted(p.name for p in (storage / "train").iterdir())
+    assert len(train_runs) == 2 and (storage / "tune" / "sweep").is_dir()
+    assert not (out / "train").exists() and not (out / "tune").exists()
+    assert len(list((out / "trials").iterdir())) == 2
     # The best trial is a ready override file the pipeline accepts.
     best = yaml.safe_load((out / "best_overrides.yaml").read_text())
-    assert best["stages.sft.micro_batch"] == 2 and best["stages.sft.lr"] in (1.0e-3, 3.0e-3, 1.0e-2)
+    assert best["stages.sft.micro_batch"] == 2 and best["stages.sft.lr"] in (1.0e-3, 1.0e-2)
     cfg = load_config(cfg_file, overrides_file=out / "best_overrides.yaml")
     assert cfg.stages.sft.lr == best["stages.sft.lr"]
-    assert any(line.startswith("pruned 3 of 6 trial(s) before launch") for line in lines)
-    assert json.loads((out / "sweep_results.json").read_text())["pruned"] == 3
+    assert any(line.startswith("pruned 2 of 4 trial(s) before launch") for line in lines)
+    assert json.loads((out / "sweep_results.json").read_text())["pruned"] == 2
 
     # Interrupted or finished: --resume restores the experiment and reruns nothing that finished.
     again = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append, resume=True)
     assert any("resuming the sweep" in line for line in lines)
-    assert sorted(p.name for p in (out / "train").iterdir()) == train_runs
+    assert sorted(p.name for p in (storage / "train").iterdir()) == train_runs
     assert sorted(r["status"] for r in again["rows"]) == sorted(r["status"] for r in rows)
 
 
 def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     import ray
 
-    from medgpt_ray.placement import partition_gpus
-    from medgpt_ray.topology import load_topology_file
-    from medgpt_ray.tune import wait_for_slot
-    from medgpt_ray.tune_run import SlotPool
+    from medgpt_ray.placement.policy import partition_gpus
+    from medgpt_ray.placement.topology import load_topology_file
+    from medgpt_ray.tune.driver import SlotPool
+    from medgpt_ray.tune.sweep import wait_for_slot
 
     groups, _ = partition_gpus(load_topology_file("8x4090-switches-single-socket"), [2, 2, 2, 2])
     pool = SlotPool.remote(groups)

@@ -14,7 +14,7 @@ from medgpt_ray.config import DPOStageConfig, LoraConfig, StageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import run_stage
-from medgpt_ray.stages.common import StageInputs
+from medgpt_ray.stages.inputs import StageInputs
 
 KIND = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}
 SOURCES = {
@@ -230,7 +230,7 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
     """MedicalGPT's tool-calling ShareGPT, read and prepared as the pipeline does: function_call turns and
     answers are the loss, observations and the tool schemas (in the system turn) are context only."""
     from medgpt_ray import models, templates
-    from medgpt_ray.stages.common import read_jsonl
+    from medgpt_ray.stages.inputs import read_jsonl
     from medgpt_ray.stages.sft import encode_conversations
 
     d = prepare_kind("sft", [str(repo / "data/sample/formats/sft_sharegpt_tools.jsonl")], tmp_path, 0.1)
@@ -259,8 +259,8 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
 
 def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_path):
     from medgpt_ray import models, templates
-    from medgpt_ray.stages.common import read_jsonl
     from medgpt_ray.stages.dpo import preference_texts
+    from medgpt_ray.stages.inputs import read_jsonl
     from medgpt_ray.stages.rm import encode_pairs
 
     d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)

@@ -55,11 +55,68 @@ def test_missing_model_path_is_an_error(tmp_path):
         load_config(write(tmp_path, "name: x\n"))
 
 
-def test_shipped_configs_load(repo):
-    for cfg_file in sorted((repo / "configs").glob("*.yaml")):
-        cfg = load_config(cfg_file)
-        for s in cfg.enabled_stages():
-            plan_stage(s, cfg.stages.get(s), cfg.workers_for(s), cfg.resources.use_gpu)
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Every shipped sweep, with the shipped config it is meant for (a new sweep must be added here).
+SWEEP_CONFIGS = {"sft-lora.yaml": "qwen2.5-7b-4x4090.yaml", "sft-tiny.yaml": "tiny-cpu.yaml"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
+def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
+    from medgpt_ray.memory.planner import model_shape, plan_all
+
+    cfg = load_config(CONFIGS / name)
+    # No GPU is read here: a GPU config is planned for a 24 GiB card (an RTX 4090), as `medgpt-ray plan` does.
+    plans, errors = plan_all(cfg, probe=lambda: None, default_gpu_gib=24.0)
+    assert errors == {}
+    assert list(plans) == cfg.enabled_stages() == ["pt", "sft", "rm", "dpo"]
+    shape = model_shape(cfg)
+    assert shape.name == (cfg.model.shape or "tiny")
+    for p in plans.values():
+        assert p.prediction.model == shape.name
+        assert p.micro_batch * p.grad_accum * p.num_workers == cfg.stages.get(p.stage).effective_batch
+        if cfg.resources.use_gpu:
+            assert p.prediction.gpu_memory_gib == 24.0
+            assert 0 < p.prediction.peak_gib <= p.prediction.budget_gib == 24.0 - cfg.resources.memory_margin_gib
+
+
+@pytest.mark.parametrize("sweep", sorted(SWEEP_CONFIGS))
+def test_shipped_sweep_loads_with_its_config_and_plans_its_trials(sweep):
+    from medgpt_ray.tune.driver import run_sweep
+
+    assert sorted(SWEEP_CONFIGS) == sorted(p.name for p in (CONFIGS / "sweeps").glob("*.yaml"))
+    lines: list[str] = []
+    out = run_sweep(str(CONFIGS / SWEEP_CONFIGS[sweep]), [], str(CONFIGS / "sweeps" / sweep), echo=lines.append,
+                    dry_run=True)
+    rows = out["rows"]
+    assert rows and {r["status"] for r in rows} <= {"fits", "pruned"}
+    assert any(r["status"] == "fits" for r in rows)
+    for r in rows:
+        assert r["predicted_peak_gib"] > 0
+        if r["status"] == "pruned":  # only what is over the 24 GiB card (less the margin) is pruned
+            assert r["predicted_peak_gib"] > 22.0
+
+
+def test_asha_without_evaluations_is_refused_naming_the_key(tmp_path):
+    from medgpt_ray.tune.sweep import load_sweep
+
+    sweep = write(tmp_path, "stage: sft\nscheduler: asha\nspace: {lr: {choice: [0.1, 0.2]}}\n", "s.yaml")
+    cfg = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(ConfigError, match="stages.sft.eval_steps is not set"):
+        load_sweep(sweep, cfg)
+    assert load_sweep(sweep).scheduler == "asha"  # the file alone is fine; the pairing is not
+    assert load_sweep(sweep, load_config(write(tmp_path, MINIMAL + "stages: {sft: {eval_steps: 5}}\n"))).stage == "sft"
+    none = write(tmp_path, "stage: sft\nscheduler: none\nspace: {lr: {choice: [0.1]}}\n", "n.yaml")
+    assert load_sweep(none, cfg).scheduler == "none"
+
+
+def test_trials_take_turns_on_an_explicit_placement_or_share_the_gpus():
+    from medgpt_ray.placement.topology import load_topology_file
+    from medgpt_ray.tune.sweep import trial_gpu_groups
+
+    topo = load_topology_file("8x4090-switches-single-socket")
+    groups = trial_gpu_groups(topo, 2, "auto")
+    assert len(groups) == 4 and sorted(g for s in groups for g in s) == list(range(8))
+    assert trial_gpu_groups(topo, 2, [5, 6]) == [[5, 6]]
 
 
 def test_planner_rejects_batch_not_divisible_by_workers(tmp_path):
@@ -84,3 +141,15 @@ def test_deepspeed_dict_is_concrete_and_agrees_with_the_plan(tmp_path):
     assert ds["zero_optimization"]["stage"] == 3
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["bf16"]["enabled"] is True  # amp-bf16 for full training on GPU
+
+
+def test_readme_stage_keys_are_generated_from_the_config_classes(repo):
+    """The README's per-stage key list is what medgpt_ray.config.keys generates from the field docs (a field
+    without a doc fails here too); regenerate with `python -m medgpt_ray.config.keys README.md`."""
+    from medgpt_ray.config.keys import BEGIN, END, stage_keys_block
+
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index(BEGIN): readme.index(END) + len(END)]
+    assert block == stage_keys_block()
+    for key in ("`from`", "`needs`", "`eval_steps`", "`lora.rank`", "`beta`", "`placement`"):
+        assert key in block

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.pipeline import Pipeline, PipelineError, RunOptions, _effective_upstream
+from medgpt_ray.run import dag
+from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
 
 
 def make(tmp_path, **stages) -> PipelineConfig:
@@ -34,10 +35,10 @@ def test_rm_and_dpo_share_a_wave(tmp_path):
 
 def test_a_disabled_stage_hands_its_input_to_its_dependants(tmp_path):
     cfg = make(tmp_path, sft=False)
-    assert _effective_upstream(cfg, "dpo") == "pt"
+    assert dag.effective_from(cfg, "dpo") == "pt"
     assert Pipeline(cfg)._waves(cfg.enabled_stages()) == [["pt"], ["rm", "dpo"]]
     cfg = make(tmp_path, pt=False, sft=False)
-    assert _effective_upstream(cfg, "rm") is None
+    assert dag.effective_from(cfg, "rm") is None
 
 
 def test_only_stage_of_a_disabled_stage_is_refused(tmp_path):
@@ -49,3 +50,44 @@ def test_missing_upstream_output_names_the_stage(tmp_path):
     p = Pipeline(make(tmp_path))
     with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft"):
         p._upstream_model("dpo", tmp_path)
+
+
+def _sft_fingerprint(tmp_path, **sft) -> str:
+    """The sft stage's fingerprint for the default stages with `sft` keys set, planned as the pipeline plans."""
+    from medgpt_ray.memory.planner import plan_all
+
+    cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "output_dir": str(tmp_path),
+                                         "resources": {"num_workers": 2},
+                                         "stages": {"sft": {"method": "lora", "effective_batch": 8, **sft}}})
+    plans, errors = plan_all(cfg)
+    assert not errors
+    prov = {"git_commit": "c0ffee", "packages": {"torch": "x"}}
+    return Pipeline(cfg)._fingerprint("sft", plans["sft"], "data-fp", "pt-fp", {"hidden_size": 8}, prov)
+
+
+def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_does(tmp_path):
+    planned = _sft_fingerprint(tmp_path)
+    # The tiny CPU plan picks micro-batch 4 without checkpointing; other explicit layouts of the same
+    # updates must not retrain a finished stage.
+    assert _sft_fingerprint(tmp_path, micro_batch=1) == planned
+    assert _sft_fingerprint(tmp_path, micro_batch=2, grad_ckpt=True) == planned
+    assert _sft_fingerprint(tmp_path, grad_ckpt=0.5, zero_stage=0, offload="none", compile=False) == planned
+    assert _sft_fingerprint(tmp_path, lr=1e-3) != planned
+    assert _sft_fingerprint(tmp_path, effective_batch=16) != planned
+    assert _sft_fingerprint(tmp_path, method="full") != planned
+
+
+def test_only_stage_is_checked_against_the_manifest_before_ray_starts(tmp_path):
+    import json
+
+    from medgpt_ray.run.pipeline import check_only_stage
+
+    cfg = make(tmp_path)
+    with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft, which is not finished"):
+        check_only_stage(cfg, "dpo")
+    model = tmp_path / "sft-model"
+    model.mkdir()
+    (tmp_path / "default").mkdir()
+    (tmp_path / "default" / "manifest.json").write_text(json.dumps({"stages": {"sft": {"output_model": str(model)}}}))
+    check_only_stage(cfg, "dpo")  # sft finished: nothing to say
+    check_only_stage(make(tmp_path, pt=False), "sft")  # starts from the base model

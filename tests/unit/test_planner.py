@@ -11,10 +11,11 @@ import torch
 
 from medgpt_ray.cli import main
 from medgpt_ray.config import ConfigError, LoraConfig, StageConfig, load_config
-from medgpt_ray.memory.backoff import is_cuda_oom
-from medgpt_ray.memory.plan import halve_micro_batch, keep_backoffs
-from medgpt_ray.memory.planner import PlanError, make_budget, plan_stage
+from medgpt_ray.memory.budget import make_budget
+from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
+from medgpt_ray.memory.stage_plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.run.backoff import is_cuda_oom
 
 Q7 = PRESETS["qwen2.5-7b"]
 RTX4090 = make_budget(24, 2, "rtx4090", True, "test")
@@ -26,18 +27,23 @@ def sft_7b(**kw) -> StageConfig:
 
 def test_chosen_configuration_fits_and_keeps_the_effective_batch():
     plan = plan_stage("sft", sft_7b(), 4, True, Q7, RTX4090)
-    assert plan.prediction["peak_gib"] <= 22.0
+    assert plan.prediction.peak_gib <= 22.0
     assert plan.micro_batch * plan.grad_accum * plan.num_workers == 32
     # Something faster was considered and rejected for memory, with the numbers.
     rejected = [a for a in plan.alternatives if "budget" in a["why"]]
     assert rejected and all(a["peak_gib"] > 22.0 and a["relative_speed"] > 1 for a in rejected)
-    assert plan.deepspeed is None or plan.deepspeed["train_micro_batch_size_per_gpu"] == plan.micro_batch
+    # LoRA's frozen base fits each 4090 whole: no ZeRO, and then no DeepSpeed config at all.
+    assert (plan.zero_stage, plan.offload, plan.deepspeed) == (0, "none", None)
+    sharded = plan_stage("sft", sft_7b(zero_stage=3, offload="none"), 4, True, Q7, RTX4090)
+    assert sharded.deepspeed is not None
+    assert sharded.deepspeed["train_micro_batch_size_per_gpu"] == sharded.micro_batch
+    assert sharded.deepspeed["gradient_accumulation_steps"] == sharded.grad_accum
 
 
 def test_more_memory_buys_a_faster_plan():
     small = plan_stage("sft", sft_7b(), 1, True, Q7, make_budget(24, 2, "h200", True, "test"))
     big = plan_stage("sft", sft_7b(), 1, True, Q7, make_budget(80, 2, "h200", True, "test"))
-    assert big.prediction["tokens_per_s_per_gpu"] > small.prediction["tokens_per_s_per_gpu"]
+    assert big.prediction.tokens_per_s_per_gpu > small.prediction.tokens_per_s_per_gpu
     assert big.ckpt_fraction < small.ckpt_fraction or big.micro_batch > small.micro_batch
 
 
@@ -64,7 +70,7 @@ def test_nothing_fits_says_what_would():
 
 def test_auto_method_may_choose_qlora_on_a_small_card():
     plan = plan_stage("sft", sft_7b(method="auto"), 1, True, Q7, make_budget(12, 1, "rtx4090", True, "test"))
-    assert plan.method == "qlora" and plan.prediction["peak_gib"] <= 11.0
+    assert plan.method == "qlora" and plan.prediction.peak_gib <= 11.0
 
 
 def test_cpu_without_budget_plans_for_speed_and_refuses_gpu_only_knobs():
@@ -83,28 +89,32 @@ def test_a_tiny_budget_forces_smaller_micro_batches_and_checkpointing():
     roomy = plan_stage("sft", cfg, 1, False, load_shape("tiny"), make_budget(10, 0, "auto", False, "test"))
     tight = plan_stage("sft", cfg, 1, False, load_shape("tiny"), make_budget(0.27, 0, "auto", False, "test"))
     assert roomy.micro_batch == 8 and roomy.ckpt_fraction == 0.0
-    assert tight.micro_batch < 8 and tight.prediction["peak_gib"] <= 0.27
+    assert tight.micro_batch < 8 and tight.prediction.peak_gib <= 0.27
 
 
 def test_halving_keeps_the_effective_batch_until_nothing_is_left():
     plan = plan_stage("sft", sft_7b(micro_batch=8, grad_ckpt=0.5), 1, True, Q7, make_budget(200, 2, "h200", True, "t"))
     seen = []
-    while halve_micro_batch(plan, sft_7b(), "CUDA out of memory", step=3):
+    first = plan
+    while (smaller := halve_micro_batch(plan, sft_7b(), "CUDA out of memory", step=3)) is not None:
+        plan = smaller
         seen.append((plan.micro_batch, plan.grad_accum, plan.ckpt_fraction))
+    assert (first.micro_batch, first.backoffs) == (8, [])  # the back-off returns new plans; the first is unchanged
     assert seen == [(4, 8, 0.5), (2, 16, 0.5), (1, 32, 0.5), (1, 32, 1.0)]
     assert len(plan.backoffs) == 4 and plan.backoffs[0]["before"]["micro_batch"] == 8
     odd = plan_stage("sft", sft_7b(effective_batch=3, micro_batch=3), 1, True, Q7,
                      make_budget(200, 2, "h200", True, "t"))
-    assert halve_micro_batch(odd, sft_7b(effective_batch=3), "oom", 0) and (odd.micro_batch, odd.grad_accum) == (1, 3)
+    odd = halve_micro_batch(odd, sft_7b(effective_batch=3), "oom", 0)
+    assert odd is not None and (odd.micro_batch, odd.grad_accum) == (1, 3)
 
 
 def test_resumed_attempt_keeps_its_backoffs_and_fingerprint_identity_ignores_memory_knobs():
     budget = make_budget(200, 2, "h200", True, "t")
     planned = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
     previous = plan_stage("sft", sft_7b(micro_batch=8), 1, True, Q7, budget)
-    halve_micro_batch(previous, sft_7b(), "oom", 5)
+    previous = halve_micro_batch(previous, sft_7b(), "oom", 5)
     assert previous.identity() == planned.identity()
-    keep_backoffs(planned, previous, sft_7b())
+    planned = keep_backoffs(planned, previous, sft_7b())
     assert (planned.micro_batch, planned.grad_accum, len(planned.backoffs)) == (4, 8, 1)
 
 
@@ -188,7 +198,7 @@ def test_plan_cli_on_the_shipped_4090_config(capsys, repo):
 
 def test_planning_a_config_whose_model_is_elsewhere_needs_a_shape(tmp_path, repo):
     from medgpt_ray.config import ConfigError
-    from medgpt_ray.memory.stage_plans import plan_all
+    from medgpt_ray.memory.planner import plan_all
 
     cfg = load_config(repo / "configs/qwen2.5-7b-4x4090.yaml", ["model.shape=null"])
     with pytest.raises(ConfigError, match="set model.shape"):
@@ -205,7 +215,7 @@ def test_compiled_layers_where_measured_and_only_there():
     assert not plan_stage("sft", sft_7b(max_steps=10), 1, True, Q7, RTX4090).compile  # compiling would not pay
     eager = plan_stage("sft", sft_7b(compile=False), 1, True, Q7, RTX4090)
     assert not eager.compile and not eager.fused_kernels  # nothing would fuse them
-    assert eager.prediction["peak_gib"] >= sft.prediction["peak_gib"]
+    assert eager.prediction.peak_gib >= sft.prediction.peak_gib
     assert plan_stage("sft", sft_7b(compile=True), 1, False).compile  # explicit: also on CPU
     with pytest.raises(ConfigError, match=r"stages\.sft\.fused_kernels"):
         plan_stage("sft", sft_7b(compile=False, fused_kernels=True), 1, True, Q7, RTX4090)
@@ -218,18 +228,18 @@ def test_cpu_offload_must_fit_the_nodes_host_ram():
     plan = plan_stage("sft", full, 4, True, Q7, roomy)
     assert plan.offload == "optimizer"
     # optimizer offload: fp32 master + two moments + fp32 grads = 16 bytes per parameter over 4 ranks x 4 ranks
-    assert plan.prediction["host_offload_gib_per_node"] == pytest.approx(16 * Q7.params / 2**30, abs=0.01)
+    assert plan.prediction.host_offload_gib_per_node == pytest.approx(16 * Q7.params / 2**30, abs=0.01)
     tight = make_budget(24, 2, "rtx4090", True, "test", host_gib=64, gpus_per_node=4)
     with pytest.raises(PlanError, match=r"host RAM per node .*> 51\.2 GiB usable"):
         plan_stage("sft", full, 4, True, Q7, tight)
     # Two nodes of two GPUs: each node holds half the ranks, so half the RAM is enough.
     two_nodes = make_budget(24, 2, "rtx4090", True, "test", host_gib=128, gpus_per_node=2)
-    assert plan_stage("sft", full, 4, True, Q7, two_nodes).prediction["host_offload_gib_per_node"] <= 0.8 * 128
+    assert plan_stage("sft", full, 4, True, Q7, two_nodes).prediction.host_offload_gib_per_node <= 0.8 * 128
 
 
 def test_host_ram_comes_from_the_config_or_the_gpu_node(tmp_path, repo):
     from medgpt_ray.memory.budget import GPUMemory, read_host_available_gib
-    from medgpt_ray.memory.stage_plans import resolve_budget
+    from medgpt_ray.memory.planner import resolve_budget
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       263842948 kB\nMemAvailable:   201326592 kB\n")
@@ -243,3 +253,30 @@ def test_host_ram_comes_from_the_config_or_the_gpu_node(tmp_path, repo):
     r = cfg.resources.model_copy(update={"gpu_memory_gib": 24.0, "host_memory_gib": 256.0, "gpus_per_node": 8})
     b = resolve_budget(cfg.model_copy(update={"resources": r}), lambda: node, None)
     assert (b.host_gib, b.gpus_per_node) == (256.0, 8) and "host RAM for offload 204.8 GiB" in b.describe()
+
+
+@pytest.mark.parametrize("kw", [{}, {"micro_batch": 2, "grad_ckpt": 0.5}, {"method": "full", "zero_stage": 3}])
+def test_plan_train_setup_is_the_setup_the_planner_scored(kw):
+    from medgpt_ray.memory.estimator import estimate
+    from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
+
+    cfg = sft_7b(**kw)
+    plan = plan_stage("sft", cfg, 4, True, Q7, make_budget(80, 2, "h200", True, "t"))
+    setup = plan.train_setup(cfg)
+    assert (setup.micro_batch, setup.grad_accum, setup.zero, setup.gpus) == (
+        plan.micro_batch, plan.grad_accum, plan.zero_stage, 4)
+    assert round(estimate(Q7, setup).peak_gib, 3) == plan.prediction.peak_gib
+    assert round(tokens_per_second(Q7, setup, GPU_SPECS["h200"]), 1) == plan.prediction.tokens_per_s_per_gpu
+    assert plan.examples_per_step == cfg.effective_batch
+
+
+def test_plan_json_round_trips_with_typed_placement_and_prediction():
+    from medgpt_ray.placement.policy import place_stage
+    from medgpt_ray.placement.topology import load_topology_file
+
+    plan = plan_stage("sft", sft_7b(), 4, True, Q7, RTX4090)
+    plan.placement = place_stage(load_topology_file("8x4090-dual-socket"), 4, None, {})
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["placement"]["gpus"] == plan.placement.gpus and d["prediction"]["peak_gib"] == plan.prediction.peak_gib
+    back = type(plan).from_dict(d)
+    assert back.placement == plan.placement and back.prediction == plan.prediction and back == plan

@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = """
 import logging, sys
-from medgpt_ray.ray_logs import route_ray_logs
+from medgpt_ray.run.ray_logs import route_ray_logs
 route_ray_logs(sys.argv[1])
 import ray.data  # configures its logger from the YAML route_ray_logs wrote
 logging.getLogger("ray.data").info("data-info-line")

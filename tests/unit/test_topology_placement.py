@@ -9,17 +9,16 @@ import stat
 import pytest
 
 from medgpt_ray.cli import main
-from medgpt_ray.placement import (
+from medgpt_ray.placement.device import StagePlacement, ray_train_resources
+from medgpt_ray.placement.nccl import nccl_env
+from medgpt_ray.placement.policy import (
     PlacementError,
-    StagePlacement,
     choose_gpus,
-    nccl_env,
     partition_gpus,
     place_stage,
-    ray_train_resources,
     set_cost,
 )
-from medgpt_ray.topology import (
+from medgpt_ray.placement.topology import (
     NoGPUError,
     TopologyError,
     load_topology_file,
@@ -71,7 +70,7 @@ def test_every_shipped_topology_parses():
 def test_captured_h200_topology_with_nvidia_smis_escape_codes():
     """Captured on the lent 2x H200 machine (issue 8): nvidia-smi underlines the header with ANSI escapes
     even into a pipe, which the first real run tripped over."""
-    from medgpt_ray.topology import SHIPPED_DIR
+    from medgpt_ray.placement.topology import SHIPPED_DIR
 
     raw = (SHIPPED_DIR / "2xh200-nvlink-captured.txt").read_text()
     assert "\x1b[4m" in raw  # the file is the raw capture
@@ -83,7 +82,7 @@ def test_captured_h200_topology_with_nvidia_smis_escape_codes():
 def test_nvml_constants_of_every_pynvml_build_become_ints():
     import enum
 
-    from medgpt_ray.topology import _nvml_int
+    from medgpt_ray.placement.topology import _nvml_int
 
     class Caps(enum.Enum):
         READ = 0
@@ -202,9 +201,10 @@ def test_local_topology_is_read_through_nvidia_smi(tmp_path):
 
 def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
     from medgpt_ray.config import ConfigError, PipelineConfig
-    from medgpt_ray.memory.planner import make_budget, plan_stage
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import plan_stage
     from medgpt_ray.memory.shapes import load_shape
-    from medgpt_ray.wave_placement import place_wave
+    from medgpt_ray.run.gpu_placement import place_wave
 
     def cfg(**stages):
         return PipelineConfig.model_validate({
@@ -219,8 +219,9 @@ def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
         (tmp_path / s).mkdir()
     lines: list[str] = []
     topo = load_topology_file("8x4090-dual-socket")
-    place_wave(c, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
-    assert [plans[s].placement["gpus"] for s in ("rm", "dpo")] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    placed = place_wave(c, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
+    assert [placed[s].placement.gpus for s in ("rm", "dpo")] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert all(plans[s].placement is None for s in plans)  # new plans; the planner's are not mutated
     saved = json.loads((tmp_path / "dpo" / "plan.json").read_text())
     assert saved["placement"]["gpus"] == [4, 5, 6, 7] and saved["placement"]["nccl_env"]["NCCL_P2P_DISABLE"] == "1"
     assert lines[0].startswith("[ rm] GPUs [0, 1, 2, 3] on each of 1 node(s)")

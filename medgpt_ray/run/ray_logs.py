@@ -33,7 +33,7 @@ def _ray_data_config(log_file: Path, console_level: str) -> dict:
         "disable_existing_loggers": False,
         "formatters": {"ray": {"format": FORMAT}},
         "filters": {"console_filter": {"()": "ray.data._internal.logging.HiddenRecordFilter"},
-                    "our_choices": {"()": "medgpt_ray.ray_logs.HideOurChoices"}},
+                    "our_choices": {"()": "medgpt_ray.run.ray_logs.HideOurChoices"}},
         "handlers": {
             "file": {"class": "logging.FileHandler", "formatter": "ray", "filename": str(log_file),
                      "encoding": "utf-8"},

@@ -17,20 +17,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from medgpt_ray.memory.stage_plan import StagePlan
+
 TRACKED_PACKAGES = ("medgpt-ray", "ray", "torch", "transformers", "trl", "peft", "deepspeed", "datasets",
                     "accelerate", "tokenizers")
 
 
 def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def package_versions() -> dict[str, str]:
@@ -97,3 +91,10 @@ class Manifest:
 
     def save(self) -> None:
         write_json_atomic(self.path, self.data)
+
+
+def write_plan(stage_dir: Path, plan: StagePlan) -> None:
+    """The one writer of a stage's plan.json (and deepspeed.json beside it when ZeRO is on)."""
+    write_json_atomic(stage_dir / "plan.json", plan.to_dict())
+    if plan.deepspeed is not None:
+        write_json_atomic(stage_dir / "deepspeed.json", plan.deepspeed)

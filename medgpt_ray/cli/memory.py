@@ -1,15 +1,15 @@
-"""The people-facing side of the planner: `medgpt-ray estimate` and `medgpt-ray plan`."""
+"""`medgpt-ray estimate` (one setup's peak GPU memory) and `medgpt-ray plan` (every stage of a config)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
 
+from medgpt_ray.cli.run import add_config_args
 from medgpt_ray.config import ConfigError
 from medgpt_ray.memory.estimator import SetupError, TrainSetup, estimate
-from medgpt_ray.memory.plan import StagePlan
+from medgpt_ray.memory.format import format_plan
 from medgpt_ray.memory.shapes import PRESETS, ShapeError, load_shape
 from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
 
@@ -73,52 +73,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _knobs(d: dict[str, Any]) -> str:
-    ck = d["ckpt_fraction"]
-    ck_s = {0.0: "no ckpt", 1.0: "full ckpt"}.get(ck, f"ckpt {ck:.0%}")
-    zero = f"ZeRO-{d['zero_stage']}" + ("" if d["offload"] == "none" else f"+off:{d['offload']}")
-    return (f"{d['method']:5s} mb {d['micro_batch']}x{d['grad_accum']:<3d} {ck_s:9s} "
-            f"{'fused-CE' if d['fused_ce'] else 'HF-loss ':8s} {'fused ' if d.get('fused_kernels') else ''}{zero}")
-
-
-def plan_line(p: StagePlan) -> str:
-    """One line per stage for the pipeline's log."""
-    pred = p.prediction or {}
-    ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(p.ckpt_fraction, f"ckpt {p.ckpt_fraction:.0%} of layers")
-    budget = pred.get("budget_gib")
-    fit = f"predicted peak {pred.get('peak_gib', 0):.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
-    return (f"{p.method}, micro-batch {p.micro_batch} x accum {p.grad_accum} x {p.num_workers} worker(s), {ck}, "
-            f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
-            f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
-            f"ZeRO-{p.zero_stage}"
-            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}")
-
-
-def format_plan(plan: StagePlan) -> list[str]:
-    p = plan.prediction or {}
-    budget = p.get("budget_gib")
-    budget_s = "none (CPU)" if budget is None else \
-        f"{budget:.1f} GiB ({p.get('gpu_memory_gib')} - {p.get('margin_gib')} margin)"
-    head = (f"stage {plan.stage}: {p.get('model', '?')} on {plan.num_workers} worker(s), budget {budget_s}, "
-            f"{p.get('fitting', '?')}/{p.get('candidates', '?')} candidates fit")
-    rows = [head, f"  {'':10s}{'configuration':46s} {'peak GiB':>9s} {'speed':>6s}  note"]
-    chosen = plan.to_dict()
-    host = p.get("host_offload_gib_per_node")
-    host_s = "" if not host else (f"; CPU offload {host:.1f} GiB host RAM/node" +
-                                  ("" if p.get("host_usable_gib") is None else f" of {p['host_usable_gib']:.1f}"))
-    rows.append(f"  {'chosen':10s}{_knobs(chosen):46s} {p.get('peak_gib', 0):9.2f} {1.0:6.2f}  "
-                f"{p.get('tokens_per_s_per_gpu', 0):,.0f} tokens/s/GPU predicted on {p.get('gpu', '?')}{host_s}")
-    for alt in plan.alternatives:
-        tag = "rejected" if not alt["why"].startswith("fits") else "runner-up"
-        rows.append(f"  {tag:10s}{_knobs(alt):46s} {alt['peak_gib']:9.2f} {alt['relative_speed']:6.2f}  {alt['why']}")
-    for b in plan.backoffs:
-        rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
-    return rows
-
-
 def add_plan_args(p: argparse.ArgumentParser) -> None:
-    from medgpt_ray.cli import add_config_args
-
     add_config_args(p)
     p.add_argument("--gpu-mem-gib", type=float, default=None,
                    help="per-GPU memory to plan for (default: resources.gpu_memory_gib, the local GPU, else 24)")
@@ -128,7 +83,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     from medgpt_ray.config import load_config
-    from medgpt_ray.memory.stage_plans import plan_all
+    from medgpt_ray.memory.planner import plan_all
 
     try:
         cfg = load_config(args.config, args.sets, args.overrides)

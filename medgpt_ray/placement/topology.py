@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LINK_TYPES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "cluster" / "topologies"
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "cluster" / "topologies"
 
 
 class TopologyError(ValueError):

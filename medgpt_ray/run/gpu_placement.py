@@ -7,16 +7,17 @@ each choice is printed, and saved in the stage's plan.json with its NCCL environ
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.manifest import write_json_atomic
-from medgpt_ray.memory.plan import StagePlan
-from medgpt_ray.placement import PlacementError, partition_gpus, place_stage
-from medgpt_ray.topology import NoGPUError, Topology, load_topology_file, read_local_topology
+from medgpt_ray.memory.stage_plan import StagePlan
+from medgpt_ray.placement.policy import PlacementError, partition_gpus, place_stage
+from medgpt_ray.placement.topology import NoGPUError, Topology, load_topology_file, read_local_topology
+from medgpt_ray.run.manifest import write_plan
 
 
 def find_topology(cfg: PipelineConfig) -> Topology:
@@ -35,11 +36,13 @@ def find_topology(cfg: PipelineConfig) -> Topology:
 
 
 def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: dict[str, StagePlan], parallel: bool,
-               run_dir: Path, echo: Callable[[str], None]) -> None:
-    """GPUs for each GPU stage of a wave: disjoint sets chosen together when they run side by side."""
+               run_dir: Path, echo: Callable[[str], None]) -> dict[str, StagePlan]:
+    """The wave's plans with the GPUs of each GPU stage (disjoint sets chosen together when they run side by
+    side), each written to its plan.json."""
+    plans = dict(plans)
     gpu_stages = [s for s in stages if plans[s].use_gpu]
     if not gpu_stages:
-        return
+        return plans
     user_env = cfg.resources.nccl_env
     explicit = {s: cfg.stages.get(s).placement for s in gpu_stages}
     shares: dict[str, list[int] | None] = {s: None for s in gpu_stages}
@@ -52,12 +55,13 @@ def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: di
                             gpus=shares[s])
         except PlacementError as e:
             raise ConfigError(f"stages.{s}.placement: {e}") from None
-        plans[s].placement = p.to_dict()
-        write_json_atomic(run_dir / s / "plan.json", plans[s].to_dict())
+        plans[s] = replace(plans[s], placement=p)
+        write_plan(run_dir / s, plans[s])
         env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
         echo(f"[{s:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
              f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
-    used = [g for s in gpu_stages for g in plans[s].placement["gpus"]] if parallel else []
+    used = [g for s in gpu_stages for g in plans[s].placement.gpus] if parallel else []
     if len(used) != len(set(used)):
         raise ConfigError(f"stages {', '.join(gpu_stages)} run side by side on overlapping GPUs {used}; "
                           f"give them disjoint stages.<stage>.placement lists or leave them on auto")
+    return plans

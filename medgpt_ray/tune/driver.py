@@ -7,6 +7,7 @@ import json
 import math
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,15 @@ import ray
 import yaml
 
 from medgpt_ray import models
-from medgpt_ray.config import DATA_KIND, ConfigError, load_config, resolved_dict
+from medgpt_ray.config import ConfigError, load_config, resolved_dict, stage_kind
 from medgpt_ray.data.prepare import prepare_kind
-from medgpt_ray.memory.planner import PlanError, plan_stage
-from medgpt_ray.memory.stage_plans import model_shape, resolve_budget
-from medgpt_ray.tune import (
+from medgpt_ray.memory.planner import PlanError, model_shape, plan_stage, resolve_budget
+from medgpt_ray.placement.policy import PlacementError, place_stage
+from medgpt_ray.placement.topology import load_topology_file
+from medgpt_ray.run.backoff import run_with_backoff
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.tune.sweep import (
     PENALTY,
     format_table,
     load_sweep,
@@ -26,6 +31,7 @@ from medgpt_ray.tune import (
     param_space,
     predicted_run_seconds,
     trial_config,
+    trial_gpu_groups,
     wait_for_slot,
 )
 
@@ -61,33 +67,10 @@ class SlotPool:
         return self.groups[slot]
 
 
-def _tune_worker_loop(config: dict[str, Any]) -> None:
-    import torch
-
-    from medgpt_ray.ray_stage import report_with_receipt, start_worker
-    from medgpt_ray.stages import run_stage
-
-    start_worker()
-    result = run_stage(config["inputs"])
-    # Not "done": Tune reads a truthy `done` in a result as the trial's end and stops it on the spot, before
-    # the trial gives its GPU set back.
-    final = {config["metric"]: result.get("eval", {}).get(config["metric"]), "completed": 1,
-             "steps": result.get("steps"), **config["extra"]}
-    if torch.cuda.is_available():
-        final["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    report_with_receipt(final, result)
-
-
 def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
     """One trial: plan (prune if it cannot fit), take a slot, run the stage under Ray Train, give the slot back."""
     from ray import tune
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from medgpt_ray.placement import StagePlacement, place_stage, ray_train_resources
-    from medgpt_ray.stages.common import StageInputs
-    from medgpt_ray.topology import load_topology_file
 
     stage, metric = ctx["stage"], ctx["metric"]
     worst = PENALTY if ctx["mode"] == "min" else -PENALTY
@@ -106,26 +89,32 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
     pool = ray.get_actor(ctx["pool"], namespace=ctx["namespace"])
     slot = wait_for_slot(pool, owner=tune.get_context().get_trial_id())
     try:
-        placement = None
         if plan.use_gpu:
             topo = load_topology_file(ctx["topology"])
-            placement = place_stage(topo, plan.num_workers, None, cfg.resources.nccl_env,
-                                    gpus=ray.get(pool.group.remote(slot)))
-            plan.placement = placement.to_dict()
+            explicit = cfg.stages.get(stage).placement
+            try:
+                # An explicit placement is checked against the topology; otherwise the slot's set is used.
+                placement = place_stage(topo, plan.num_workers, None if explicit == "auto" else explicit,
+                                        cfg.resources.nccl_env,
+                                        gpus=None if explicit != "auto" else ray.get(pool.group.remote(slot)))
+            except PlacementError as e:
+                raise ConfigError(f"stages.{stage}.placement: {e}") from None
+            plan = replace(plan, placement=placement)
         trial_id = tune.get_context().get_trial_id()
-        inp = StageInputs(stage, cfg.stages.get(stage), plan, ctx["model_path"], cfg.stages.get(stage).template
-                          or cfg.model.template, ctx["train_file"], ctx["eval_file"],
-                          str(Path(ctx["out"]) / "trials" / trial_id / stage), seed=cfg.seed, report_evals=True)
-        scaling, env = ray_train_resources(StagePlacement.from_dict(plan.placement) if plan.placement else None,
-                                           plan.num_workers, plan.use_gpu, cfg.resources.cpus_per_worker,
-                                           ray.cluster_resources(), ctx["worker_env"])
-        extra = {"pruned": 0, "predicted_peak_gib": (plan.prediction or {}).get("peak_gib"), "slot": slot}
-        TorchTrainer(_tune_worker_loop, train_loop_config={"inputs": inp, "metric": metric, "extra": extra},
-                     scaling_config=ScalingConfig(**scaling),
-                     run_config=RunConfig(name=f"trial_{trial_id}", storage_path=str(Path(ctx["out"]) / "train"),
-                                          callbacks=[TuneReportCallback()],
-                                          logging_config=ray.LoggingConfig(log_level="WARNING"),
-                                          worker_runtime_env={"env_vars": env})).fit()
+        inp = StageInputs.of(cfg, stage, plan, ctx["model_path"], ctx["train_file"], ctx["eval_file"],
+                             str(Path(ctx["out"]) / "trials" / trial_id / stage))
+        inp.out.mkdir(parents=True, exist_ok=True)
+        extra = {"pruned": 0, "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None, "slot": slot}
+
+        def attempt(n: int, inp: StageInputs) -> None:
+            # The same runner as the pipeline's, with Tune's report callback injected. After an OOM back-off the
+            # trial resumes from its last checkpoint at the smaller micro-batch.
+            run_stage_on_ray(inp, RayOptions(
+                storage_path=ctx["train_storage"], name=f"trial_{trial_id}" + (f"-b{n}" if n else ""),
+                cpus_per_worker=cfg.resources.cpus_per_worker, report_evals=True, extra_metrics=extra,
+                callbacks=[TuneReportCallback()], env=ctx["worker_env"]))
+
+        run_with_backoff(inp, attempt, cfg.name, cfg.resources.oom_backoff, print)
     finally:
         # Synchronous: the process may end right after this function. A trial ASHA stops is killed before it
         # gets here; the driver's SlotReleaser gives its set back then.
@@ -178,15 +167,34 @@ def _sample(sweep, n: int) -> list[dict[str, Any]]:
     return out
 
 
+def _dry_run(sweep, base: dict[str, Any], budget, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Plan sampled trials and say which would be pruned; nothing runs. The data may not be here: run times of
+    pruned trials are predicted per 10k records."""
+    stage, rows = sweep.stage, []
+    for i, params in enumerate(_sample(sweep, sweep.num_samples)):
+        c = trial_config(base, stage, params)
+        try:
+            p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu, model_shape(c),
+                           budget)
+            rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction.peak_gib,
+                         "params": params})
+        except PlanError as e:
+            rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
+                         "params": params, "predicted_run_s": predicted_run_seconds(c, stage, 10_000)})
+    echo(format_table(rows, sweep.metric))
+    echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
+    return {"rows": rows, "dry_run": True}
+
+
 def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
               dry_run: bool = False, resume: bool = False) -> dict[str, Any]:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
-    from medgpt_ray.ray_stage import worker_env
+    from medgpt_ray.run.ray_env import worker_env
 
     cfg = load_config(config_path, sets)
-    sweep = load_sweep(sweep_path)
+    sweep = load_sweep(sweep_path, cfg)
     stage = sweep.stage
     out = (Path(cfg.output_dir) / f"{cfg.name}-tune-{stage}").resolve()
     budget = resolve_budget(cfg, None, 24.0 if dry_run else None)
@@ -198,33 +206,22 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
         return predicted_run_seconds(trial_config(base, stage, params), stage, records)
 
     if dry_run:
-        records = 10_000  # the data may not be here: report per 10k records
-        rows = []
-        for i, params in enumerate(_sample(sweep, sweep.num_samples)):
-            c = trial_config(base, stage, params)
-            try:
-                p = plan_stage(stage, c.stages.get(stage), c.workers_for(stage), c.resources.use_gpu,
-                               model_shape(c), budget)
-                rows.append({"trial": f"dry_{i}", "status": "fits", "predicted_peak_gib": p.prediction["peak_gib"],
-                             "params": params})
-            except PlanError as e:
-                rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
-                             "params": params, "predicted_run_s": pruned_cost(params)})
-        echo(format_table(rows, sweep.metric))
-        echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
-        return {"rows": rows, "dry_run": True}
+        return _dry_run(sweep, base, budget, echo)
 
-    data = prepare_kind(DATA_KIND[stage], cfg.data.paths(DATA_KIND[stage]), out / "data", cfg.data.eval_fraction,
+    kind = stage_kind(stage).data_kind
+    data = prepare_kind(kind, cfg.data.paths(kind), out / "data", cfg.data.eval_fraction,
                         cfg.data.max_records)
     records = data.train_records
     workers = cfg.workers_for(stage)
+    # Ray Train's and Tune's storage: resources.storage_path (shared by every node of a cluster), else the sweep's
+    # own directory.
+    storage_root = Path(cfg.resources.storage_path) / out.name if cfg.resources.storage_path else out
     if cfg.resources.use_gpu:
-        from medgpt_ray.placement import partition_gpus
-        from medgpt_ray.wave_placement import find_topology
+        from medgpt_ray.run.gpu_placement import find_topology
 
         topo = find_topology(cfg)
-        slots = max(1, topo.n // min(workers, topo.n))
-        groups, _ = partition_gpus(topo, [min(workers, topo.n)] * slots)
+        groups = trial_gpu_groups(topo, workers, cfg.stages.get(stage).placement)
+        slots = len(groups)
         topology = topo.source if Path(topo.source).is_file() else cfg.resources.topology_file
     else:
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // (workers * cfg.resources.cpus_per_worker)))
@@ -237,9 +234,10 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     ctx = {"base": base, "stage": stage, "metric": sweep.metric, "mode": sweep.mode, "budget": budget,
            "pool": pool_name, "namespace": namespace, "topology": topology, "out": str(out),
            "model_path": str(models.resolve_model_path(cfg.model.path)), "train_file": data.train_file,
-           "eval_file": data.eval_file, "worker_env": worker_env(), "pruned_cost": pruned_cost}
+           "eval_file": data.eval_file, "worker_env": worker_env(), "pruned_cost": pruned_cost,
+           "train_storage": str(storage_root / "train")}
     trainable = tune.with_resources(tune.with_parameters(_trial, ctx=ctx), {"cpu": 0, "memory": 1})
-    storage = out / "tune"
+    storage = storage_root / "tune"
     exp = storage / "sweep"
     if resume and tune.Tuner.can_restore(str(exp)):
         echo(f"resuming the sweep in {exp}: finished trials are not rerun")

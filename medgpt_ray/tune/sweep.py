@@ -20,13 +20,14 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from medgpt_ray.config import DATA_KIND, ConfigError, PipelineConfig, _format_validation_error, _Strict
+from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, stage_kind
+from medgpt_ray.config.base import _format_validation_error, _Strict
 
 PENALTY = 1e9  # the value a pruned trial reports: the worst for the searcher in either mode
 
 
 class SweepConfig(_Strict):
-    stage: Literal["pt", "sft", "rm", "dpo"]
+    stage: str  # a stage kind (config.STAGE_KINDS)
     metric: str = "eval_loss"  # a key of the stage's evaluation (eval_loss, eval_accuracy, eval_reward_accuracy...)
     mode: Literal["min", "max"] = "min"
     num_samples: Annotated[int, Field(ge=1)] = 8
@@ -39,7 +40,8 @@ class SweepConfig(_Strict):
     space: dict[str, dict[Literal["choice", "grid", "uniform", "loguniform", "randint"], list[Any]]]
 
 
-def load_sweep(path: str | Path) -> SweepConfig:
+def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConfig:
+    """The sweep file, checked; with the pipeline config it runs on, also checked against it."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file not found: {p}")
@@ -50,11 +52,19 @@ def load_sweep(path: str | Path) -> SweepConfig:
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
     except ValidationError as e:
         raise ConfigError(_format_validation_error(e, str(p))) from None
+    if sweep.stage not in STAGE_KINDS:
+        raise ConfigError(f"{p}: stage: '{sweep.stage}' is not one of {', '.join(STAGE_KINDS)}")
     for key, spec in sweep.space.items():
         if len(spec) != 1:
             raise ConfigError(f"{p}: space.{key}: exactly one of choice, grid, uniform, loguniform, randint")
     if sweep.searcher == "grid" and any("grid" not in s and "choice" not in s for s in sweep.space.values()):
         raise ConfigError(f"{p}: searcher grid needs every space entry to be a list (grid or choice)")
+    if cfg is not None and sweep.scheduler == "asha" and "eval_steps" not in sweep.space \
+            and cfg.stages.get(sweep.stage).eval_steps is None:
+        # Without evaluations during training a trial reports once, at its end: ASHA could stop nothing.
+        raise ConfigError(f"{p}: scheduler asha stops trials at their evaluations, but stages.{sweep.stage}.eval_steps "
+                          f"is not set (the stage evaluates once, at the end): set stages.{sweep.stage}.eval_steps "
+                          f"or use scheduler: none")
     return sweep
 
 
@@ -96,25 +106,21 @@ def override_lines(stage: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> float | None:
-    """How long the stage would run (the throughput model, with no memory limit): what pruning saves."""
-    from medgpt_ray.memory.estimator import TrainSetup
-    from medgpt_ray.memory.stage_plans import model_shape
-    from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
+    """How long the stage would run on the configured GPU type were memory no limit (the planner's fastest plan
+    and its throughput prediction): what pruning a trial saves. None when it cannot be planned at all."""
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import model_shape, plan_stage
 
     s = cfg.stages.get(stage)
-    shape = model_shape(cfg)
-    micro = s.micro_batch if s.micro_batch != "auto" else 1
-    ck = 1.0 if s.grad_ckpt in ("auto", True) else (0.0 if s.grad_ckpt is False else float(s.grad_ckpt))
-    setup = TrainSetup(stage=stage, method="lora" if s.method == "auto" else s.method,
-                       precision="bf16" if s.method != "full" else "amp-bf16", micro_batch=micro, seq_len=s.seq_len,
-                       ckpt_fraction=ck, fused_ce=stage in ("sft", "dpo"), gpus=cfg.workers_for(stage),
-                       lora_rank=s.lora.rank)
-    gpu = GPU_SPECS["rtx4090"] if cfg.resources.gpu_type == "auto" else GPU_SPECS.get(cfg.resources.gpu_type)
-    if gpu is None:
+    gpu_type = "rtx4090" if cfg.resources.gpu_type == "auto" else cfg.resources.gpu_type
+    try:
+        plan = plan_stage(stage, s, cfg.workers_for(stage), True, model_shape(cfg),
+                          make_budget(None, 0.0, gpu_type, True, "no memory limit"))
+    except ConfigError:
         return None
     steps = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * records / s.effective_batch)
-    tokens = steps * s.effective_batch * s.seq_len * (2 if stage in ("rm", "dpo") else 1)
-    return tokens / (tokens_per_second(shape, setup, gpu) * cfg.workers_for(stage))
+    tokens = steps * s.effective_batch * s.seq_len * (2 if stage_kind(stage).memory_kind in ("rm", "dpo") else 1)
+    return tokens / (plan.prediction.tokens_per_s_per_gpu * plan.num_workers)
 
 
 def format_table(rows: list[dict[str, Any]], metric: str) -> str:
@@ -129,6 +135,18 @@ def format_table(rows: list[dict[str, Any]], metric: str) -> str:
     return "\n".join(lines)
 
 
+def trial_gpu_groups(topo, workers: int, explicit: Literal["auto"] | list[int]) -> list[list[int]]:
+    """The GPU sets concurrent trials take turns on: disjoint sets chosen together by the placement policy, or the
+    one set stages.<stage>.placement names (trials then run one at a time on it)."""
+    from medgpt_ray.placement.policy import partition_gpus
+
+    if explicit != "auto":
+        return [list(explicit)]
+    per_trial = min(workers, topo.n)
+    groups, _ = partition_gpus(topo, [per_trial] * max(1, topo.n // per_trial))
+    return groups
+
+
 def wait_for_slot(pool, poll_s: float = 0.5, owner: str = "") -> int:
     import ray
 
@@ -139,10 +157,5 @@ def wait_for_slot(pool, poll_s: float = 0.5, owner: str = "") -> int:
         time.sleep(poll_s)
 
 
-def data_records(path: str) -> int:
-    with open(path, encoding="utf-8") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
-__all__ = ["DATA_KIND", "PENALTY", "SweepConfig", "format_table", "load_sweep", "override_lines", "param_space",
-           "predicted_run_seconds", "trial_config", "wait_for_slot"]
+__all__ = ["PENALTY", "SweepConfig", "format_table", "load_sweep", "override_lines", "param_space",
+           "predicted_run_seconds", "trial_config", "trial_gpu_groups", "wait_for_slot"]

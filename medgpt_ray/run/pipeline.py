@@ -1,8 +1,7 @@
-"""The stage DAG on Ray: data preparation, fingerprints, skip/resume, Ray Train per stage, summary.
+"""The pipeline on Ray: data -> plan -> place -> run waves -> manifest -> summary.
 
-pt -> sft -> {rm, dpo}. Each stage runs as a Ray Train TorchTrainer whose
-workers call the plain stage function (medgpt_ray.stages); this module is the
-only Ray Train wiring it needs is medgpt_ray/ray_stage.py (shared with Tune sweeps).
+The stage graph, its waves and fingerprints are pure (run/dag.py); each stage runs as a Ray Train TorchTrainer
+built by run/stage_runner.py (shared with Tune sweeps), whose workers call the plain stage function.
 """
 
 from __future__ import annotations
@@ -12,41 +11,35 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from medgpt_ray import models
-from medgpt_ray.config import DATA_KIND, STAGES, UPSTREAM, ConfigError, PipelineConfig, resolved_dict
+from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
+from medgpt_ray.data.kinds import KINDS, DataFileError
 from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
-from medgpt_ray.data.readers import KIND_FORMATS, DataFileError
-from medgpt_ray.manifest import Manifest, provenance, sha256_json, write_json_atomic
-from medgpt_ray.memory.backoff import run_with_backoff
-from medgpt_ray.memory.budget import probe_cluster_gpu
-from medgpt_ray.memory.plan import keep_backoffs
-from medgpt_ray.memory.planner import StagePlan
-from medgpt_ray.memory.report import plan_line
-from medgpt_ray.memory.stage_plans import plan_all
+from medgpt_ray.memory.format import plan_line
+from medgpt_ray.memory.planner import plan_all
+from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
 from medgpt_ray.metrics import metrics, set_stage_state
-from medgpt_ray.progress import ProgressActor, ProgressPrinter, format_summary, result_brief
-from medgpt_ray.ray_logs import route_ray_logs
-from medgpt_ray.ray_stage import WORKER_ENV, run_stage_on_ray
-from medgpt_ray.stages.common import StageInputs, latest_checkpoint
-from medgpt_ray.topology import Topology
-from medgpt_ray.wave_placement import find_topology, place_wave
-
-DATA_KINDS = tuple(KIND_FORMATS)
+from medgpt_ray.placement.topology import Topology
+from medgpt_ray.progress import ProgressActor
+from medgpt_ray.run import dag
+from medgpt_ray.run.backoff import run_with_backoff
+from medgpt_ray.run.gpu_placement import find_topology, place_wave
+from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
+from medgpt_ray.run.progress import ProgressPrinter, format_summary, result_brief
+from medgpt_ray.run.ray_env import echo, probe_cluster_gpu
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import latest_checkpoint
 
 
 class PipelineError(RuntimeError):
     pass
-
-
-def echo(line: str) -> None:
-    # Flushed: under `ray job submit` stdout is a pipe, and `ray job logs` should show progress live.
-    print(line, flush=True)
 
 
 @dataclass
@@ -65,32 +58,6 @@ class StageOutcome:
     error: str | None = None
 
 
-def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbose: bool = False,
-                worker_logs: bool = True) -> str:
-    """Join the cluster a `ray job submit` (or RAY_ADDRESS) points at; otherwise start a local one.
-
-    `address="local"` on purpose: after `ray stop`, a stale ray_current_cluster
-    file can make a bare ray.init() try to connect to a dead cluster (FIELD-NOTES).
-    With `log_file`, Ray's and Ray Data's INFO lines go there instead of the terminal (unless `verbose`);
-    `worker_logs=False` keeps the workers' stdout/stderr in Ray's session logs instead of echoing them.
-    """
-    if log_file is not None:
-        route_ray_logs(log_file, verbose)
-    for k, v in WORKER_ENV.items():
-        os.environ.setdefault(k, v)
-    if ray.is_initialized():
-        return "existing"
-    if os.environ.get("RAY_ADDRESS"):
-        # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
-        ray.init(log_to_driver=worker_logs)
-        return "cluster"
-    # The dashboard (loopback only; started when ray[default] is installed) serves the State API that
-    # Ray Train's placement-group cleaner polls.
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
-             log_to_driver=worker_logs)
-    return "local"
-
-
 def _run_dir(cfg: PipelineConfig, connected_to: str) -> Path:
     out = Path(cfg.output_dir)
     if not out.is_absolute() and connected_to == "cluster" and len(ray.nodes()) > 1:
@@ -101,16 +68,26 @@ def _run_dir(cfg: PipelineConfig, connected_to: str) -> Path:
     return (out / cfg.name).resolve()
 
 
-def _stage_order(cfg: PipelineConfig) -> list[str]:
-    return cfg.enabled_stages()
+def finished_output(manifest: Manifest, up: str, stage: str, how: str) -> str:
+    """The output model of finished stage `up`, which `stage` starts from or needs (`how`)."""
+    entry = manifest.entry(up)
+    if not entry or not Path(entry.get("output_model", "")).is_dir():
+        raise PipelineError(
+            f"stage {stage} {how} the output of stage {up}, which is not finished in "
+            f"{manifest.path}; run the pipeline without --only-stage first"
+        )
+    return entry["output_model"]
 
 
-def _effective_upstream(cfg: PipelineConfig, stage: str) -> str | None:
-    """A disabled stage's dependants start from its input (ARCHITECTURE.md)."""
-    up = UPSTREAM[stage]
-    while up is not None and not cfg.stages.get(up).enabled:
-        up = UPSTREAM[up]
-    return up
+def check_only_stage(cfg: PipelineConfig, stage: str) -> None:
+    """`--only-stage S` reruns S alone: what it starts from and needs must be finished. Read from the manifest
+    before Ray starts, so a user learns it in a second."""
+    manifest = Manifest((Path(cfg.output_dir) / cfg.name / "manifest.json").resolve())
+    up = dag.effective_from(cfg, stage)
+    if up is not None:
+        finished_output(manifest, up, stage, "starts from")
+    for need in cfg.stages.get(stage).needs:
+        finished_output(manifest, need, stage, "needs")
 
 
 class Pipeline:
@@ -123,8 +100,8 @@ class Pipeline:
         self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
         self._topo: Topology | None = None
         for s in (self.opt.from_stage, self.opt.only_stage):
-            if s is not None and s not in STAGES:
-                raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGES)}")
+            if s is not None and s not in STAGE_KINDS:
+                raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGE_KINDS)}")
             if s is not None and not cfg.stages.get(s).enabled:
                 raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)")
 
@@ -159,8 +136,8 @@ class Pipeline:
     def _data_kinds(self) -> list[str]:
         """The kinds an enabled stage trains on, and every other kind the config gives data for (read, cleaned
         and split now, so a bad file shows before the stage that needs it exists or is enabled)."""
-        needed = {DATA_KIND[s] for s in _stage_order(self.cfg)}
-        return sorted(needed | {k for k in DATA_KINDS if k not in needed and self._data_paths(k)})
+        needed = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
+        return sorted(needed | {k for k in KINDS if k not in needed and self._data_paths(k)})
 
     def _prepare_data(self) -> dict[str, PreparedData]:
         prepared: dict[str, PreparedData] = {}
@@ -194,17 +171,9 @@ class Pipeline:
         return plans
 
     def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
-                     base_config: dict[str, Any], prov: dict[str, Any]) -> str:
-        stage_cfg = self.cfg.stages.get(stage).model_dump(mode="json")
-        stage_cfg.pop("enabled")
-        return sha256_json({
-            "stage": stage, "config": stage_cfg, "plan": plan.identity(), "data": data_fp,
-            "upstream": upstream_fp, "base_model": base_config, "template": self._template(stage),
-            "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
-        })
-
-    def _template(self, stage: str) -> str:
-        return self.cfg.stages.get(stage).template or self.cfg.model.template
+                     base_config: dict[str, Any], prov: dict[str, Any],
+                     needs_fps: dict[str, str] | None = None) -> str:
+        return dag.fingerprint(self.cfg, stage, plan, data_fp, upstream_fp, base_config, prov, needs_fps)
 
     # ---- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -219,23 +188,24 @@ class Pipeline:
         plans = self._plans()
         if self.cfg.data.raw:
             self._clean_raw(prov)
-        order = _stage_order(self.cfg)
+        order = self.cfg.enabled_stages()
         forced = self._forced_stages(order)
         if self.opt.only_stage:
             order = [self.opt.only_stage]
         # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
-        data_fps = {kind: self._data_fingerprint(kind) for kind in {DATA_KIND[s] for s in _stage_order(self.cfg)}}
+        kinds = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
+        data_fps = {kind: self._data_fingerprint(kind) for kind in kinds}
         fingerprints: dict[str, str] = {}
-        for s in _stage_order(self.cfg):
-            up = _effective_upstream(self.cfg, s)
-            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[DATA_KIND[s]],
-                                                fingerprints.get(up) if up else None, base_config, prov)
+        for s in self.cfg.enabled_stages():
+            up = dag.effective_from(self.cfg, s)
+            needs = {n: fingerprints[n] for n in self.cfg.stages.get(s).needs}
+            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[stage_kind(s).data_kind],
+                                                fingerprints.get(up) if up else None, base_config, prov, needs)
 
         to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
         # A stage that reruns makes everything downstream of it rerun too.
-        for s in _stage_order(self.cfg):
-            up = _effective_upstream(self.cfg, s)
-            if up in to_run and s not in to_run and s in order:
+        for s in self.cfg.enabled_stages():
+            if any(d in to_run for d in dag.dependencies(self.cfg, s)) and s not in to_run and s in order:
                 to_run.append(s)
         for s in order:
             set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")
@@ -249,7 +219,7 @@ class Pipeline:
         printer = ProgressPrinter(self.cfg.progress_every, echo=self.echo)
         outcomes: dict[str, StageOutcome] = {}
         try:
-            for wave in self._waves([s for s in _stage_order(self.cfg) if s in order]):
+            for wave in self._waves([s for s in self.cfg.enabled_stages() if s in order]):
                 runnable = [s for s in wave if s in to_run]
                 for s in wave:
                     if s not in to_run:
@@ -265,7 +235,7 @@ class Pipeline:
         finally:
             printer.feed(ray.get(actor.drain.remote()))
             ray.kill(actor)
-        for s in STAGES:
+        for s in self.cfg.stages.kinds():
             if s not in outcomes:
                 status = "disabled" if not self.cfg.stages.get(s).enabled else "not-run"
                 outcomes[s] = StageOutcome(s, status, self.manifest.entry(s) or {} if status == "not-run" else {})
@@ -277,41 +247,17 @@ class Pipeline:
         return summary
 
     def _forced_stages(self, order: list[str]) -> set[str]:
-        if self.opt.only_stage:
-            return {self.opt.only_stage}
-        if self.opt.from_stage:
-            start = self.opt.from_stage
-            downstream = {start}
-            for s in order:
-                if _effective_upstream(self.cfg, s) in downstream:
-                    downstream.add(s)
-            return downstream
-        return set()
+        return dag.forced_stages(self.cfg, order, self.opt.from_stage, self.opt.only_stage)
 
     def _waves(self, stages: list[str]) -> list[list[str]]:
-        """Stages whose upstream is in an earlier wave; rm and dpo share a wave."""
-        waves: list[list[str]] = []
-        placed: dict[str, int] = {}
-        for s in stages:
-            up = _effective_upstream(self.cfg, s)
-            idx = placed[up] + 1 if up in placed else 0
-            while len(waves) <= idx:
-                waves.append([])
-            waves[idx].append(s)
-            placed[s] = idx
-        return waves
+        return dag.waves(self.cfg, stages)
+
+    def _output_of(self, up: str, stage: str, how: str) -> str:
+        return finished_output(self.manifest, up, stage, how)
 
     def _upstream_model(self, stage: str, base_path: Path) -> Path:
-        up = _effective_upstream(self.cfg, stage)
-        if up is None:
-            return base_path
-        entry = self.manifest.entry(up)
-        if not entry or not Path(entry.get("output_model", "")).is_dir():
-            raise PipelineError(
-                f"stage {stage} starts from the output of stage {up}, which is not finished in "
-                f"{self.manifest.path}; run the pipeline without --only-stage first"
-            )
-        return Path(entry["output_model"])
+        up = dag.effective_from(self.cfg, stage)
+        return base_path if up is None else Path(self._output_of(up, stage, "starts from"))
 
     def _inputs(self, stage: str, plan: StagePlan, fingerprint: str, base_path: Path,
                 prepared: dict[str, PreparedData], forced: bool) -> StageInputs:
@@ -324,20 +270,15 @@ class Pipeline:
             self.manifest.forget(stage)
         if same_attempt and (stage_dir / "plan.json").is_file():
             # An interrupted attempt that had backed off after an OOM resumes at the smaller micro-batch.
-            keep_backoffs(plan, StagePlan.from_dict(json.loads((stage_dir / "plan.json").read_text())),
-                          self.cfg.stages.get(stage))
+            plan = keep_backoffs(plan, StagePlan.from_dict(json.loads((stage_dir / "plan.json").read_text())),
+                                 self.cfg.stages.get(stage))
         stage_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(attempt, {"fingerprint": fingerprint})
-        write_json_atomic(stage_dir / "plan.json", plan.to_dict())
-        if plan.deepspeed is not None:
-            write_json_atomic(stage_dir / "deepspeed.json", plan.deepspeed)
-        data = prepared[DATA_KIND[stage]]
-        return StageInputs(
-            stage=stage, cfg=self.cfg.stages.get(stage), plan=plan,
-            model_path=str(self._upstream_model(stage, base_path)), template=self._template(stage),
-            train_file=data.train_file, eval_file=data.eval_file, out_dir=str(stage_dir),
-            seed=self.cfg.seed, resume=True,
-        )
+        write_plan(stage_dir, plan)
+        data = prepared[stage_kind(stage).data_kind]
+        needs = {n: self._output_of(n, stage, "needs") for n in self.cfg.stages.get(stage).needs}
+        return StageInputs.of(self.cfg, stage, plan, str(self._upstream_model(stage, base_path)), data.train_file,
+                              data.eval_file, str(stage_dir), needs)
 
     def _fits_side_by_side(self, stages: list[str], plans: dict[str, StagePlan]) -> bool:
         if len(stages) < 2:
@@ -355,7 +296,8 @@ class Pipeline:
         if any(plans[st].use_gpu for st in stages):
             if self._topo is None:
                 self._topo = find_topology(self.cfg)
-            place_wave(self.cfg, self._topo, stages, plans, parallel, self.run_dir, self.echo)
+            plans = place_wave(self.cfg, self._topo, stages, plans, parallel, self.run_dir, self.echo)
+            inputs = {s: replace(inputs[s], plan=plans[s]) for s in stages}
         threads: dict[str, threading.Thread] = {}
         results: dict[str, StageOutcome] = {}
 
@@ -370,12 +312,13 @@ class Pipeline:
                 metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
             try:
                 name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
-                run_with_backoff(
+                ran = run_with_backoff(
                     inputs[stage],
-                    lambda attempt, inp=inputs[stage], name=name: run_stage_on_ray(
-                        inp, self.cfg, self.storage_path, name + (f"-b{attempt}" if attempt else ""), actor_name,
-                        namespace),
+                    lambda attempt, inp: run_stage_on_ray(inp, RayOptions(
+                        self.storage_path, name + (f"-b{attempt}" if attempt else ""),
+                        self.cfg.resources.cpus_per_worker, progress=(actor_name, namespace))),
                     self.cfg.name, self.cfg.resources.oom_backoff, self.echo)
+                plans[stage] = ran.plan  # with the back-offs it took
                 result_path = Path(inputs[stage].out_dir) / "result.json"
                 result = json.loads(result_path.read_text(encoding="utf-8"))
                 if not Path(result["output_model"], "config.json").is_file():
@@ -410,7 +353,7 @@ class Pipeline:
     # ---- reporting ------------------------------------------------------------------------
     def _summary(self, outcomes: dict[str, StageOutcome], wall_s: float) -> dict[str, Any]:
         stages = {}
-        for s in STAGES:
+        for s in self.cfg.stages.kinds():
             o = outcomes[s]
             r = o.result.get("result", o.result) if o.status in ("skipped", "not-run") else o.result
             stages[s] = {

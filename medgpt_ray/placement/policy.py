@@ -26,11 +26,11 @@ are searched recursively with the same model.
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
-from typing import Any
 
-from medgpt_ray.topology import Topology
+from medgpt_ray.placement.device import StagePlacement
+from medgpt_ray.placement.nccl import nccl_env
+from medgpt_ray.placement.topology import Topology
 
 HOP_COST = {"PIX": 1.0, "PXB": 2.0, "PHB": 2.0, "NODE": 2.5, "SYS": 4.0}
 NVLINK_COST = 0.25
@@ -75,11 +75,6 @@ class Choice:
     runner_up: list[int] | None = None
     runner_up_cost: float | None = None
     why: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "cost": round(self.cost, 4), "runner_up": self.runner_up,
-                "runner_up_cost": None if self.runner_up_cost is None else round(self.runner_up_cost, 4),
-                "why": self.why}
 
 
 def explain(topo: Topology, gpus: list[int]) -> list[str]:
@@ -142,97 +137,6 @@ def partition_gpus(topo: Topology, sizes: list[int]) -> tuple[list[list[int]], f
     return jobs, best[0]
 
 
-def nccl_env(topo: Topology, num_nodes: int = 1, user_env: dict[str, str] | None = None,
-             environ: dict[str, str] | None = None) -> dict[str, str]:
-    """NCCL and CUDA settings for this topology; a variable the user set (config or environment) is kept."""
-    preset: dict[str, str] = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    name = topo.gpu_name.lower()
-    if not topo.p2p_available():
-        # GeForce 40-series report P2P but corrupt or hang on it; NCCL must go through host memory.
-        preset["NCCL_P2P_DISABLE"] = "1"
-    if num_nodes == 1:
-        preset["NCCL_IB_DISABLE"] = "1"
-    else:
-        # Consumer boxes talk over Ethernet: more sockets and threads per connection fill a 10-100 GbE link.
-        preset["NCCL_IB_DISABLE"] = "1"
-        preset["NCCL_SOCKET_NTHREADS"] = "4"
-        preset["NCCL_NSOCKS_PERTHREAD"] = "4"
-    if any(x in name for x in ("h100", "h200")) and any(topo.link(i, j).startswith("NV")
-                                                         for i in range(topo.n) for j in range(topo.n)):
-        # NVLink SHARP/multicast is off on the lent H200 machines (FIELD-NOTES).
-        preset.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                       "NVSHMEM_DISABLE_NVLS": "1"})
-    env = dict(os.environ if environ is None else environ)
-    user = dict(user_env or {})
-    out = {k: v for k, v in preset.items() if k not in env and k not in user}
-    out.update(user)
-    return out
-
-
-# ---- Ray obeys -----------------------------------------------------------------------------------------------
-# Mechanism, and why: each node advertises one custom resource per physical GPU, `medgpt_gpu_<i>` = 1
-# (cluster/start-node.sh, ray_cluster.yaml). Ray Train gives every worker the same resource request, so a
-# stage on GPUs [0, 2, 4, 6] asks per worker for GPU: 1 (Ray's count stays right) plus 1/4 of each chosen
-# token: the four workers together hold exactly those four tokens, no other medgpt-ray job can take them,
-# and only a node where they are free qualifies (the same shares also place 2 workers per node when a stage
-# spans nodes). Which device a worker drives is then ours to set: Ray's own GPU ids come from its free list,
-# not from our choice, so workers run with RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1 and a
-# CUDA_VISIBLE_DEVICES that lists the chosen GPUs first (in local-rank order) and then the node's others --
-# Ray Train's device lookup must still find its own id there (Ray issue 49985) -- and each worker binds
-# cuda:<local rank> before the stage touches CUDA. Local ranks are contiguous per node because Ray Train
-# sorts its workers by node (bundles of one node are not contiguous under PACK: Ray issue 51117).
-GPU_TOKEN = "medgpt_gpu_{}"
-GPU_SET_ENV = "MEDGPT_GPU_SET"
-
-
-@dataclass
-class StagePlacement:
-    gpus: list[int]  # physical indices (PCI bus order) used on each node, in local-rank order
-    node_gpus: int  # GPUs per node
-    num_workers: int
-    cost: float
-    nccl_env: dict[str, str]
-    runner_up: list[int] | None = None
-    source: str = ""
-
-    @property
-    def nodes(self) -> int:
-        return self.num_workers // len(self.gpus)
-
-    def resources_per_worker(self, advertised: dict[str, float]) -> dict[str, float]:
-        """The chosen GPUs' tokens, shared evenly by the workers of one node (only if the cluster has them)."""
-        share = 1.0 / len(self.gpus)
-        tokens = {GPU_TOKEN.format(g): share for g in self.gpus}
-        return tokens if all(t in advertised for t in tokens) else {}
-
-    def worker_env(self) -> dict[str, str]:
-        rest = [g for g in range(self.node_gpus) if g not in self.gpus]
-        return {**self.nccl_env, "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
-                "CUDA_VISIBLE_DEVICES": ",".join(map(str, [*self.gpus, *rest])),
-                GPU_SET_ENV: ",".join(map(str, self.gpus))}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "nodes": self.nodes, "node_gpus": self.node_gpus, "num_workers": self.num_workers,
-                "cost": round(self.cost, 4), "runner_up": self.runner_up, "nccl_env": self.nccl_env,
-                "topology": self.source}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StagePlacement:
-        return cls(d["gpus"], d["node_gpus"], d["num_workers"], d["cost"], d["nccl_env"], d.get("runner_up"),
-                   d.get("topology", ""))
-
-
-def ray_train_resources(placement: StagePlacement | None, num_workers: int, use_gpu: bool, cpus: float,
-                        advertised: dict[str, float], base_env: dict[str, str]) -> tuple[dict[str, Any], dict]:
-    """ScalingConfig keyword arguments and the workers' environment for a stage (placed or not)."""
-    per_worker: dict[str, float] = {"CPU": cpus, **({"GPU": 1} if use_gpu else {})}
-    env = dict(base_env)
-    if placement is not None:
-        per_worker.update(placement.resources_per_worker(advertised))
-        env.update(placement.worker_env())
-    return {"num_workers": num_workers, "use_gpu": use_gpu, "resources_per_worker": per_worker}, env
-
-
 def place_stage(topo: Topology, num_workers: int, explicit: list[int] | None, user_env: dict[str, str],
                 gpus: list[int] | None = None, num_nodes: int | None = None) -> StagePlacement:
     """One stage's GPUs: explicit (checked), given (a partition's share), or chosen by the cost model.
@@ -256,35 +160,3 @@ def place_stage(topo: Topology, num_workers: int, explicit: list[int] | None, us
         chosen, cost, runner_up = c.gpus, c.cost, c.runner_up
     return StagePlacement(chosen, topo.n, num_workers, cost, nccl_env(topo, nodes, user_env), runner_up,
                           topo.source)
-
-
-def chosen_gpu() -> tuple[int, int] | None:
-    """This worker's (device index, physical GPU) under its stage's placement; None without one.
-
-    CUDA_VISIBLE_DEVICES lists the chosen GPUs first, so the device index is the worker's place on its node.
-    That is LOCAL_RANK on real nodes; the modulo also covers several simulated nodes on one machine (one IP),
-    where Ray Train numbers local ranks across them (ranks of a node are contiguous either way).
-    """
-    chosen = os.environ.get(GPU_SET_ENV)
-    if not chosen:
-        return None
-    gpus = [int(g) for g in chosen.split(",")]
-    index = int(os.environ.get("LOCAL_RANK", "0")) % len(gpus)
-    return index, gpus[index]
-
-
-def bind_worker_device() -> int | None:
-    """In a Ray Train worker, before CUDA is touched: drive the chosen GPU of this local rank.
-
-    Returns the physical GPU index (PCI bus order), or None when the stage has no GPU placement.
-    """
-    chosen = chosen_gpu()
-    if chosen is None:
-        return None
-    index, physical = chosen
-    os.environ["ACCELERATE_TORCH_DEVICE"] = f"cuda:{index}"
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(index)
-    return physical

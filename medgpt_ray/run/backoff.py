@@ -1,10 +1,17 @@
-"""OOM back-off: recognise a CUDA out-of-memory failure wherever Ray wrapped it, halve the micro-batch
-(twice the accumulation: the same effective batch), record it in plan.json and resume from the last checkpoint.
+"""OOM back-off: recognise a CUDA out-of-memory failure wherever Ray wrapped it, run again with a new plan of half
+the micro-batch (twice the accumulation: the same effective batch), recorded in plan.json, from the last checkpoint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from medgpt_ray.memory.stage_plan import halve_micro_batch
+from medgpt_ray.metrics import metrics
+from medgpt_ray.run.manifest import write_plan
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import latest_checkpoint
 
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
@@ -40,37 +47,33 @@ class OutOfMemoryGiveUp(RuntimeError):
     pass
 
 
-def run_with_backoff(inp, attempt_fn: Callable[[int], None], run_name: str, enabled: bool,
-                     echo: Callable[[str], None]) -> None:
-    """Run `attempt_fn(attempt)` until it succeeds; after each CUDA OOM back off and retry (it resumes from the
-    newest checkpoint), until micro-batch 1 with full checkpointing also fails."""
-    from medgpt_ray.manifest import write_json_atomic
-    from medgpt_ray.memory.plan import halve_micro_batch
-    from medgpt_ray.metrics import metrics
-    from medgpt_ray.stages.common import latest_checkpoint
-
-    plan, attempt = inp.plan, 0
+def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
+                     echo: Callable[[str], None]) -> StageInputs:
+    """Run `attempt_fn(attempt, inputs)` until it succeeds; after each CUDA OOM retry with a new, backed-off plan
+    (it resumes from the newest checkpoint), until micro-batch 1 with full checkpointing also fails.
+    Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
+    attempt = 0
     while True:
         try:
-            attempt_fn(attempt)
-            return
+            attempt_fn(attempt, inp)
+            return inp
         except Exception as e:
             if not (enabled and is_cuda_oom(e)):
                 raise
             ckpt = latest_checkpoint(inp.checkpoint_dir)
             step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
-            before = (plan.micro_batch, plan.grad_accum)
-            if not halve_micro_batch(plan, inp.cfg, "CUDA out of memory", step):
+            old = inp.plan
+            plan = halve_micro_batch(old, inp.cfg, "CUDA out of memory", step)
+            if plan is None:
                 raise OutOfMemoryGiveUp(
                     f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
-                    f"(predicted peak {(plan.prediction or {}).get('peak_gib')} GiB); nothing left to give: "
+                    f"(predicted peak {old.prediction.peak_gib if old.prediction else '?'} GiB); nothing left to give: "
                     f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
                 ) from e
             attempt += 1
+            inp = replace(inp, plan=plan)
             metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": run_name, "stage": inp.stage})
-            write_json_atomic(inp.out / "plan.json", plan.to_dict())
-            if plan.deepspeed is not None:
-                write_json_atomic(inp.out / "deepspeed.json", plan.deepspeed)
-            echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {before[0]} x accum {before[1]}: "
+            write_plan(inp.out, plan)
+            echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {old.micro_batch} x accum {old.grad_accum}: "
                  f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
                  f"resuming from {'step ' + str(step) if ckpt else 'the start'}")

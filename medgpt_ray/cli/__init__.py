@@ -1,0 +1,27 @@
+"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune.
+
+Front-ends only: each command parses, calls one library function and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from medgpt_ray.cli import clean, memory, run, topo, tune
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="medgpt-ray", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {
+        "run": (run.add_run_args, run.run_pipeline, "run the pipeline (pt -> sft -> rm, dpo)"),
+        "clean": (clean.add_clean_args, clean.run_clean, "clean a raw corpus with Ray Data"),
+        "estimate": (memory.add_estimate_args, memory.run_estimate, "predict one training setup's peak GPU memory"),
+        "plan": (memory.add_plan_args, memory.run_plan, "plan every stage of a config to fit the GPU memory"),
+        "topo": (topo.add_topo_args, topo.run_topo, "GPU topology, the GPUs a job should use, and NCCL settings"),
+        "tune": (tune.add_tune_args, tune.run_tune, "a Ray Tune sweep over one stage, planned before any trial runs"),
+    }
+    for name, (add_args, _, help_) in commands.items():
+        add_args(sub.add_parser(name, help=help_))
+    args = parser.parse_args(argv)
+    return commands[args.command][1](args)

@@ -1,0 +1,57 @@
+"""`medgpt-ray clean`: clean a raw corpus with Ray Data."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from medgpt_ray.config import ConfigError
+from medgpt_ray.data.kinds import KINDS
+
+
+def add_clean_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help="files or directories (.jsonl .json .csv .parquet .txt)")
+    p.add_argument("--out", required=True, help="output directory: data/<kind>/, quarantine/, report.json")
+    p.add_argument("--kind", default="auto", choices=["auto", *KINDS],
+                   help="record kind; auto detects it per file and says what it found")
+    p.add_argument("--config", default=None, help="cleaning YAML (normalize, pii, signoff, quality, dedup)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a cleaning option, e.g. --set dedup.threshold=0.9")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--explain", type=int, default=0, metavar="N",
+                   help="print up to N quarantined records per reason (PII-redacted; unparseable lines only as "
+                        "file:line and reason)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's and the workers' own log lines here (default: OUT/clean.log)")
+
+
+def run_clean(args: argparse.Namespace) -> int:
+    from medgpt_ray.config import load_clean_config
+    from medgpt_ray.data.clean import clean_corpus
+    from medgpt_ray.data.explain import explain
+    from medgpt_ray.data.kinds import DataFileError
+    from medgpt_ray.run.ray_env import connect_ray, echo
+
+    try:
+        cfg = load_clean_config(args.config, args.sets)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    if args.explain < 0:
+        print("error: --explain N needs N >= 0", file=sys.stderr)
+        return 2
+    log_file = Path(args.out) / "clean.log"
+    connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
+    if not args.verbose:
+        echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
+    try:
+        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo)
+    except DataFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.explain:
+        for line in explain(Path(args.out) / "quarantine", args.explain):
+            echo(line)
+    return 0 if report["adds_up"] else 1

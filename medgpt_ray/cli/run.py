@@ -1,0 +1,55 @@
+"""`medgpt-ray run`: the pipeline. Also the `--config/--set/--overrides` arguments every config command shares."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from medgpt_ray.config import STAGE_KINDS, ConfigError, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=str(DEFAULT_CONFIG), help="pipeline YAML (default: configs/tiny-cpu.yaml)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set stages.sft.lr=1e-4 (repeatable)")
+    p.add_argument("--overrides", default=None, metavar="FILE", help="YAML of dotted keys (what a Tune sweep writes)")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    add_config_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--from-stage", choices=list(STAGE_KINDS), help="rerun this stage and everything downstream")
+    g.add_argument("--only-stage", choices=list(STAGE_KINDS),
+                   help="rerun this stage alone (its upstream must be finished)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Ray's own INFO log lines here (default: RUN_DIR/ray.log)")
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions, check_only_stage
+    from medgpt_ray.run.ray_env import connect_ray
+
+    try:
+        cfg = load_config(args.config, args.sets, args.overrides)
+    except ConfigError as e:
+        print(f"config error:\n{e}", file=sys.stderr)
+        return 2
+    try:
+        if args.only_stage:
+            check_only_stage(cfg, args.only_stage)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    connected = connect_ray(args.num_cpus, log_file=Path(cfg.output_dir) / cfg.name / "ray.log",
+                            verbose=args.verbose)
+    print(f"medgpt-ray: run '{cfg.name}' on {connected} Ray ({args.config})", flush=True)
+    try:
+        Pipeline(cfg, RunOptions(from_stage=args.from_stage, only_stage=args.only_stage), connected).run()
+    except (ConfigError, PipelineError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0

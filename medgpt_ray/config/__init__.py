@@ -1,0 +1,228 @@
+"""The one configuration model of the pipeline: YAML in, typed objects out.
+
+Unknown keys are errors (a typo must not silently fall back to a default), and
+every error names the file (or `--set`) and the dotted key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from medgpt_ray.config.base import ConfigError, _format_validation_error, _Strict
+from medgpt_ray.config.clean import (
+    CleanConfig,
+    DedupConfig,
+    NormalizeConfig,
+    PIIConfig,
+    QualityConfig,
+    SignoffConfig,
+)
+from medgpt_ray.config.stages import (
+    MEMORY_KNOBS,
+    PLAN_RESOLVED_KNOBS,
+    STAGE_KINDS,
+    DPOStageConfig,
+    LoraConfig,
+    StageConfig,
+    StageKind,
+    StagesConfig,
+    register_stage_kind,
+    stage_kind,
+)
+
+__all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
+           "DataConfig", "DedupConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "PIIConfig", "PipelineConfig",
+           "QualityConfig", "ResourcesConfig", "SignoffConfig", "StageConfig", "StageKind", "StagesConfig",
+           "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict",
+           "stage_kind"]
+
+
+class ModelConfig(_Strict):
+    # A local Hugging Face checkpoint directory, or the preset "tiny". Never a hub id.
+    path: str
+    template: str = "chatml"
+    # The architecture to plan memory for when model.path is not readable where the plan is made (planning a
+    # cluster config on a laptop): a preset of medgpt_ray.memory.shapes. model.path's config.json wins.
+    shape: str | None = None
+
+
+def load_clean_config(path: str | Path | None, sets: list[str] | None = None) -> CleanConfig:
+    tree: dict[str, Any] = _read_yaml(Path(path)) if path else {}
+    for s in sets or []:
+        parts, value = parse_set(s)
+        apply_override(tree, parts, value, f"--set {s}")
+    try:
+        return CleanConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, str(path or "--set"))) from None
+
+
+class DataConfig(_Strict):
+    pretrain: list[str] = []
+    sft: list[str] = []
+    preference: list[str] = []
+    # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): read,
+    # cleaned and split now; the RL and eval stages that train on them come later.
+    prompt: list[str] = []
+    # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
+    raw: list[str] = []
+    clean: CleanConfig = CleanConfig()
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    max_records: Annotated[int, Field(ge=1)] | None = None  # per kind, after the split; for smoke runs
+
+    def paths(self, kind: str) -> list[str]:
+        return getattr(self, kind)
+
+
+class ResourcesConfig(_Strict):
+    num_workers: Annotated[int, Field(ge=1)] = 1
+    use_gpu: bool = False
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1
+    # Ray Train's storage; must be shared by all nodes on a multi-node cluster.
+    storage_path: str | None = None
+    # The planner's per-GPU budget: null reads the device (free memory, less the CUDA context);
+    # a number plans for that card (e.g. 24 for an RTX 4090) wherever the plan is made.
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    # Available RAM of each GPU node and its GPU count, for the planner's CPU-offload check (80 % of it may go
+    # to offloaded optimizer states/parameters). None: read on a GPU node; unchecked when none can be read.
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    gpus_per_node: Annotated[int, Field(ge=1)] | None = None
+    memory_margin_gib: Annotated[float, Field(ge=0)] = 2.0
+    # For absolute throughput predictions: a name from medgpt_ray.memory.throughput.GPU_SPECS, or auto.
+    gpu_type: str = "auto"
+    # Halve the micro-batch and resume when a stage hits CUDA OOM (same effective batch).
+    oom_backoff: bool = True
+    # The GPU nodes' `nvidia-smi topo -m` (a file, or a name in cluster/topologies/); null reads a GPU node.
+    # Multi-node stages assume every node has this shape.
+    topology_file: str | None = None
+    # NCCL/CUDA variables for the workers; they win over the presets derived from the topology.
+    nccl_env: dict[str, str] = {}
+
+
+class PipelineConfig(_Strict):
+    name: str = "default"
+    output_dir: str = "./runs"
+    seed: int = 42
+    progress_every: Annotated[int, Field(ge=1)] = 10
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    stages: StagesConfig = StagesConfig()
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, v: str) -> str:
+        if not v or "/" in v or v.startswith("."):
+            raise ValueError("must be a plain directory name (no '/', not starting with '.')")
+        return v
+
+    @model_validator(mode="after")
+    def _graph_is_sound(self) -> PipelineConfig:
+        for s in self.enabled_stages():  # which also refuses a cycle
+            c = self.stages.get(s)
+            for ref in [*([c.from_] if c.from_ else []), *c.needs]:
+                if ref not in STAGE_KINDS or ref == s:
+                    raise ValueError(f"stages.{s}: '{ref}' is not another stage ({', '.join(STAGE_KINDS)})")
+            off = [n for n in c.needs if not self.stages.get(n).enabled]
+            if off:
+                raise ValueError(f"stages.{s}.needs: stage '{off[0]}' is disabled (stages.{off[0]}.enabled: false)")
+        return self
+
+    def depends_on(self, stage: str) -> list[str]:
+        """The stages `stage` starts from or reads, as configured (enabled or not)."""
+        c = self.stages.get(stage)
+        start = c.from_ if c.from_ is not None else stage_kind(stage).default_from
+        return [*([start] if start else []), *c.needs]
+
+    def enabled_stages(self) -> list[str]:
+        """The enabled stages, each after the ones it depends on (else in registry order)."""
+        order: list[str] = []
+        visiting: list[str] = []
+
+        def visit(s: str) -> None:
+            if s in order:
+                return
+            if s in visiting:
+                raise ValueError(f"stages: {' -> '.join([*visiting[visiting.index(s):], s])} is a cycle "
+                                 f"(from/needs)")
+            visiting.append(s)
+            for d in self.depends_on(s):
+                if d in STAGE_KINDS:
+                    visit(d)
+            visiting.pop()
+            order.append(s)
+
+        for s in self.stages.kinds():
+            visit(s)
+        return [s for s in order if self.stages.get(s).enabled]
+
+    def workers_for(self, stage: str) -> int:
+        return self.stages.get(stage).num_workers or self.resources.num_workers
+
+    def template_for(self, stage: str) -> str:
+        return self.stages.get(stage).template or self.model.template
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value parsed as YAML so numbers and bools keep their type)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY=VALUE with a dotted KEY")
+    key, raw = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {assignment!r}: empty key")
+    return parts, yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_override(tree: dict[str, Any], parts: list[str], value: Any, source: str) -> None:
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{'.'.join(parts[: i + 1])}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return tree
+
+
+def load_config(
+    path: str | Path, sets: list[str] | None = None, overrides_file: str | Path | None = None
+) -> PipelineConfig:
+    """Load YAML, then `--overrides FILE` (dotted keys), then each `--set`, then validate once."""
+    path = Path(path)
+    tree = copy.deepcopy(_read_yaml(path))
+    sources = [str(path)]
+    if overrides_file is not None:
+        ov = _read_yaml(Path(overrides_file))
+        for key, value in ov.items():
+            apply_override(tree, str(key).split("."), value, str(overrides_file))
+        sources.append(str(overrides_file))
+    for s in sets or []:
+        parts, value = parse_set(s)
+        apply_override(tree, parts, value, f"--set {s}")
+    if sets:
+        sources.append("--set")
+    try:
+        return PipelineConfig.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, " + ".join(sources))) from None
+
+
+def resolved_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json", by_alias=True)  # `from`, as the YAML says it

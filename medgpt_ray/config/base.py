@@ -1,0 +1,43 @@
+"""What every config class shares: strictness (an unknown key is an error) and errors that name the key."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+Auto = Literal["auto"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the source and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class _NestedErrors(ValueError):
+    """A stage's own validation errors, reported under `stages.<kind>` by _format_validation_error."""
+
+    def __init__(self, errors: list[Any]):
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    errors = []
+    for e in err.errors():
+        nested = (e.get("ctx") or {}).get("error")
+        if isinstance(nested, _NestedErrors):  # a stage's own errors, at their full dotted key
+            errors += [{**n, "loc": (*e["loc"], *n["loc"])} for n in nested.errors]
+        else:
+            errors.append(e)
+    for e in errors:
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{key}'")
+        else:
+            lines.append(f"{source}: {key}: {e['msg']}")
+    return "\n".join(lines)

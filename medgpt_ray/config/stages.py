@@ -1,0 +1,197 @@
+"""The stages' config: a config class per stage kind with documented fields, and the registry of kinds
+(ARCHITECTURE.md: a new kind is a module in stages/, a config class and a registry entry)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from medgpt_ray.config.base import Auto, ConfigError, _NestedErrors, _Strict
+
+
+class LoraConfig(_Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    rank: Annotated[int, Field(ge=1)] = 8
+    """LoRA rank r."""
+    alpha: Annotated[float, Field(gt=0)] = 16
+    """LoRA scaling alpha (the update is scaled by alpha / r)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Dropout on the LoRA inputs."""
+    targets: str | list[str] = "all-linear"
+    """Modules to adapt; "all-linear" is PEFT's own selector: every linear layer except the output head."""
+
+
+class StageConfig(_Strict):
+    """The keys every stage kind has (`stages.<kind>.<key>`); a kind's config class may add its own."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True,
+                              use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """false: the stage does not run; its dependants start from its input."""
+    from_: str | None = Field(None, alias="from")
+    """The stage whose model this one starts from; null: the kind's default (pt -> sft -> {rm, dpo}). A disabled
+    one hands over its own input."""
+    needs: list[str] = []
+    """Stages whose outputs this one reads besides its `from` (e.g. an RL stage needs rm); each must be enabled."""
+    method: Literal["auto", "full", "lora", "qlora"] = "auto"
+    """auto: the planner picks LoRA or QLoRA (never full unless asked)."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA/QLoRA adapter settings."""
+    precision: Literal["auto", "fp32", "bf16", "amp-bf16"] = "auto"
+    """bf16: weights held in bf16; amp-bf16: fp32 master weights with bf16 autocast; auto: fp32 on CPU, amp-bf16
+    for full training, else bf16."""
+    lr: Annotated[float, Field(gt=0)] = 2e-5
+    """Peak learning rate (cosine schedule)."""
+    epochs: Annotated[float, Field(gt=0)] = 1.0
+    """Passes over the training split (unless max_steps)."""
+    max_steps: Annotated[int, Field(ge=-1)] = -1
+    """Optimizer steps; -1: run `epochs`."""
+    seq_len: Annotated[int, Field(ge=8)] = 1024
+    """Tokens per sequence (pretraining block size; longer conversations and pairs are left out and counted)."""
+    micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
+    """Examples per worker per forward pass; auto: the planner's choice. A memory knob (not in the fingerprint)."""
+    effective_batch: Annotated[int, Field(ge=1)] = 16
+    """Examples (blocks, conversations, pairs) per optimizer step, over all workers: micro x accumulation x
+    workers."""
+    grad_ckpt: Auto | bool | Annotated[float, Field(gt=0, lt=1)] = "auto"
+    """Activation checkpointing: true every decoder layer recomputes its activations, false none, a fraction in
+    (0, 1) that share of the layers (the first ones). A memory knob."""
+    fused_ce: Auto | bool = "auto"
+    """Fused linear cross-entropy (no b x s x vocab logits). pt: Liger's kernel (GPU, gpu extra); sft and dpo:
+    TRL's chunked LM head, always on; rm has no vocabulary head. A memory knob."""
+    fused_kernels: Auto | bool = "auto"
+    """Fused RMSNorm, SwiGLU and RoPE (GPU; pt, sft, dpo): from the compiled layers when `compile` is on, else
+    Liger's Triton kernels (gpu extra). A memory knob."""
+    compile: Auto | bool = "auto"
+    """Compile each decoder layer in place with torch.compile. auto: on GPU, except QLoRA, ZeRO-3 and stages
+    capped below 50 steps (compiling costs each worker 20-60 s). A memory knob."""
+    optim: Literal["auto", "adamw", "adamw-8bit"] = "auto"
+    """Optimizer; adamw-8bit needs a GPU (bitsandbytes)."""
+    zero_stage: Auto | Literal[0, 1, 2, 3] = "auto"
+    """DeepSpeed ZeRO stage (0: none); the planner emits the DeepSpeed config. A memory knob."""
+    offload: Literal["auto", "none", "optimizer", "all"] = "auto"
+    """ZeRO CPU offload: optimizer states, or all (parameters too, ZeRO-3). A memory knob."""
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.03
+    """Share of the steps spent warming the learning rate up."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
+    """Gradient clipping norm."""
+    save_steps: Annotated[int, Field(ge=1)] = 200
+    """Checkpoint every this many steps (an interrupted stage resumes from the newest)."""
+    eval_steps: Annotated[int, Field(ge=1)] | None = None
+    """Evaluate the held-out split every this many steps; null: once at the end. A sweep's ASHA needs it."""
+    logging_steps: Annotated[int, Field(ge=1)] = 10
+    """Log (metrics.jsonl, progress, Prometheus) every this many steps."""
+    template: str | None = None
+    """Chat template (chatml = qwen, llama3, vicuna, alpaca); null: model.template."""
+    num_workers: Annotated[int, Field(ge=1)] | None = None
+    """Data-parallel workers; null: resources.num_workers."""
+    placement: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
+    """GPUs by PCIe topology (medgpt_ray/placement/policy.py), or an explicit list of GPU indices on each node
+    (PCI bus order, as nvidia-smi numbers them), checked against the node's topology."""
+
+    def training_identity(self) -> dict[str, Any]:
+        """The config as a stage fingerprint sees it: what decides the updates the stage computes.
+
+        Left out: `enabled`, and the memory and placement knobs, explicit or `auto` (ARCHITECTURE.md): the
+        micro-batch/accumulation split, checkpointing, fused CE and layer kernels, compiling, ZeRO, offload and
+        the GPUs it runs on compute the same updates in another memory layout. The knobs the planner resolves
+        that do change the updates (method, precision, optimizer, per-worker batch) enter the fingerprint as
+        the plan resolved them (StagePlan.identity), so `auto` and its explicit resolution hash the same."""
+        return self.model_dump(mode="json", exclude={"enabled", *MEMORY_KNOBS, *PLAN_RESOLVED_KNOBS})
+
+
+# Planner knobs that change only how the same updates are laid out in memory, and where they run.
+MEMORY_KNOBS: frozenset[str] = frozenset(
+    {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
+# Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.
+PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
+
+
+class DPOStageConfig(StageConfig):
+    beta: Annotated[float, Field(gt=0)] = 0.1
+    """DPO's beta: how far the policy may move from the reference."""
+    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
+    """TRL's DPO loss."""
+    precompute_ref_log_probs: bool = False
+    """Score the reference once before training instead of a no-grad reference pass every step."""
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """A stage kind. A new one is a module (build and run, like medgpt_ray/stages/sft.py), a config class and
+    this registry entry: the config, the stage graph, the planner and the runners take it from here."""
+
+    name: str  # its key under `stages:`, and the stage's name in a run (one stage per kind)
+    config_class: type[StageConfig]
+    data_kind: str  # the data.<kind> it trains on
+    default_from: str | None  # whose model it starts from unless `from` says otherwise; None: the base model
+    defaults: dict[str, Any] = field(default_factory=dict)  # the kind's own defaults (pt: full, lr 5e-5)
+    module: str | None = None  # None: medgpt_ray.stages.<name>
+    memory_model: str | None = None  # the built-in kind whose memory/throughput model it follows; None: itself
+
+    @property
+    def module_name(self) -> str:
+        return self.module or f"medgpt_ray.stages.{self.name}"
+
+    @property
+    def memory_kind(self) -> str:
+        return self.memory_model or self.name
+
+
+STAGE_KINDS: dict[str, StageKind] = {}  # in pipeline order, when `from` and `needs` leave it so
+
+
+def register_stage_kind(kind: StageKind) -> StageKind:
+    STAGE_KINDS[kind.name] = kind
+    return kind
+
+
+def stage_kind(name: str) -> StageKind:
+    if name not in STAGE_KINDS:
+        raise ConfigError(f"stage '{name}' is not one of {', '.join(STAGE_KINDS)}")
+    return STAGE_KINDS[name]
+
+
+register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
+register_stage_kind(StageKind("sft", StageConfig, "sft", "pt"))
+register_stage_kind(StageKind("rm", StageConfig, "preference", "sft", {"lr": 1e-5}))
+register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6}))
+
+
+class StagesConfig(BaseModel):
+    """One entry per registered stage kind, validated by that kind's config class; a kind not given gets its
+    defaults. An unknown kind is an error."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _by_kind(cls, data: Any) -> Any:
+        if isinstance(data, StagesConfig):
+            return data
+        given = dict(data or {})
+        unknown = [k for k in given if k not in STAGE_KINDS]
+        if unknown:
+            raise ValueError(f"unknown stage kind '{unknown[0]}' (registered: {', '.join(STAGE_KINDS)})")
+        out = {}
+        for name, kind in STAGE_KINDS.items():
+            value = given.get(name, {})
+            if isinstance(value, StageConfig):
+                value = value.model_dump(by_alias=True, exclude_unset=True)
+            try:
+                out[name] = kind.config_class.model_validate({**kind.defaults, **value})
+            except ValidationError as e:
+                raise _NestedErrors([{**err, "loc": (name, *err["loc"])} for err in e.errors()]) from None
+        return out
+
+    def get(self, stage: str) -> StageConfig:
+        return getattr(self, stage)
+
+    def kinds(self) -> list[str]:
+        return list(self.__pydantic_extra__ or {})

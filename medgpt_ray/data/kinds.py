@@ -1,0 +1,112 @@
+"""The data kinds, defined once: each kind's canonical record (ARCHITECTURE.md), the source formats read as it,
+and how one record's format is detected. Each stage kind names the kind it trains on (config.STAGE_KINDS); the data
+config has one list of paths per kind.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+Kind = Literal["pretrain", "sft", "preference", "prompt"]
+
+KIND_FORMATS: dict[str, tuple[str, ...]] = {
+    "pretrain": ("text",),
+    "sft": ("sharegpt", "canonical_sft", "alpaca", "huatuo", "toyhom"),
+    "preference": ("reward", "sharegpt_preference", "canonical_preference"),
+    "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
+}
+KINDS: tuple[str, ...] = tuple(KIND_FORMATS)
+
+
+class RecordError(ValueError):
+    """Why a single source record cannot be used. The message is the reason only, never record text.
+
+    `raw` carries the original line for records that could not even be parsed, so that the caller can
+    keep it in an owner-only quarantine file; it is never part of the message.
+    """
+
+    def __init__(self, reason: str, raw: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+class DataFileError(ValueError):
+    """A problem with a whole file (missing, unreadable, wrong type); the message names the file."""
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Format detection
+# --------------------------------------------------------------------------------------------------
+
+
+def safe_name(value: object) -> str:
+    """A role or field name fit to appear in an error message: short identifiers only, never free text."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,31}", value):
+        return repr(value)
+    return f"<{type(value).__name__} value>"
+
+
+def _conversation_style(conv: object) -> str:
+    """"sharegpt" (from/value turns) or "canonical" (role/content turns), judged by the first turn."""
+    if not isinstance(conv, list):
+        raise RecordError(f"'conversations' is a {type(conv).__name__}, not a list")
+    if not conv:
+        raise RecordError("'conversations' is empty")
+    first = conv[0]
+    if not isinstance(first, dict):
+        raise RecordError("turn 1 is not an object")
+    if "from" in first or "value" in first:
+        return "sharegpt"
+    if "role" in first or "content" in first:
+        return "canonical"
+    raise RecordError("conversation turns have neither from/value nor role/content fields")
+
+
+def detect_format(row: dict) -> str:
+    """Name the source format of one record (see the module docstring); RecordError if none fits.
+
+    Detection looks at the distinguishing field of each format, not at the full set, so that a record
+    missing a required field is reported as "missing field X" by `to_canonical` rather than as unknown:
+
+    - "conversations": with "chosen" or "rejected" a preference, else with "answer" a prompt, else sft; the
+      turn style (from/value or role/content) of the first turn picks sharegpt_* or canonical_*. A preference
+      or prompt whose turns are unreadable counts as canonical_*, whose converter then says why.
+    - otherwise, first match: "response_chosen"/"response_rejected" reward, "questions" huatuo, "instruction"
+      alpaca, "ask" toyhom, "question" grpo, "text" text, a single string field text.
+    """
+    if not isinstance(row, dict):
+        raise RecordError(f"record is a {type(row).__name__}, not an object")
+    keys = set(row)
+    if "conversations" in keys:
+        if "chosen" in keys or "rejected" in keys or "answer" in keys:
+            suffix = "preference" if "chosen" in keys or "rejected" in keys else "prompt"
+            try:
+                style = _conversation_style(row["conversations"])
+            except RecordError:
+                style = "canonical"
+            return f"{style}_{suffix}"
+        return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
+    if "response_chosen" in keys or "response_rejected" in keys:
+        return "reward"
+    if "questions" in keys:
+        return "huatuo"
+    if "instruction" in keys:
+        return "alpaca"
+    if "ask" in keys:
+        return "toyhom"
+    if "question" in keys:
+        return "grpo"
+    if "text" in keys:
+        return "text"
+    if len(row) == 1 and isinstance(next(iter(row.values())), str):
+        return "text"
+    names = ", ".join(sorted(safe_name(k) for k in keys)) or "none"
+    raise RecordError(f"unrecognised record format (fields: {names})")
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KIND_FORMATS:
+        raise ValueError(f"unknown data kind {kind!r} (expected one of {', '.join(KIND_FORMATS)})")

@@ -1,0 +1,159 @@
+"""StagePlan: every knob of one stage made concrete, and the DeepSpeed dict that goes with it.
+
+The planner (planner.py) fills it; the stages read it; it is saved as plan.json
+beside every stage's outputs, with the prediction it was chosen on and any OOM
+back-offs that happened while it ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from medgpt_ray.config import ConfigError, StageConfig, stage_kind
+from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.placement.device import StagePlacement
+
+
+@dataclass
+class Prediction:
+    """What the planner predicted for the chosen configuration, and the per-GPU budget it was chosen for."""
+
+    model: str
+    peak_gib: float
+    moment: str  # when the peak happens: "backward start" or "optimizer step"
+    budget_gib: float | None  # usable per GPU: gpu_memory_gib - margin_gib; None: no GPU memory limit (CPU)
+    gpu_memory_gib: float | None  # resources.gpu_memory_gib, or what was read on the GPU
+    margin_gib: float
+    budget_source: str
+    gpu: str  # the GPU spec the throughput is predicted for
+    tokens_per_s_per_gpu: float
+    breakdown_gib: dict[str, float]
+    candidates: int
+    fitting: int
+    host_offload_gib_per_node: float | None = None  # CPU offload's host RAM, when the plan offloads
+    host_usable_gib: float | None = None
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    method: str
+    precision: str
+    micro_batch: int
+    grad_accum: int
+    num_workers: int
+    use_gpu: bool
+    ckpt_fraction: float  # share of decoder layers that recompute activations: 0 none, 1 full
+    fused_ce: bool
+    optim: str  # adamw | adamw-8bit
+    zero_stage: int
+    offload: str
+    deepspeed: dict[str, Any] | None
+    reasons: list[str] = field(default_factory=list)
+    prediction: Prediction | None = None
+    alternatives: list[dict[str, Any]] = field(default_factory=list)  # best rejected, with why
+    backoffs: list[dict[str, Any]] = field(default_factory=list)  # OOM back-offs while running
+    fused_kernels: bool = False  # fused RMSNorm/SwiGLU/RoPE: compiled layers when `compile`, else Liger's
+    compile: bool = False  # decoder layers compiled in place (stages/speed.py)
+    placement: StagePlacement | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What plan.json holds (run/manifest.write_plan writes it)."""
+        d = asdict(self)
+        d["placement"] = None if self.placement is None else self.placement.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StagePlan:
+        d = dict(d)
+        d["prediction"] = None if d.get("prediction") is None else Prediction(**d["prediction"])
+        d["placement"] = None if d.get("placement") is None else StagePlacement.from_dict(d["placement"])
+        return cls(**d)
+
+    @property
+    def examples_per_step(self) -> int:
+        """The global batch in examples (pretraining blocks, conversations, preference pairs): what
+        `effective_batch` asks for, whatever the memory layout (micro-batch x accumulation x workers)."""
+        return self.micro_batch * self.grad_accum * self.num_workers
+
+    def train_setup(self, cfg: StageConfig) -> TrainSetup:
+        """The setup the estimator and the throughput model score: this plan's knobs with the stage's
+        sequence length and LoRA rank (the one way from a plan to a TrainSetup)."""
+        return TrainSetup(
+            stage=stage_kind(self.stage).memory_kind, method=self.method, precision=self.precision,
+            micro_batch=self.micro_batch,
+            seq_len=cfg.seq_len, ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
+            offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
+            grad_accum=self.grad_accum, fused_kernels=self.fused_kernels,
+            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
+
+    def identity(self) -> dict[str, Any]:
+        """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs
+        accumulation, checkpointing, fused CE, ZeRO and offload compute the same updates, so a finished stage
+        is not retrained because the planner (or an OOM back-off) chose another memory layout."""
+        return {"stage": self.stage, "method": self.method, "precision": self.precision, "optim": self.optim,
+                "num_workers": self.num_workers, "use_gpu": self.use_gpu,
+                "per_worker_batch": self.micro_batch * self.grad_accum}
+
+
+def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None:
+    """The DeepSpeed dict, with every value concrete (no "auto") and in agreement with TrainingArguments."""
+    if plan.zero_stage == 0:
+        return None
+    zero: dict[str, Any] = {
+        "stage": plan.zero_stage,
+        "overlap_comm": plan.use_gpu,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 5e7,
+    }
+    if plan.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        zero["stage3_prefetch_bucket_size"] = 5e7
+        zero["stage3_param_persistence_threshold"] = 1e5
+        zero["stage3_max_live_parameters"] = 1e9
+    if plan.offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.use_gpu}
+    if plan.offload == "all":
+        if plan.zero_stage != 3:
+            raise ConfigError(f"stages.{plan.stage}.offload: 'all' (parameter offload) needs zero_stage 3")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": plan.use_gpu}
+    return {
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "train_batch_size": plan.micro_batch * plan.grad_accum * plan.num_workers,
+        "gradient_clipping": cfg.max_grad_norm,
+        "bf16": {"enabled": plan.precision in ("bf16", "amp-bf16")},
+        "fp16": {"enabled": False},
+        "zero_optimization": zero,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int | None) -> StagePlan | None:
+    """OOM back-off: a new plan with half the micro-batch and twice the accumulation (same effective batch).
+    None when there is nothing left to give (micro-batch 1 with full checkpointing)."""
+    if plan.micro_batch == 1 and plan.ckpt_fraction >= 1:
+        return None
+    before = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "ckpt_fraction": plan.ckpt_fraction}
+    micro, accum, ckpt = plan.micro_batch, plan.grad_accum, plan.ckpt_fraction
+    if micro > 1:
+        # The largest divisor of the micro-batch up to its half keeps micro x accumulation unchanged.
+        smaller = max(d for d in range(1, micro // 2 + 1) if micro % d == 0)
+        micro, accum = smaller, accum * (micro // smaller)
+    else:
+        ckpt = 1.0  # micro-batch 1 already: recompute every layer
+    after = {"micro_batch": micro, "grad_accum": accum, "ckpt_fraction": ckpt}
+    new = replace(plan, **after, backoffs=[*plan.backoffs, {"after_step": step, "reason": reason, "before": before,
+                                                            "after": after}])
+    return replace(new, deepspeed=deepspeed_config(new, cfg))
+
+
+def keep_backoffs(plan: StagePlan, previous: StagePlan, cfg: StageConfig) -> StagePlan:
+    """The plan an interrupted attempt resumes with: where its OOM back-offs left it (same per-worker batch only)."""
+    if not previous.backoffs or previous.micro_batch * previous.grad_accum != plan.micro_batch * plan.grad_accum:
+        return plan
+    new = replace(plan, micro_batch=previous.micro_batch, grad_accum=previous.grad_accum,
+                  ckpt_fraction=max(plan.ckpt_fraction, previous.ckpt_fraction), backoffs=list(previous.backoffs))
+    return replace(new, deepspeed=deepspeed_config(new, cfg))

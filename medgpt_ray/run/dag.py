@@ -1,0 +1,75 @@
+"""The stage graph as data: whose model each stage starts from (`from`), what else it reads (`needs`), waves,
+forced reruns, fingerprints. Pure: no Ray.
+
+By default pt -> sft -> {rm, dpo} (config.STAGE_KINDS); a disabled `from` hands over its own input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.memory.stage_plan import StagePlan
+from medgpt_ray.run.manifest import sha256_json
+
+
+def effective_from(cfg: PipelineConfig, stage: str) -> str | None:
+    """The enabled stage whose model `stage` starts from; None: the base model (ARCHITECTURE.md: a disabled
+    stage's dependants start from its input)."""
+    c = cfg.stages.get(stage)
+    up = c.from_ if c.from_ is not None else stage_kind(stage).default_from
+    while up is not None and not cfg.stages.get(up).enabled:
+        u = cfg.stages.get(up)
+        up = u.from_ if u.from_ is not None else stage_kind(up).default_from
+    return up
+
+
+def dependencies(cfg: PipelineConfig, stage: str) -> list[str]:
+    """The enabled stages that must finish before `stage` starts: its effective `from` and its `needs`."""
+    up = effective_from(cfg, stage)
+    return [*([up] if up else []), *cfg.stages.get(stage).needs]
+
+
+def waves(cfg: PipelineConfig, stages: list[str]) -> list[list[str]]:
+    """Stages grouped so each starts after every stage it depends on; rm and dpo share a wave."""
+    out: list[list[str]] = []
+    placed: dict[str, int] = {}
+    for s in stages:  # in dependency order (PipelineConfig.enabled_stages)
+        idx = max((placed[d] + 1 for d in dependencies(cfg, s) if d in placed), default=0)
+        while len(out) <= idx:
+            out.append([])
+        out[idx].append(s)
+        placed[s] = idx
+    return out
+
+
+def downstream(cfg: PipelineConfig, start: str, order: list[str]) -> set[str]:
+    """`start` and every stage of `order` that depends on it, directly or not."""
+    found = {start}
+    for s in order:
+        if any(d in found for d in dependencies(cfg, s)):
+            found.add(s)
+    return found
+
+
+def forced_stages(cfg: PipelineConfig, order: list[str], from_stage: str | None,
+                  only_stage: str | None) -> set[str]:
+    """The stages that rerun whatever the manifest says: --only-stage S alone, --from-stage S and downstream."""
+    if only_stage:
+        return {only_stage}
+    if from_stage:
+        return downstream(cfg, from_stage, order)
+    return set()
+
+
+def fingerprint(cfg: PipelineConfig, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
+                base_config: dict[str, Any], prov: dict[str, Any], needs_fps: dict[str, str] | None = None) -> str:
+    """A finished stage is reused only under the same fingerprint: its config less the memory knobs (explicit or
+    planned, StageConfig.training_identity), the plan's identity, its data, its upstream's fingerprint, the base
+    model, its template and the code."""
+    return sha256_json({
+        "stage": stage, "config": cfg.stages.get(stage).training_identity(), "plan": plan.identity(),
+        "data": data_fp, "upstream": upstream_fp, "base_model": base_config, "template": cfg.template_for(stage),
+        "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
+        **({"needs": needs_fps} if needs_fps else {}),
+    })

@@ -1,0 +1,60 @@
+"""Connecting to Ray and what Ray Train workers inherit: the one place the driver meets a Ray cluster's setup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ray
+
+from medgpt_ray.memory.budget import GPUMemory, tightest_local_gpu
+from medgpt_ray.run.ray_logs import route_ray_logs
+
+# Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
+WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
+              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def worker_env() -> dict[str, str]:
+    """WORKER_ENV and the driver's own MEDGPT_RAY_* variables (the metrics port, the OOM back-off test hook)."""
+    return {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith("MEDGPT_RAY_")}}
+
+
+def echo(line: str) -> None:
+    # Flushed: under `ray job submit` stdout is a pipe, and `ray job logs` should show progress live.
+    print(line, flush=True)
+
+
+def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbose: bool = False,
+                worker_logs: bool = True) -> str:
+    """Join the cluster a `ray job submit` (or RAY_ADDRESS) points at; otherwise start a local one.
+
+    `address="local"` on purpose: after `ray stop`, a stale ray_current_cluster
+    file can make a bare ray.init() try to connect to a dead cluster (FIELD-NOTES).
+    With `log_file`, Ray's and Ray Data's INFO lines go there instead of the terminal (unless `verbose`);
+    `worker_logs=False` keeps the workers' stdout/stderr in Ray's session logs instead of echoing them.
+    """
+    if log_file is not None:
+        route_ray_logs(log_file, verbose)
+    for k, v in WORKER_ENV.items():
+        os.environ.setdefault(k, v)
+    if ray.is_initialized():
+        return "existing"
+    if os.environ.get("RAY_ADDRESS"):
+        # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
+        ray.init(log_to_driver=worker_logs)
+        return "cluster"
+    # The dashboard (loopback only; started when ray[default] is installed) serves the State API that
+    # Ray Train's placement-group cleaner polls.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
+             log_to_driver=worker_logs)
+    return "local"
+
+
+def probe_cluster_gpu() -> GPUMemory | None:
+    """The tightest GPU: read on this machine, or by a one-GPU Ray task when the driver has none."""
+    local = tightest_local_gpu()
+    if local is not None or not ray.cluster_resources().get("GPU"):
+        return local
+    probe = ray.remote(num_gpus=1, num_cpus=0)(tightest_local_gpu)
+    return ray.get(probe.remote(), timeout=300)

@@ -1,0 +1,124 @@
+"""One stage under Ray Train: the one TorchTrainer builder and worker loop.
+
+The pipeline and the Tune sweep both run stages through `run_stage_on_ray`. What differs is injected: the
+pipeline passes its progress actor (per-step records to the driver); a Tune trial asks for every evaluation to
+be reported (ASHA reads them) and passes Tune's report callback and the metrics its trial adds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from transformers import TrainerCallback
+
+from medgpt_ray.placement.device import bind_worker_device, ray_train_resources
+from medgpt_ray.run.ray_env import worker_env
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import is_rank_zero
+
+
+@dataclass
+class RayOptions:
+    """How one stage runs under Ray Train, beyond its StageInputs."""
+
+    storage_path: str
+    name: str  # the Ray Train run's name (a directory under storage_path)
+    cpus_per_worker: float = 1.0
+    progress: tuple[str, str] | None = None  # (actor name, namespace) of a ProgressActor to push records to
+    report_evals: bool = False  # every evaluation becomes a Ray Train report (a Tune trial: ASHA reads them)
+    extra_metrics: dict[str, Any] = field(default_factory=dict)  # added to the stage's last report
+    callbacks: list[Any] = field(default_factory=list)  # Ray Train RunConfig callbacks (TuneReportCallback)
+    # The workers' environment; None: this process's worker_env(). A Tune trial runs in an actor that does not
+    # have the driver's environment, so the driver computes it.
+    env: dict[str, str] | None = None
+
+
+def start_worker() -> None:
+    """First thing in every stage worker, before CUDA is touched."""
+    from medgpt_ray.tiny import cache_root
+
+    # Each report's INFO line ("Reporting training result ...") would interleave with the progress lines.
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
+    bind_worker_device()  # the GPU the placement chose for this local rank
+
+
+def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:
+    """A Ray Train report on every rank (V2 reports are collective). Train V2 keeps metrics only when they come
+    with a checkpoint: rank 0 attaches `payload` as a small one."""
+    import ray.train
+
+    if is_rank_zero():
+        with tempfile.TemporaryDirectory() as d:
+            Path(d, name).write_text(json.dumps(payload, ensure_ascii=False, default=str), encoding="utf-8")
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+    else:
+        ray.train.report(metrics, checkpoint=None)
+
+
+class EvalToRayTrain(TrainerCallback):
+    """Every evaluation becomes a Ray Train report on every rank (what Tune's scheduler reads)."""
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        values = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, int | float)}
+        values["step"] = state.global_step
+        _report(values, "eval.json", values)
+
+
+def final_metrics(result: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """The stage's last report: its scalar results and its evaluation, flat. `completed`, not `done`: Tune reads
+    a truthy `done` as the trial's end and stops it on the spot, before the trial gives its GPU set back."""
+    import torch
+
+    out = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None}
+    out.update(result.get("eval", {}))
+    out.update({"completed": 1, **extra})
+    if torch.cuda.is_available():
+        out["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def _worker_loop(config: dict[str, Any]) -> None:
+    """Runs in every Ray Train worker: the plain stage function with what the runner injects, result to Ray."""
+    from medgpt_ray.stages import run_stage
+
+    start_worker()
+    sink = None
+    if config["progress"] is not None:
+        actor = ray.get_actor(config["progress"][0], namespace=config["progress"][1])
+
+        def sink(rec: dict[str, Any]) -> None:
+            actor.push.remote(rec)
+
+    callbacks = [EvalToRayTrain()] if config["report_evals"] else []
+    result = run_stage(config["inputs"], sink, callbacks)
+    _report(final_metrics(result, config["extra_metrics"]), "result.json", result)
+
+
+def run_stage_on_ray(inputs: StageInputs, opts: RayOptions):
+    """Build the stage's TorchTrainer (workers placed on the plan's GPUs) and fit it."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    plan = inputs.plan
+    scaling, env = ray_train_resources(plan.placement, plan.num_workers, plan.use_gpu, opts.cpus_per_worker,
+                                       ray.cluster_resources(), worker_env() if opts.env is None else opts.env)
+    trainer = TorchTrainer(
+        _worker_loop,
+        train_loop_config={"inputs": inputs, "progress": opts.progress, "report_evals": opts.report_evals,
+                           "extra_metrics": opts.extra_metrics},
+        scaling_config=ScalingConfig(**scaling),
+        # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
+        run_config=RunConfig(name=opts.name, storage_path=opts.storage_path, callbacks=opts.callbacks,
+                             logging_config=ray.LoggingConfig(log_level="WARNING"),
+                             worker_runtime_env={"env_vars": env}),
+    )
+    return trainer.fit()

@@ -1,0 +1,108 @@
+"""The trainer callbacks every stage runs with: progress and metrics.jsonl, telemetry, speed-ups, the OOM test hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from medgpt_ray.stages import speed
+from medgpt_ray.stages.checkpointing import SelectiveCheckpointing
+from medgpt_ray.stages.inputs import Sink, StageInputs
+from medgpt_ray.stages.outputs import barrier, is_rank_zero
+
+
+def stage_callbacks(inp: StageInputs, sink: Sink | None,
+                    extra: Sequence[TrainerCallback] = ()) -> list[TrainerCallback]:
+    """The callbacks every stage trains with; `extra` is what the runner injects (Tune's evaluation reports)."""
+    from medgpt_ray.stages.telemetry import stage_metrics_callback
+
+    budget = inp.plan.prediction.budget_gib if inp.plan.prediction else None
+    callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink, budget),
+                                        stage_metrics_callback(inp)]
+    if 0 < inp.plan.ckpt_fraction < 1:
+        callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
+    if inp.plan.method != "full":
+        callbacks.append(speed.Bf16LoraInputs())
+    if inp.plan.compile:
+        callbacks.append(speed.CompileDecoderLayers())
+    callbacks.extend(extra)
+    if os.environ.get(INJECT_OOM_ENV):
+        callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
+    return callbacks
+
+
+# Test hook for the OOM back-off: raise torch.OutOfMemoryError when this optimizer step is reached,
+# once per stage directory (a marker file records that it fired, so the resumed attempt goes on).
+INJECT_OOM_ENV = "MEDGPT_RAY_INJECT_OOM_AT_STEP"
+
+
+class InjectedOOM(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        import torch
+
+        marker = Path(args.output_dir).parent / ".injected_oom"
+        if state.global_step >= self.step and not marker.exists():
+            barrier()
+            if is_rank_zero():
+                marker.write_text(str(state.global_step))
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
+
+
+class StageProgress(TrainerCallback):
+    """Rank 0 appends every log to metrics.jsonl and forwards a compact record to the sink.
+
+    Ray Train V2 only reports metrics with a checkpoint, so per-step progress
+    travels through this callback instead (ARCHITECTURE.md).
+    """
+
+    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None, budget_gib: float | None = None):
+        self.stage = stage
+        self.budget_gib = budget_gib
+        self.metrics_path = metrics_path
+        self.sink = sink
+        self._t0 = time.monotonic()
+        self._last_t = self._t0
+        self._last_tokens = 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        now = time.monotonic()
+        tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
+        dt = max(now - self._last_t, 1e-9)
+        record: dict[str, Any] = {
+            "stage": self.stage,
+            "step": state.global_step,
+            "total_steps": state.max_steps,
+            "time_s": round(now - self._t0, 3),
+            **{k: v for k, v in logs.items() if isinstance(v, int | float)},
+        }
+        gpu = _gpu_peak_gib()
+        if gpu is not None:
+            record["gpu_peak_gib"] = round(gpu, 3)
+            if self.budget_gib:
+                record["gpu_budget_gib"] = self.budget_gib
+        if "loss" in logs:
+            # num_input_tokens_seen already sums every rank's tokens (the Trainer gathers them): the job's rate.
+            record["tokens_per_s"] = (tokens - self._last_tokens) / dt
+            self._last_t, self._last_tokens = now, tokens
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self.sink is not None:
+            self.sink(record)
+
+
+def _gpu_peak_gib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None

@@ -1,0 +1,64 @@
+"""What a stage is given (StageInputs) and what its builder hands back (BuiltStage)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray.config import PipelineConfig, StageConfig, stage_kind
+from medgpt_ray.memory.stage_plan import StagePlan
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class StageInputs:
+    stage: str
+    cfg: StageConfig
+    plan: StagePlan
+    model_path: str  # the model this stage starts from (base, or the upstream stage's merged model)
+    template: str
+    train_file: str  # canonical records, JSONL
+    eval_file: str
+    out_dir: str  # runs/<name>/<stage>
+    seed: int = 42
+    resume: bool = True
+    needs: dict[str, str] = field(default_factory=dict)  # stage -> output model, for each stage it `needs`
+    # The kind's module, resolved where the inputs are made: a Ray worker may not have a kind registered at run time
+    # in the driver (config.STAGE_KINDS). None: looked up by `stage`.
+    module: str | None = None
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,
+           out_dir: str, needs: dict[str, str] | None = None) -> StageInputs:
+        """A stage's inputs as the pipeline and a Tune trial give them: its config, template and the run's seed."""
+        return cls(stage, cfg.stages.get(stage), plan, model_path, cfg.template_for(stage), train_file, eval_file,
+                   out_dir, seed=cfg.seed, needs=dict(needs or {}), module=stage_kind(stage).module_name)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.out_dir)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+
+@dataclass
+class BuiltStage:
+    """A stage's trainer, ready to train: what `run` goes on with and what the memory calibration measures."""
+
+    trainer: Any
+    tokenizer: Any
+    lora: bool
+    eval_size: int = 0  # held-out examples (0: no evaluation)
+    extras: dict[str, Any] | None = None  # counts for the result (records, pairs, skipped)
+    save_kwargs: dict[str, Any] | None = None  # template / seq_cls for save_outputs
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

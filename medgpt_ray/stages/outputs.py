@@ -1,0 +1,156 @@
+"""After the trainer is built: train (resuming), save the model, write result.json; ranks and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray.stages.inputs import BuiltStage, StageInputs
+
+
+def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
+                 eval_metrics: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """What every stage does after building its trainer: train (resuming), evaluate, save, write result.json."""
+    out, resumed = train(built.trainer, inp)
+    ev = eval_metrics(built.trainer.evaluate()) if built.eval_size else {}
+    save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
+    result = {**base_result(inp, built.trainer, out, resumed, t0), "eval": ev, **(built.extras or {}),
+              "output_model": str(inp.out / "model")}
+    write_result(inp, result)
+    return result
+
+
+def is_rank_zero() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def latest_checkpoint(ckpt_dir: Path) -> str | None:
+    """The newest complete HF checkpoint (trainer_state.json is written last)."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = []
+    for p in ckpt_dir.iterdir():
+        m = re.fullmatch(r"checkpoint-(\d+)", p.name)
+        if m and (p / "trainer_state.json").is_file():
+            found.append((int(m.group(1)), p))
+    return str(max(found)[1]) if found else None
+
+
+def quiet_libraries(trainer=None) -> None:
+    """Workers print one progress stream (ours); silence library bars and the per-log dict printer."""
+    import warnings
+
+    import datasets
+    import transformers
+    from transformers.trainer_callback import PrinterCallback
+
+    # TRL and transformers call their own renamed APIs (5.24's gradient -> activation checkpointing).
+    warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6.*", category=FutureWarning)
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    if trainer is not None:
+        trainer.remove_callback(PrinterCallback)
+
+
+def train(trainer, inp: StageInputs) -> Any:
+    """trainer.train(), resuming from the newest checkpoint of an interrupted attempt."""
+    quiet_libraries(trainer)
+    ckpt = latest_checkpoint(inp.checkpoint_dir) if inp.resume else None
+    return trainer.train(resume_from_checkpoint=ckpt), ckpt
+
+
+def loss_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    losses = [h["loss"] for h in log_history if "loss" in h and math.isfinite(h["loss"])]
+    return {
+        "train_loss_first": losses[0] if losses else None,
+        "train_loss_last": losses[-1] if losses else None,
+        "logged_losses": len(losses),
+    }
+
+
+def save_outputs(trainer, inp: StageInputs, tokenizer, lora: bool, template=None, seq_cls: bool = False) -> None:
+    """adapter/ (LoRA) and model/: a plain HF directory that the next stage and users load directly.
+    The adapter is merged on rank 0 into the base reloaded from disk (never into 4-bit weights)."""
+    from medgpt_ray import models, templates
+
+    trainer.save_model(str(inp.out / ("adapter" if lora else "model")))
+    barrier()
+    if is_rank_zero():
+        if template is not None:
+            # The saved tokenizer carries the template, so downstream stages and users chat the same way.
+            templates.apply_to_tokenizer(template, tokenizer)
+        if lora:
+            tokenizer.save_pretrained(inp.out / "adapter")
+            models.merge_adapter_from_disk(Path(inp.model_path), inp.out / "adapter", inp.out / "model",
+                                           models.torch_dtype(inp.plan.precision), seq_cls=seq_cls)
+        else:
+            tokenizer.save_pretrained(inp.out / "model")
+    barrier()
+
+
+def write_result(inp: StageInputs, result: dict[str, Any]) -> None:
+    """result.json is the stage's receipt; the pipeline records the manifest entry from it."""
+    if not is_rank_zero():
+        return
+    tmp = inp.out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, inp.out / "result.json")
+
+
+def _this_worker() -> dict[str, Any]:
+    import socket
+
+    import torch
+
+    me: dict[str, Any] = {"rank": int(os.environ.get("RANK", "0")), "host": socket.gethostname(),
+                          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": "cpu"}
+    if torch.cuda.is_available():
+        idx = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        me["device"] = f"cuda:{idx}"
+        me["gpu_name"] = props.name
+        me["pci_bus_id"] = (f"{getattr(props, 'pci_domain_id', 0):04x}:{getattr(props, 'pci_bus_id', 0):02x}:"
+                            f"{getattr(props, 'pci_device_id', 0):02x}")
+    return me
+
+
+def worker_placement() -> list[dict[str, Any]]:
+    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance."""
+    import torch.distributed as dist
+
+    me = _this_worker()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [me]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, me)
+    return sorted(everyone, key=lambda w: w["rank"])
+
+
+def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | None, t0: float) -> dict[str, Any]:
+    return {
+        "workers": worker_placement(),
+        "stage": inp.stage,
+        "steps": trainer.state.global_step,
+        "max_steps": trainer.state.max_steps,
+        "resumed_from": resumed_from,
+        "train_runtime_s": round(train_output.metrics.get("train_runtime", 0.0), 3),
+        "wall_s": round(time.monotonic() - t0, 3),
+        "world_size": trainer.args.world_size,
+        "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)),
+        **loss_summary(trainer.state.log_history),
+    }

@@ -1,0 +1,65 @@
+"""TrainingArguments from the plan: the keyword arguments every stage's HF/TRL config starts from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from medgpt_ray.memory.stage_plan import StagePlan
+from medgpt_ray.stages.checkpointing import checkpointing_kwargs
+from medgpt_ray.stages.inputs import StageInputs
+
+
+def training_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """TrainingArguments shared by every stage, straight from the plan (no "auto" anywhere)."""
+    cfg, plan = inp.cfg, inp.plan
+    kwargs: dict[str, Any] = {
+        "output_dir": str(inp.checkpoint_dir),
+        "per_device_train_batch_size": plan.micro_batch,
+        "per_device_eval_batch_size": plan.micro_batch,
+        "gradient_accumulation_steps": plan.grad_accum,
+        "learning_rate": cfg.lr,
+        "num_train_epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "warmup_steps": cfg.warmup_ratio,  # a float < 1 is a ratio of the total steps
+        "weight_decay": cfg.weight_decay,
+        "max_grad_norm": cfg.max_grad_norm,
+        "lr_scheduler_type": "cosine",
+        "logging_steps": cfg.logging_steps,
+        "logging_first_step": True,
+        "save_strategy": "steps",
+        "save_steps": cfg.save_steps,
+        "save_total_limit": 2,
+        "eval_strategy": "steps" if cfg.eval_steps else "no",
+        "eval_steps": cfg.eval_steps,
+        "bf16": plan.precision in ("bf16", "amp-bf16"),
+        "fp16": False,
+        "use_cpu": not plan.use_gpu,
+        "deepspeed": plan.deepspeed,
+        "seed": inp.seed,
+        "data_seed": inp.seed,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": plan.use_gpu,
+        "ddp_find_unused_parameters": False,
+        "include_num_input_tokens_seen": "non_padding",
+        "remove_unused_columns": False,
+    }
+    # Always explicit: TRL's configs default to checkpointing on, the plan may say off.
+    kwargs.update(checkpointing_kwargs(plan.ckpt_fraction > 0))
+    kwargs["optim"] = optimizer_name(plan)
+    flce = plan.fused_ce and inp.stage == "pt"  # sft/dpo: TRL's own chunked head, which Liger must not replace
+    # Fused layer ops come from compiling the decoder layers (speed.py) or, without compile, Liger's kernels.
+    liger_layers = plan.fused_kernels and not plan.compile
+    if flce or liger_layers:
+        # Exactly the kernels the plan chose: the estimator models each one's activations.
+        kwargs["use_liger_kernel"] = True
+        kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": flce, "cross_entropy": False,
+                                         "rope": liger_layers, "rms_norm": liger_layers, "swiglu": liger_layers}
+    return kwargs
+
+
+def optimizer_name(plan: StagePlan) -> str:
+    if plan.optim == "adamw-8bit":
+        return "adamw_bnb_8bit"
+    return "adamw_torch_fused" if plan.use_gpu else "adamw_torch"

@@ -1,0 +1,54 @@
+"""One tiny pipeline run shared by the tests that only read a run (planner, metrics; later eval and report),
+instead of each starting its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.promserver import PromServer
+
+# A simulated 0.27 GiB card (the CPU has no allocator to cap): the tiny model no longer fits at micro-batch 8
+# without checkpointing, so the planner must trade.
+BUDGET_GIB = 0.27
+MAX_STEPS = 12
+
+
+@dataclass
+class TinyRun:
+    name: str
+    run_dir: Path
+    summary: dict
+    lines: list[str]
+    budget_gib: float
+    max_steps: int
+    prom: PromServer  # a real Prometheus that scraped the shared cluster while the run went on
+
+
+@pytest.fixture(scope="session")
+def tiny_run(ray_cluster, ray_temp_dir, repo, tmp_path_factory):
+    from medgpt_ray.config import PipelineConfig
+    from medgpt_ray.run.pipeline import Pipeline, RunOptions
+
+    tmp = tmp_path_factory.mktemp("tiny-run")
+    # Ray lists every node's metrics endpoint in this file (Prometheus file-based service discovery); the
+    # shared test cluster has its own temp dir, so this is its file and no other cluster's.
+    sd_file = ray_temp_dir / "prom_metrics_service_discovery.json"
+    assert sd_file.is_file(), f"the test cluster wrote no {sd_file.name}"
+    prom = PromServer(tmp, {"job_name": "ray", "file_sd_configs": [{"files": [str(sd_file)]}]})
+    try:
+        cfg = PipelineConfig.model_validate({
+            "name": "tinyrun", "output_dir": str(tmp / "runs"), "model": {"path": "tiny"},
+            "data": {"sft": [str(repo / "data/sample/sft_sharegpt.jsonl")], "eval_fraction": 0.1,
+                     "max_records": 64},
+            "resources": {"num_workers": 1, "gpu_memory_gib": BUDGET_GIB, "memory_margin_gib": 0.0},
+            "stages": {"pt": {"enabled": False}, "rm": {"enabled": False}, "dpo": {"enabled": False},
+                       "sft": {"method": "lora", "seq_len": 256, "effective_batch": 8, "max_steps": MAX_STEPS,
+                               "logging_steps": 1}}})
+        lines: list[str] = []
+        summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
+        yield TinyRun(cfg.name, tmp / "runs" / cfg.name, summary, lines, BUDGET_GIB, MAX_STEPS, prom)
+    finally:
+        prom.stop()

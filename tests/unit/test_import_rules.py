@@ -1,0 +1,151 @@
+"""The house rules of ARCHITECTURE.md, read from the import graph (every import in medgpt_ray/, also the ones
+inside functions): Ray only at the edges, imports only down the layers, no cycles."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
+
+# Lower layers first. A module may import its own layer or a lower one; within a layer, a package may import only
+# the packages listed before it in the same layer (no sideways cycles).
+LAYERS: list[list[str]] = [
+    ["config", "templates", "tiny", "models", "metrics", "progress"],
+    ["data", "placement", "memory", "stages"],
+    ["run"],
+    ["tune"],
+    ["cli"],
+]
+# Where `import ray` may appear, and why.
+RAY_ALLOWED = {
+    "run": "the only package that drives Ray Train",
+    "tune": "the Tune driver",
+    "data.clean": "the Ray Data cleaning pipeline (the other modules of data/ are pure)",
+    "metrics": "its ray.util.metrics backend",
+    "progress": "the progress actor; data/clean.py's LiveProgress uses it, and data/ may not import run/",
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_module(dotted: str) -> bool:
+    p = PKG.parent / dotted.replace(".", "/")
+    return p.with_suffix(".py").is_file() or p.is_dir()
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names imported by the module, also inside functions (the package uses no relative imports)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            base = node.module or ""
+            # `from medgpt_ray.stages import sft` imports the module medgpt_ray.stages.sft (not the package's code).
+            subs = {f"{base}.{a.name}" for a in node.names
+                    if base.startswith("medgpt_ray") and _is_module(f"{base}.{a.name}")}
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(base)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in sorted(PKG.rglob("*.py")):
+        imported = _imports(path)
+        deps = {i.removeprefix("medgpt_ray.") for i in imported if i.startswith("medgpt_ray.")}
+        if any(i == "ray" or i.startswith("ray.") for i in imported):
+            deps.add("ray")
+        graph[_module_name(path)] = deps
+    return graph
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _rank(module: str) -> tuple[int, int]:
+    for layer_no, layer in enumerate(LAYERS):
+        if _top(module) in layer:
+            return layer_no, layer.index(_top(module))
+    raise AssertionError(f"medgpt_ray.{module} is in no layer of ARCHITECTURE.md: add it to LAYERS")
+
+
+def _ray_outside_edges(graph: dict[str, set[str]]) -> list[str]:
+    return [m for m, deps in graph.items() if "ray" in deps
+            and not any(m == a or m.startswith(a + ".") for a in RAY_ALLOWED)]
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, deps in graph.items():
+        for dep in deps - {"ray"}:
+            if _top(dep) != _top(module) and _rank(dep) > _rank(module):
+                out.append(f"{module} -> {dep}")
+    return sorted(out)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state: dict[str, int] = {}
+    found: list[list[str]] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                found.append([*path[path.index(d):], d])
+            elif d not in state:
+                visit(d, [*path, d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    return found
+
+
+def test_ray_is_imported_only_at_the_edges():
+    assert _ray_outside_edges(_graph()) == [], f"Ray imported outside {sorted(RAY_ALLOWED)}"
+
+
+def test_imports_go_down_the_layers():
+    assert _upward(_graph()) == []
+
+
+def test_no_import_cycles():
+    graph = {m: deps - {"ray"} for m, deps in _graph().items()}
+    assert _cycles(graph) == []
+
+
+def test_the_rules_can_fail(tmp_path):
+    """The checks see what they must: nested imports, a Ray import in stages/, an upward import, a cycle."""
+    bad = tmp_path / "m.py"
+    bad.write_text("import ray.train\nfrom medgpt_ray.run.pipeline import Pipeline\n\ndef f():\n"
+                   "    from medgpt_ray.cli import main\n")
+    assert {"ray.train", "medgpt_ray.run.pipeline", "medgpt_ray.cli"} <= _imports(bad)
+    graph = {"stages.sft": {"ray", "run.pipeline", "memory.planner"}, "memory.planner": {"config"},
+             "run.pipeline": {"stages.sft"}, "config": set(), "metrics": {"ray"}}
+    assert _ray_outside_edges(graph) == ["stages.sft"]
+    assert _upward(graph) == ["stages.sft -> run.pipeline"]
+    assert _cycles(graph) == [["run.pipeline", "stages.sft", "run.pipeline"]]
+
+
+def test_the_clean_command_does_not_import_torch():
+    """`medgpt-ray clean` runs on data nodes without the training stack loaded (it used to, through pipeline.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, medgpt_ray.cli, medgpt_ray.cli.clean, medgpt_ray.data.clean, medgpt_ray.run.ray_env; "
+            "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PKG.parent, env={**__import__("os").environ, "PYTHONPATH": str(PKG.parent)})
+    assert out.stdout.strip() == "[]"
