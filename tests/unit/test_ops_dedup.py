@@ -14,6 +14,7 @@ import pytest
 
 from medgpt_ray.config import DedupConfig
 from medgpt_ray.data.ops import dedup as d
+from medgpt_ray.data.ops import minhash as mh
 from medgpt_ray.data.ops.dedup import (
     EXACT_BIT,
     band_hashes,
@@ -22,9 +23,8 @@ from medgpt_ray.data.ops.dedup import (
     exact_hash,
     exact_keys,
     jaccard_estimate,
-    minhash_signature,
-    shingles,
 )
+from medgpt_ray.data.ops.minhash import minhash_signature, shingles
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = DedupConfig()
@@ -198,7 +198,7 @@ def test_signature_shape_and_identity():
 def test_signature_matches_the_documented_formula():
     """min over the text's distinct shingles of (a*x + b) mod (2^61 - 1), checked with Python integers."""
     text, p = "高血压患者应长期规律服药定期监测血压高血压", (1 << 61) - 1
-    hashes, bounds = d._shingle_hashes([text], CFG.ngram)
+    hashes, bounds = mh._shingle_hashes([text], CFG.ngram)
     assert bounds.tolist() == [0, len(text) - CFG.ngram + 1]
     xs = {int(v) for v in hashes}
     assert len(xs) == len(shingles(text, CFG.ngram))  # one hash per distinct shingle, no collision
@@ -211,11 +211,11 @@ def test_signature_matches_the_documented_formula():
 
 def test_shingle_hash_depends_only_on_the_shingle():
     # the same n-gram hashes the same at any position of any text in any batch, and a short text hashes as itself
-    h_alone, _ = d._shingle_hashes(["血压监测"], 5)
-    h_batch, bounds = d._shingle_hashes(["高血压患者", "血压监测", "每日血压监测记录"], 5)
+    h_alone, _ = mh._shingle_hashes(["血压监测"], 5)
+    h_batch, bounds = mh._shingle_hashes(["高血压患者", "血压监测", "每日血压监测记录"], 5)
     assert h_batch[bounds[1]] == h_alone[0]
-    h_long, _ = d._shingle_hashes(["血压监测记录"], 4)
-    h_inner, _ = d._shingle_hashes(["每日血压监测记录"], 4)
+    h_long, _ = mh._shingle_hashes(["血压监测记录"], 4)
+    h_inner, _ = mh._shingle_hashes(["每日血压监测记录"], 4)
     assert set(h_long.tolist()) <= set(h_inner.tolist())
 
 
@@ -233,13 +233,13 @@ def test_batched_signatures_equal_single_ones(monkeypatch):
     texts = [d.normalize_for_dedup(t) for t in (HYPERTENSION, HYPERTENSION_NEAR, DIARRHEA, "", "短文本", "abcde")]
     texts.append(texts[0] * 40)  # a long text
     single = np.stack([minhash_signature(t, CFG) for t in texts])
-    assert (d._signatures(texts, CFG) == single).all()
+    assert (mh.signatures(texts, CFG) == single).all()
     # small groups, pieces and chunks: long texts cut into overlapping pieces give the same signatures
-    monkeypatch.setattr(d, "_PIECE_CHARS", 50)
-    monkeypatch.setattr(d, "_GROUP_CHARS", 300)
-    monkeypatch.setattr(d, "_GROUP_ELEMENTS", 64 * CFG.num_perm)
-    monkeypatch.setattr(d, "_CHUNK_SHINGLES", 16)
-    assert (d._signatures(texts, CFG) == single).all()
+    monkeypatch.setattr(mh, "_PIECE_CHARS", 50)
+    monkeypatch.setattr(mh, "_GROUP_CHARS", 300)
+    monkeypatch.setattr(mh, "_GROUP_ELEMENTS", 64 * CFG.num_perm)
+    monkeypatch.setattr(mh, "_CHUNK_SHINGLES", 16)
+    assert (mh.signatures(texts, CFG) == single).all()
 
 
 def test_seed_and_ngram_change_the_signature():
@@ -252,7 +252,8 @@ def test_seed_and_ngram_change_the_signature():
 _CHILD = """
 import json, sys
 from medgpt_ray.config import DedupConfig
-from medgpt_ray.data.ops.dedup import band_hashes, dedup_text, exact_hash, exact_keys, minhash_signature
+from medgpt_ray.data.ops.dedup import band_hashes, dedup_text, exact_hash, exact_keys
+from medgpt_ray.data.ops.minhash import minhash_signature
 text = dedup_text({"text": sys.argv[1]}, "pretrain")
 s = minhash_signature(text, DedupConfig())
 print(json.dumps({"hash": exact_hash(text), "sig": s.tolist(), "bands": band_hashes(s, 16, "pretrain")[0].tolist(),

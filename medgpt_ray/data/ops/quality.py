@@ -61,8 +61,8 @@ import unicodedata
 from collections import Counter
 
 from medgpt_ray.config import QualityConfig
+from medgpt_ray.data.kinds import KINDS
 
-KINDS = ("pretrain", "sft", "preference", "prompt")
 RESPONSE_ROLES = frozenset({"assistant", "chosen"})
 # Machine output (tool calls and results) and a prompt record's reference answer: checked for too_long only.
 LENGTH_ONLY_ROLES = frozenset({"tool_call", "tool", "answer"})
