@@ -1,6 +1,6 @@
 """Source rows (as read by data.chunks) -> canonical record rows with stable ids, as pyarrow tables.
 
-Pure functions: no Ray here; data/clean.py maps them over Ray Data batches.
+Pure functions: no Ray here; data/clean.py runs them in its Ray Data map.
 """
 
 from __future__ import annotations
