@@ -72,6 +72,8 @@ FEATURE_FIELDS = [
 ]
 STAGE1_SCHEMA = pa.schema(list(ROW_SCHEMA) + [pa.field(n, t) for n, t in FEATURE_FIELDS])
 FINAL_COLUMNS = [n for n in STAGE1_SCHEMA.names if n not in ("dedup_keys", "minhash")]
+# The key shuffle makes files x parts objects: one part per CPU, but not 10^5 objects on a big cluster.
+MAX_KEY_PARTS = 64
 
 
 def chunk_bytes(chunk: SourceChunk) -> int:
@@ -255,7 +257,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     echo(f"[clean] 2/3 finding duplicates (exact={cfg.dedup.exact}, near={cfg.dedup.near}) "
          f"[{t1 - t0:.1f}s so far]")
     stage1_files = sorted(str(f) for f in (work / "stage1").glob("*.parquet"))
-    pairs = find_candidate_pairs(stage1_files, cpus, remote)
+    pairs = find_candidate_pairs(stage1_files, min(cpus, MAX_KEY_PARTS), remote)
     t_pairs = time.monotonic()
     # Only the signatures of records in a near-duplicate candidate pair come to the driver.
     sigs = fetch_signatures(stage1_files, near_candidates(pairs), remote)
