@@ -241,28 +241,42 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def load_canonical(paths: Sequence[str | Path], kind: Kind) -> LoadResult:
-    """Read every source row of `paths` as `kind` data: each is converted or quarantined, never dropped."""
+def iter_canonical(paths: Sequence[str | Path], kind: Kind, detected: dict[str, dict[str, int]] | None = None
+                   ) -> Iterator[list[dict] | Quarantined]:
+    """One item per source row of `paths` read as `kind` data, streaming: the row's canonical records (a list:
+    Huatuo rows give several) or its Quarantined entry. `detected`, when given, gets the per-file format
+    counts of LoadResult.detected."""
     check_kind(kind)
-    result = LoadResult()
+    detected = {} if detected is None else detected
     for path in expand_paths(paths):
         name = str(path)
-        counts: dict[str, int] = result.detected.setdefault(name, {})
+        counts: dict[str, int] = detected.setdefault(name, {})
         for line, row in iter_rows(path):
-            result.source_count += 1
             if isinstance(row, RecordError):
                 counts["unparseable"] = counts.get("unparseable", 0) + 1
-                result.quarantined.append(Quarantined(name, line, row.reason, row.raw))
+                yield Quarantined(name, line, row.reason, row.raw)
                 continue
             try:
                 fmt = detect_format(row)
             except RecordError as e:
                 counts["unknown"] = counts.get("unknown", 0) + 1
-                result.quarantined.append(Quarantined(name, line, e.reason))
+                yield Quarantined(name, line, e.reason)
                 continue
             counts[fmt] = counts.get(fmt, 0) + 1
             try:
-                result.records.extend(convert_as(row, fmt, kind))
+                yield convert_as(row, fmt, kind)
             except RecordError as e:
-                result.quarantined.append(Quarantined(name, line, e.reason))
+                yield Quarantined(name, line, e.reason)
+
+
+def load_canonical(paths: Sequence[str | Path], kind: Kind) -> LoadResult:
+    """Read every source row of `paths` as `kind` data into memory: each is converted or quarantined, never
+    dropped. (The pipeline streams with iter_canonical; this is for small files and tests.)"""
+    result = LoadResult()
+    for item in iter_canonical(paths, kind, result.detected):
+        result.source_count += 1
+        if isinstance(item, Quarantined):
+            result.quarantined.append(item)
+        else:
+            result.records.extend(item)
     return result

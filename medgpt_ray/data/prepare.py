@@ -1,4 +1,5 @@
-"""Turn the config's data files into canonical train/eval JSONL that every stage worker reads.
+"""Turn the config's data files into canonical train/eval JSONL that every stage worker reads, streaming (the
+driver's memory does not grow with the corpus: bench/prepare_rss.py).
 
 The split is deterministic (by a hash of each record, not by position or a
 seeded shuffle), so the same data always gives the same held-out set even when
@@ -11,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from medgpt_ray.data.files import expand_paths, load_canonical
+import numpy as np
+
+from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
 
 
 @dataclass
@@ -33,22 +37,33 @@ def _record_key(record: dict) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def split_records(records: list[dict], eval_fraction: float) -> tuple[list[dict], list[dict]]:
-    """Held-out set = records whose hash falls in the lowest `eval_fraction` of the hash space;
-    at least one record is held out when there are two or more."""
-    keyed = sorted(((_record_key(r), r) for r in records), key=lambda kr: kr[0])
-    n_eval = max(1, round(len(keyed) * eval_fraction)) if len(keyed) >= 2 else 0
-    eval_recs = [r for _, r in keyed[:n_eval]]
-    train_recs = [r for _, r in keyed[n_eval:]]
-    return train_recs, eval_recs
+def split_positions(hashes: np.ndarray, eval_fraction: float, max_records: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) record positions, each in hash order. Held-out = the records whose hash is among the
+    lowest `eval_fraction` of them (at least one when there are two or more); equal hashes keep reading order.
+    With `max_records`, the first max_records train and max(1, max_records // 4) held-out ones."""
+    order = np.argsort(hashes, kind="stable")
+    n_eval = max(1, round(len(order) * eval_fraction)) if len(order) >= 2 else 0
+    held_out, train = order[:n_eval], order[n_eval:]
+    if max_records is not None:
+        train, held_out = train[:max_records], held_out[: max(1, max_records // 4)]
+    return train, held_out
 
 
-def _write_jsonl(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+def _open_private(path: Path, mode: str = "w"):
+    """Created owner-only (not chmod'ed after): quarantined and canonical lines may hold raw text."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), mode,
+                     **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def _copy_lines(src: Path, offsets: array, positions: np.ndarray, dest: Path) -> None:
+    """Write the lines of `src` starting at `offsets[positions]`, in that order, to `dest` (atomically)."""
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    with src.open("rb") as fh, tmp.open("wb") as out:
+        for pos in positions.tolist():
+            fh.seek(offsets[pos])
+            out.write(fh.readline())
+    os.replace(tmp, dest)
 
 
 def file_sha256(path: Path) -> str:
@@ -71,27 +86,43 @@ def data_fingerprint(paths: list[str], eval_fraction: float, max_records: int | 
 
 def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: float,
                  max_records: int | None = None) -> PreparedData:
+    """Read, convert and split `paths` as `kind` data, streaming: the driver holds 16 bytes per record (a hash
+    prefix and a file offset), never the records. Pass 1 writes every canonical record once to a private
+    scratch file and every unusable row to the quarantine file; pass 2 copies the scratch lines into the
+    train and held-out files in hash order."""
     if not paths:
         raise ValueError(f"data.{kind}: no files configured, but an enabled stage needs {kind} data")
     out_dir.mkdir(parents=True, exist_ok=True)
-    loaded = load_canonical(paths, kind)  # type: ignore[arg-type]
-    quarantine_file = None
-    if loaded.quarantined:
-        qpath = out_dir / f"quarantine-{kind}.jsonl"
-        # Owner-only: quarantined lines may hold raw, unredacted text.
-        fd = os.open(qpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for q in loaded.quarantined:
-                fh.write(json.dumps(asdict(q), ensure_ascii=False) + "\n")
-        quarantine_file = str(qpath)
-    if not loaded.records:
-        raise ValueError(f"data.{kind}: none of the {loaded.source_count} source records could be used "
-                         f"(see {quarantine_file})")
-    train, held_out = split_records(loaded.records, eval_fraction)
-    if max_records is not None:
-        train, held_out = train[:max_records], held_out[: max(1, max_records // 4)]
-    train_file, eval_file = out_dir / f"{kind}.train.jsonl", out_dir / f"{kind}.eval.jsonl"
-    _write_jsonl(train_file, train)
-    _write_jsonl(eval_file, held_out)
-    return PreparedData(kind, str(train_file), str(eval_file), loaded.source_count, len(train), len(held_out),
-                        len(loaded.quarantined), quarantine_file)
+    qpath, scratch = out_dir / f"quarantine-{kind}.jsonl", out_dir / f".{kind}.canonical.jsonl.tmp"
+    hashes, offsets = array("Q"), array("Q")
+    source = quarantined = 0
+    qfh = None
+    try:
+        with _open_private(scratch, "wb") as fh:
+            for item in iter_canonical(paths, kind):  # type: ignore[arg-type]
+                source += 1
+                if isinstance(item, Quarantined):
+                    qfh = qfh or _open_private(qpath)
+                    qfh.write(json.dumps(asdict(item), ensure_ascii=False) + "\n")
+                    quarantined += 1
+                    continue
+                for record in item:
+                    offsets.append(fh.tell())
+                    fh.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+                    hashes.append(int(_record_key(record)[:16], 16))
+        if qfh is not None:
+            qfh.close()
+        quarantine_file = str(qpath) if quarantined else None
+        if not hashes:
+            raise ValueError(f"data.{kind}: none of the {source} source records could be used "
+                             f"(see {quarantine_file})")
+        train, held_out = split_positions(np.frombuffer(hashes, dtype=np.uint64), eval_fraction, max_records)
+        train_file, eval_file = out_dir / f"{kind}.train.jsonl", out_dir / f"{kind}.eval.jsonl"
+        _copy_lines(scratch, offsets, train, train_file)
+        _copy_lines(scratch, offsets, held_out, eval_file)
+    finally:
+        if qfh is not None and not qfh.closed:
+            qfh.close()
+        scratch.unlink(missing_ok=True)
+    return PreparedData(kind, str(train_file), str(eval_file), source, len(train), len(held_out), quarantined,
+                        quarantine_file)

@@ -1,0 +1,55 @@
+"""The streaming train/held-out split (medgpt_ray.data.prepare): the same split an in-memory sort by record hash
+gives, quarantine and scratch files handled, no records held by the driver."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from medgpt_ray.data.files import load_canonical
+from medgpt_ray.data.prepare import _record_key, prepare_kind, split_positions
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
+
+
+def test_split_positions_by_hash_with_a_floor_and_a_cap():
+    hashes = np.array([50, 10, 40, 10, 30, 20, 60, 70, 80, 90], dtype=np.uint64)
+    train, held_out = split_positions(hashes, 0.2)
+    assert held_out.tolist() == [1, 3]  # the two lowest hashes; the tie keeps reading order
+    assert train.tolist() == [5, 4, 2, 0, 6, 7, 8, 9]
+    assert split_positions(hashes[:2], 0.01)[1].tolist() == [1]  # at least one held out from two records
+    assert split_positions(hashes[:1], 0.5)[1].tolist() == []
+    train, held_out = split_positions(hashes, 0.5, max_records=3)
+    assert train.tolist() == [0, 6, 7] and held_out.tolist() == [1]
+
+
+@pytest.mark.parametrize("fraction,cap", [(0.1, None), (0.3, 7)])
+def test_streamed_split_equals_the_in_memory_one(tmp_path, fraction, cap):
+    sources = [str(SAMPLE / "formats" / "sft_sharegpt_tools.jsonl"), str(SAMPLE / "sft_sharegpt.jsonl")]
+    d = prepare_kind("sft", sources, tmp_path, fraction, cap)
+    loaded = load_canonical(sources, "sft")
+    ranked = [r for _, r in sorted(((_record_key(r), r) for r in loaded.records), key=lambda kr: kr[0])]
+    n_eval = max(1, round(len(ranked) * fraction))
+    train, held_out = ranked[n_eval:], ranked[:n_eval]
+    if cap is not None:
+        train, held_out = train[:cap], held_out[: max(1, cap // 4)]
+    read = [[json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines()]
+            for f in (d.train_file, d.eval_file)]
+    assert read == [train, held_out]
+    assert (d.source_records, d.quarantined) == (loaded.source_count, len(loaded.quarantined)) and d.quarantined
+    q = Path(d.quarantine_file)
+    assert stat.S_IMODE(q.stat().st_mode) == 0o600
+    assert len(q.read_text(encoding="utf-8").splitlines()) == d.quarantined
+    assert not list(tmp_path.glob(".*.tmp")), "the scratch file must not stay behind"
+
+
+def test_nothing_usable_names_the_kind_and_leaves_no_scratch(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"nope": 1}\n{oops\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"data.sft: none of the 2 source records"):
+        prepare_kind("sft", [str(bad)], tmp_path / "out", 0.1)
+    assert not list((tmp_path / "out").glob(".*.tmp"))
