@@ -22,16 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def corpus(records: int, work: Path) -> Path:
-    path = work / f"dirty_{records}.jsonl"
-    if not path.is_file():
-        work.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")  # an interrupted generation must not pass for a corpus
-        subprocess.run([sys.executable, str(REPO / "bench" / "make_dirty_corpus.py"), "--records", str(records),
-                        "--out", str(tmp)], check=True, stdout=subprocess.DEVNULL)
-        tmp.rename(path)
-    return path
+from bench_support import corpus  # noqa: E402  (bench/ is the script's own folder)
 
 
 def child(path: str, out_dir: str, module: str | None) -> None:

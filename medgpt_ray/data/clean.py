@@ -169,9 +169,8 @@ def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
 
 
 # ---- stages 2 and 3: Ray tasks over the stage-1 files ----------------------------------------------
-def _keys_by_part(path: str, parts: int) -> list[pa.Table] | pa.Table:
-    tables = partition_keys(explode_keys(pq.read_table(path, columns=KEY_COLUMNS)), parts)
-    return tables if parts > 1 else tables[0]  # num_returns=1 returns the value itself
+def _keys_by_part(path: str, parts: int) -> list[pa.Table]:
+    return partition_keys(explode_keys(pq.read_table(path, columns=KEY_COLUMNS)), parts)
 
 
 def _pairs_of_part(*tables: pa.Table) -> pa.Table:
@@ -192,7 +191,6 @@ def find_candidate_pairs(files: list[str], parts: int, remote: dict[str, Any]) -
     per part pairs them. Only refs pass through the driver; the pairs (a few per duplicate) come back."""
     split = ray.remote(_keys_by_part).options(num_returns=parts, **remote)
     maps = [split.remote(f, parts) for f in files]
-    maps = [m if parts > 1 else [m] for m in maps]
     pair = ray.remote(_pairs_of_part).options(**remote)
     refs = [pair.remote(*(m[p] for m in maps)) for p in range(parts)]
     del maps  # the reducers hold what they need
@@ -257,7 +255,8 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     echo(f"[clean] 2/3 finding duplicates (exact={cfg.dedup.exact}, near={cfg.dedup.near}) "
          f"[{t1 - t0:.1f}s so far]")
     stage1_files = sorted(str(f) for f in (work / "stage1").glob("*.parquet"))
-    pairs = find_candidate_pairs(stage1_files, min(cpus, MAX_KEY_PARTS), remote)
+    # At least 2 parts: with num_returns=1 Ray would hand back the list itself, not one ref per part.
+    pairs = find_candidate_pairs(stage1_files, max(2, min(cpus, MAX_KEY_PARTS)), remote)
     t_pairs = time.monotonic()
     # Only the signatures of records in a near-duplicate candidate pair come to the driver.
     sigs = fetch_signatures(stage1_files, near_candidates(pairs), remote)
