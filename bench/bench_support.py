@@ -29,7 +29,8 @@ def corpus(records: int, work: Path) -> Path:
 def cpu_group(names: set[str], cmd: str) -> str:
     """Where a process's CPU time counts: the driver, Ray's task workers, actors (Ray Data's _StatsActor and
     autoscaling coordinator, our progress actor), or Ray's own daemons."""
-    if any(n.startswith("ray::") and ("Actor" in n or n.startswith("ray::_")) for n in names):
+    # Ray Data's internal actors are ray::_StatsActor and the like; ray::_warm_worker is a task.
+    if any(n.startswith("ray::") and ("Actor" in n or (n.startswith("ray::_") and n[6:7].isupper())) for n in names):
         return "actors"
     if any(n.startswith("ray::") for n in names):
         return "task_workers"
@@ -47,8 +48,10 @@ class PeakRSS:
         self.driver = 0
         self.worker = 0
         self.total = 0
-        self._last: dict[int, float] = {}
+        self._last: dict[int, tuple[float, float]] = {}
         self._groups: dict[str, float] = {}
+        self._system: dict[str, float] = {}  # of which kernel time (polling, page faults, I/O)
+        self._pids: dict[str, set[int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -61,11 +64,13 @@ class PeakRSS:
                 t = p.cpu_times()
             except psutil.Error:
                 continue
-            now = t.user + t.system
+            user0, system0 = self._last.get(p.pid, (0.0, 0.0))
             name = cmd.split(" ")[0] if cmd.startswith("ray::") else p.name()
             group = cpu_group({name}, cmd)
-            self._groups[group] = self._groups.get(group, 0.0) + now - self._last.get(p.pid, 0.0)
-            self._last[p.pid] = now
+            self._groups[group] = self._groups.get(group, 0.0) + t.user - user0 + t.system - system0
+            self._system[group] = self._system.get(group, 0.0) + t.system - system0
+            self._pids.setdefault(group, set()).add(p.pid)
+            self._last[p.pid] = (t.user, t.system)
 
     def _run(self) -> None:
         me = psutil.Process()
@@ -88,6 +93,13 @@ class PeakRSS:
         groups = {"driver": t.user + t.system, **self._groups}
         return {k: round(v, 1) for k, v in sorted(groups.items())}
 
+    def cpu_detail(self) -> dict[str, dict[str, float]]:
+        """Per group: kernel seconds and how many processes (a group of many short-lived workers pays their
+        start-up; one of few long-lived ones does not)."""
+        return {g: {"system_s": round(self._system.get(g, 0.0), 1), "processes": len(self._pids.get(g, ()))}
+                for g in sorted(self._groups)}
+
+
     def __enter__(self) -> PeakRSS:
         self._thread.start()
         return self
@@ -95,3 +107,36 @@ class PeakRSS:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def timeline_summary(events: list[dict], start_s: float, cpus: int) -> dict:
+    """Where Ray's task time went, from ray.timeline(): per task name the count and seconds, the phases
+    (argument deserialisation includes a worker's first import of the function's module), when the first
+    task started after the cleaner did, and how busy the cores were between the first start and last end."""
+    tasks = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).startswith("task::")]
+    if not tasks:
+        return {}
+    by_name: dict[str, list[float]] = {}
+    for e in tasks:
+        by_name.setdefault(e["name"], []).append(e["dur"] / 1e6)
+    phases: dict[str, float] = {}
+    slowest_deserialize = 0.0
+    for e in events:
+        if e.get("ph") == "X" and str(e.get("cat", "")).startswith("task:") and not e["cat"].startswith("task::"):
+            phases[e["cat"]] = phases.get(e["cat"], 0.0) + e["dur"] / 1e6
+            if e["cat"] == "task:deserialize_arguments":
+                slowest_deserialize = max(slowest_deserialize, e["dur"] / 1e6)
+    first = min(e["ts"] for e in tasks) / 1e6
+    last = max(e["ts"] + e["dur"] for e in tasks) / 1e6
+    busy = sum(e["dur"] for e in tasks) / 1e6
+    workers_of: dict[str, set[str]] = {}
+    for e in tasks:
+        workers_of.setdefault(e["name"], set()).add(e["tid"])
+    return {"tasks": {n: {"count": len(d), "seconds": round(sum(d), 2), "max_s": round(max(d), 2),
+                          "worker_processes": len(workers_of[n])}
+                      for n, d in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]},
+            "phases_s": {k: round(v, 2) for k, v in sorted(phases.items())},
+            "slowest_deserialize_s": round(slowest_deserialize, 2),
+            "workers": len({e["tid"] for e in tasks}),
+            "first_task_after_s": round(first - start_s, 2), "last_task_end_after_s": round(last - start_s, 2),
+            "core_utilisation": round(busy / (cpus * (last - first)), 3)}

@@ -36,7 +36,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench_support import PeakRSS, corpus  # noqa: E402  (bench/ is the script's own folder)
+from bench_support import PeakRSS, corpus, timeline_summary  # noqa: E402  (bench/ is the script's own folder)
 
 
 def baseline(path: Path, records_limit: int | None = None) -> dict:
@@ -106,10 +106,14 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
     ray.init(address="local", num_cpus=cpus, object_store_memory=int(object_store_gib * 2**30), _temp_dir=temp_dir,
              include_dashboard=False, log_to_driver=False)
     try:
+        start = time.time()
         with PeakRSS() as rss:
             report = clean_corpus([str(path)], work / f"out_{cpus}cpu", "sft", load_clean_config(None, sets), echo=echo)
             time.sleep(0.6)  # one more sample of every process's CPU time before the cluster goes
         cpu = rss.cpu_seconds()
+        events = ray.timeline()
+        Path(temp_dir, "timeline.json").write_text(json.dumps(events), encoding="utf-8")  # chrome://tracing
+        timeline = timeline_summary(events, start, cpus)
     finally:
         ray.shutdown()
     stages = report.get("timings_s")  # read+clean, the dedup decision's parts, apply+write
@@ -121,7 +125,7 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
             "records_per_s_per_cpu": round(report["source_records_per_s"] / cpus, 1),
             "peak_rss_mib": {"driver": round(rss.driver / 2**20, 1), "largest_worker": round(rss.worker / 2**20, 1),
                              "all_processes": round(rss.total / 2**20, 1)},
-            "cpu_s": cpu}
+            "cpu_s": cpu, "cpu_detail": rss.cpu_detail(), "ray_timeline": timeline}
 
 
 # What Ray 2.60 logs when its memory monitor kills workers, and when objects were lost (a killed worker's outputs).
@@ -192,6 +196,12 @@ def run_configuration(kind: str, cpus: int, args: argparse.Namespace, path: Path
            *(f"--set={x}" for x in args.sets)]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", cores, *cmd]
+    if args.profile and kind == "ray":
+        # py-spy outside the pinned cores, sampling the driver and every Ray worker it starts, without
+        # pausing them; raw (collapsed stack) lines, one file per configuration.
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        cmd = ["py-spy", "record", "--subprocesses", "--nonblocking", "--rate", "47", "--format", "raw",
+               "--output", str(Path(args.profile) / f"{kind}{cpus}.txt"), "--", *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if kind == "ray" and args.no_memory_monitor:
         env["RAY_memory_monitor_refresh_ms"] = "0"  # its kill threshold is fixed from the memory seen at start
@@ -304,6 +314,7 @@ def main() -> None:
                         "is fixed from the memory the machine reports at start")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="cleaning option for the Ray runs, e.g. --set num_cpus_per_task=1")
+    p.add_argument("--profile", metavar="DIR", help="record every Ray configuration with py-spy into DIR")
     # internal: one configuration in a pinned child process
     p.add_argument("--child", choices=["baseline", "ray"], help=argparse.SUPPRESS)
     p.add_argument("--child-cpus", type=int, default=1, help=argparse.SUPPRESS)

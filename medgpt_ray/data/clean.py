@@ -95,16 +95,16 @@ def detect_kind(path: Path) -> tuple[str, str]:
     raise DataFileError(f"{path}: no row of a known source format; pass --kind explicitly")
 
 
-CHUNKS_PER_CPU = 4  # a few chunks per core, so one slow chunk does not leave the other cores idle at the end
 MIN_CHUNK_BYTES = 256 << 10
 
 
-def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None], cpus: int = 1) -> list[SourceChunk]:
+def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None], cpus: int = 1,
+                chunks_per_cpu: int = 4) -> list[SourceChunk]:
     """Chunks of every input. Chunks are at most CHUNK_BYTES, and smaller when the inputs are small for the
     cluster (a 50 MB corpus on 16 CPUs: ~0.8 MB chunks, so every core gets work)."""
     paths = expand_paths(inputs)
     total = sum(p.stat().st_size for p in paths)
-    size = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // (CHUNKS_PER_CPU * max(1, cpus))))
+    size = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // (chunks_per_cpu * max(1, cpus))))
     chunks: list[SourceChunk] = []
     for file_no, path in enumerate(paths):
         if kind == "auto":
@@ -166,6 +166,24 @@ def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
     # Back into reading (= id) order: batches arrive in order, so the whole stage stays sorted.
     table = pa.concat_tables(parts)
     return table.take(pc.sort_indices(table, [("id", "ascending")]))
+
+
+def _warm_worker() -> None:
+    """What every cleaning task's worker needs before its first chunk: Ray Data's task module (it pulls in
+    pandas), the operators and jieba's dictionary (~3 CPU-s in all, bench/results/clean_scaling_*.json)."""
+    import ray.data._internal.execution.operators.map_operator  # noqa: F401
+
+    from medgpt_ray.data.ops import dedup, quality, record  # noqa: F401
+
+    quality.load_tokenizer()
+
+
+def warm_workers(cpus: int, remote: dict[str, Any]) -> list[ray.ObjectRef]:
+    """Start one warm-up task per cleaning slot now, while the driver plans the chunks: the worker processes
+    boot and import in parallel with it, and Ray hands the warmed (idle) workers to the cleaning tasks."""
+    slots = max(1, int(cpus / remote.get("num_cpus", 1.0)))
+    task = ray.remote(_warm_worker).options(scheduling_strategy="SPREAD", **remote)
+    return [task.remote() for _ in range(slots)]
 
 
 # ---- stages 2 and 3: Ray tasks over the stage-1 files ----------------------------------------------
@@ -230,8 +248,9 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     out.mkdir(parents=True, exist_ok=True)
     remote = {"num_cpus": cfg.num_cpus_per_task}
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    warm = warm_workers(cpus, remote)
 
-    chunks = plan_inputs(inputs, kind, echo, cpus)
+    chunks = plan_inputs(inputs, kind, echo, cpus, cfg.chunks_per_cpu)
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
@@ -241,6 +260,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     with progress:
         # The same resources as the map, so Ray Data fuses map and write into one task (no block hand-over).
         stage1.write_parquet(str(work / "stage1"), ray_remote_args=remote)
+    ray.get(warm)  # long done; a worker that could not import the operators fails the run here, not silently
     t1 = time.monotonic()
 
     if not any((work / "stage1").glob("*.parquet")):

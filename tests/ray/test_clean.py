@@ -175,3 +175,18 @@ def test_overlapping_parts_are_merged_into_one_sorted_part(tmp_path):
     assert stat.S_IMODE((q / "part-a1.jsonl").stat().st_mode) == 0o600
     assert merge_overlapping_parts([write_part(pa.table({"id": ["c1"]}), q, "jsonl")]) == 0
 
+
+
+def test_chunks_per_cpu_sets_how_finely_the_input_is_cut(tmp_path):
+    """The clean.chunks_per_cpu knob: 1 chunk per CPU or 4, each chunk a contiguous byte range, none lost."""
+    from medgpt_ray.data.clean import chunk_bytes, plan_inputs
+
+    corpus = tmp_path / "big.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"{i} " + "病" * 200}, ensure_ascii=False) + "\n"
+                              for i in range(6000)), encoding="utf-8")  # ~3.6 MB: above the 256 KiB floor
+    size = corpus.stat().st_size
+    plans = {n: plan_inputs([str(corpus)], "pretrain", lambda _: None, cpus=2, chunks_per_cpu=n) for n in (1, 4)}
+    assert len(plans[1]) in (2, 3) and len(plans[4]) in (8, 9)
+    for chunks in plans.values():
+        assert sum(chunk_bytes(c) for c in chunks) == size
+        assert all(a.end == b.start for a, b in zip(chunks, chunks[1:], strict=False))

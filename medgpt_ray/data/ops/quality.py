@@ -129,7 +129,7 @@ _ALLOWED_SYMBOLS = frozenset(_PUNCTUATION | _CLINICAL)
 _jieba = None
 
 
-def _tokenizer():
+def load_tokenizer():
     """jieba, imported and initialised on first use with its INFO chatter silenced."""
     global _jieba
     if _jieba is None:
@@ -156,7 +156,7 @@ def _is_content_token(tok: str) -> bool:
 
 def content_tokens(text: str) -> list[str]:
     """jieba tokens of `text` that hold a letter or digit (punctuation, whitespace, emoji and symbols are left out)."""
-    return [t for t in _tokenizer().lcut(text) if _is_content_token(t)]
+    return [t for t in load_tokenizer().lcut(text) if _is_content_token(t)]
 
 
 def token_entropy(tokens: list[str]) -> float:
