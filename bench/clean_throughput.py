@@ -95,6 +95,7 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
 
     from medgpt_ray.config import load_clean_config
     from medgpt_ray.data.clean import clean_corpus
+    from medgpt_ray.run.progress import LiveProgress
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     lines: list[str] = []
@@ -108,7 +109,8 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
     try:
         start = time.time()
         with PeakRSS() as rss:
-            report = clean_corpus([str(path)], work / f"out_{cpus}cpu", "sft", load_clean_config(None, sets), echo=echo)
+            report = clean_corpus([str(path)], work / f"out_{cpus}cpu", "sft", load_clean_config(None, sets), echo=echo,
+                                  live_progress=LiveProgress)  # as `medgpt-ray clean` runs it
             time.sleep(0.6)  # one more sample of every process's CPU time before the cluster goes
         cpu = rss.cpu_seconds()
         events = ray.timeline()

@@ -32,6 +32,7 @@ def run_clean(args: argparse.Namespace) -> int:
     from medgpt_ray.data.clean import clean_corpus
     from medgpt_ray.data.explain import explain
     from medgpt_ray.data.kinds import DataFileError
+    from medgpt_ray.run.progress import LiveProgress
     from medgpt_ray.run.ray_env import connect_ray, echo
 
     try:
@@ -47,7 +48,7 @@ def run_clean(args: argparse.Namespace) -> int:
     if not args.verbose:
         echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
     try:
-        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo)
+        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo, live_progress=LiveProgress)
     except DataFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -62,7 +62,6 @@ from medgpt_ray.data.dedup_marks import (
 from medgpt_ray.data.files import expand_paths, iter_rows
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
-from medgpt_ray.progress import LiveProgress
 
 FEATURE_FIELDS = [
     ("redactions", pa.string()),
@@ -238,8 +237,25 @@ def write_outputs(files: list[str], marks: pa.Table, chunks: list[SourceChunk], 
 
 
 # ---- driver --------------------------------------------------------------------------------------
+class Silent:
+    """No live progress: the cleaning tasks push nothing (a caller that prints its own, or a test)."""
+
+    address = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> Silent:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+
 def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanConfig,
-                 echo: Callable[[str], None] = print) -> dict[str, Any]:
+                 echo: Callable[[str], None] = print, live_progress: Callable[..., Any] = Silent) -> dict[str, Any]:
+    """`live_progress(chunks, t0, echo, files=, total_bytes=)` makes the progress line's context manager; its
+    `address` names the actor the cleaning tasks push their counts to (run.progress.LiveProgress)."""
     t0 = time.monotonic()
     out = Path(out_dir).resolve()
     work = out / "_work"
@@ -254,7 +270,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    progress = LiveProgress(len(chunks), t0, echo, files=len(files), total_bytes=sum(map(chunk_bytes, chunks)))
+    progress = live_progress(len(chunks), t0, echo, files=len(files), total_bytes=sum(map(chunk_bytes, chunks)))
     stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
                             batch_format="pyarrow", batch_size=1, **remote)
     with progress:

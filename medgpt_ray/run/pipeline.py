@@ -26,12 +26,11 @@ from medgpt_ray.memory.planner import plan_all
 from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
-from medgpt_ray.progress import ProgressActor
 from medgpt_ray.run import dag
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
-from medgpt_ray.run.progress import ProgressPrinter, format_summary, result_brief
+from medgpt_ray.run.progress import LiveProgress, ProgressActor, ProgressPrinter, format_summary, result_brief
 from medgpt_ray.run.ray_env import echo, probe_cluster_gpu
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
 from medgpt_ray.stages.inputs import StageInputs
@@ -124,7 +123,8 @@ class Pipeline:
             self.echo(f"[clean] raw sources unchanged since the last cleaning, using {clean_dir / 'data'}")
             return
         stamp.unlink(missing_ok=True)
-        report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", self.cfg.data.clean, echo=self.echo)
+        report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", self.cfg.data.clean, echo=self.echo,
+                              live_progress=LiveProgress)
         if not report["adds_up"]:
             raise PipelineError(f"cleaning of data.raw does not add up; see {clean_dir / 'report.json'}")
         write_json_atomic(stamp, {"fingerprint": fp})

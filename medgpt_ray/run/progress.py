@@ -1,11 +1,36 @@
-"""What the pipeline's driver prints: a progress line every few steps per stage, a line per finished stage, the
-run's summary table."""
+"""What the drivers print while Ray works: a progress line every few steps per stage, a line per finished stage,
+the run's summary table, and the cleaner's live line.
+
+Live progress goes through a small named actor: Ray workers (stage workers, cleaning tasks) push records that
+the driver polls. Ray Train V2 reports metrics only with checkpoints, so per-step records travel this way
+(ARCHITECTURE.md).
+"""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-from medgpt_ray.progress import progress_line
+import ray
+
+from medgpt_ray.progress import format_eta, progress_line
+
+
+@ray.remote(num_cpus=0)
+class ProgressActor:
+    def __init__(self) -> None:
+        self._records: list[dict[str, Any]] = []
+
+    def push(self, record: dict[str, Any]) -> None:
+        self._records.append(record)
+
+    def drain(self) -> list[dict[str, Any]]:
+        out, self._records = self._records, []
+        return out
+
 
 
 class ProgressPrinter:
@@ -47,3 +72,56 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}  {loss:<20}  {ev}")
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
     return "\n".join(lines)
+
+
+class LiveProgress:
+    """While the cleaner reads and cleans, one line every few seconds: files, chunks done, records read,
+    records/s and, once a chunk is done, the ETA (from the bytes of the chunks done, as the record total is
+    unknown until everything is read).
+
+    Ray Data tasks push counts to a ProgressActor named by `address`; a driver thread prints."""
+
+    def __init__(self, chunks: int, t0: float, echo: Callable[[str], None], every_s: float = 5.0,
+                 files: int = 1, total_bytes: int = 0):
+        name = f"medgpt-clean-progress-{os.getpid()}-{time.monotonic_ns()}"
+        namespace = ray.get_runtime_context().namespace
+        self.actor = ProgressActor.options(name=name, namespace=namespace).remote()
+        self.address = (name, namespace)
+        self.chunks, self.t0, self.echo, self.every_s = chunks, t0, echo, every_s
+        self.files, self.total_bytes = files, total_bytes
+        self.rows = self.done = self.bytes_done = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="clean-progress", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._poll()
+        ray.kill(self.actor)
+        return False
+
+    def _poll(self) -> None:
+        for rec in ray.get(self.actor.drain.remote()):
+            self.rows += rec.get("rows", 0)
+            self.done += rec.get("chunk_done", 0)
+            self.bytes_done += rec.get("bytes", 0)
+
+    def line(self, now: float) -> str:
+        dt = max(now - self.t0, 1e-9)
+        eta = None
+        if self.total_bytes and 0 < self.bytes_done < self.total_bytes:
+            eta = dt * (self.total_bytes - self.bytes_done) / self.bytes_done
+        return (f"[clean] 1/3 {self.files} file(s), {self.done}/{self.chunks} chunks, {self.rows:,} records read "
+                f"({self.rows / dt:,.0f}/s){'' if eta is None else ', ETA ' + format_eta(eta)}")
+
+    def _loop(self) -> None:
+        last = -1
+        while not self._stop.wait(self.every_s):
+            self._poll()
+            if self.rows != last:
+                last = self.rows
+                self.echo(self.line(time.monotonic()))

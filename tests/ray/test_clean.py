@@ -190,3 +190,24 @@ def test_chunks_per_cpu_sets_how_finely_the_input_is_cut(tmp_path):
     for chunks in plans.values():
         assert sum(chunk_bytes(c) for c in chunks) == size
         assert all(a.end == b.start for a, b in zip(chunks, chunks[1:], strict=False))
+
+
+def test_live_progress_line_says_files_chunks_records_rate_and_eta(ray_cluster):
+    """What `medgpt-ray clean` prints every few seconds, from counts that tasks push to the real progress actor."""
+    import time
+
+    import ray
+
+    from medgpt_ray.run.progress import LiveProgress
+
+    lines: list[str] = []
+    with LiveProgress(4, time.monotonic(), lines.append, every_s=0.1, files=2, total_bytes=400) as live:
+        actor = ray.get_actor(live.address[0], namespace=live.address[1])
+        ray.get(actor.push.remote({"rows": 1500, "chunk_done": 1, "bytes": 100}))
+        deadline = time.monotonic() + 20
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert lines, "no progress line within 20 s"
+    assert re.fullmatch(r"\[clean\] 1/3 2 file\(s\), 1/4 chunks, 1,500 records read \([\d,]+/s\), ETA \d+m\d\ds",
+                        lines[0]), lines[0]
+    assert live.rows == 1500 and live.done == 1

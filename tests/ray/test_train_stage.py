@@ -10,7 +10,7 @@ import pytest
 from medgpt_ray.config import LoraConfig, StageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
-from medgpt_ray.progress import ProgressActor
+from medgpt_ray.run.progress import ProgressActor
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
 from medgpt_ray.stages.inputs import StageInputs
 

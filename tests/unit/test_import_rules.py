@@ -23,7 +23,6 @@ RAY_ALLOWED = {
     "tune": "the Tune driver",
     "data.clean": "the Ray Data cleaning pipeline (the other modules of data/ are pure)",
     "metrics": "its ray.util.metrics backend",
-    "progress": "the progress actor; data/clean.py's LiveProgress uses it, and data/ may not import run/",
 }
 
 
