@@ -23,6 +23,9 @@ def add_clean_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", type=int, default=0, metavar="N",
                    help="print up to N quarantined records per reason (PII-redacted; unparseable lines only as "
                         "file:line and reason)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace data/, quarantine/ and _work/ in an --out directory that medgpt-ray clean did not "
+                        "write (refused without it when the directory is not empty)")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's and the workers' own log lines here (default: OUT/clean.log)")
 
@@ -32,6 +35,7 @@ def run_clean(args: argparse.Namespace) -> int:
     from medgpt_ray.data.clean import clean_corpus
     from medgpt_ray.data.explain import explain
     from medgpt_ray.data.kinds import DataFileError
+    from medgpt_ray.data.output_dir import claim_output_dir
     from medgpt_ray.run.progress import LiveProgress
     from medgpt_ray.run.ray_env import connect_ray, echo
 
@@ -43,12 +47,18 @@ def run_clean(args: argparse.Namespace) -> int:
     if args.explain < 0:
         print("error: --explain N needs N >= 0", file=sys.stderr)
         return 2
+    try:  # before Ray writes its log there: whose directory --out is decides whether we may write at all
+        claim_output_dir(args.out, args.inputs, args.overwrite)
+    except DataFileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     log_file = Path(args.out) / "clean.log"
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     if not args.verbose:
         echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
     try:
-        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo, live_progress=LiveProgress)
+        report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo, live_progress=LiveProgress,
+                              overwrite=args.overwrite)
     except DataFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

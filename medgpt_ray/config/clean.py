@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from medgpt_ray.config.base import _Strict
 
@@ -31,6 +32,17 @@ class SignoffConfig(_Strict):
         r"希望(我的回答|以上回答|以上内容)?(对您)?有(所)?帮助[^。！!]*[。！!]?",
         r"(以上(建议|内容|回答))?仅供参考[^。！!]*[。！!]?",
     ]
+
+    @field_validator("phrases")
+    @classmethod
+    def _compiles(cls, phrases: list[str]) -> list[str]:
+        # Checked here, when the config loads, not first inside a Ray task on the first response it meets.
+        for i, phrase in enumerate(phrases, 1):
+            try:
+                re.compile(phrase)
+            except re.error as e:
+                raise ValueError(f"phrase {i} ({phrase!r}) is not a valid regular expression: {e}") from None
+        return phrases
 
 
 class QualityConfig(_Strict):

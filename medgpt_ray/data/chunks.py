@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from medgpt_ray.data.files import iter_rows, txt_encoding, txt_line
+from medgpt_ray.data.files import decode_line, iter_rows, txt_encoding, txt_line, undecodable
 from medgpt_ray.data.readers import RecordError
 
 CHUNK_BYTES = 4 << 20  # ~8k dialogue records: enough chunks to keep every core busy
@@ -88,7 +88,6 @@ def read_chunk(chunk: SourceChunk) -> Iterator[dict]:
             raw = raw.rstrip(b"\r")
             if not raw.strip():
                 continue
-            yield _row(chunk, line, raw.decode("utf-8"), None)
+            yield _row(chunk, line, decode_line(raw, chunk.path), None)
         except UnicodeDecodeError as e:  # a .txt changed since plan_chunks checked it would land here too
-            err = RecordError(f"line is not valid UTF-8 (byte {e.start})", raw=raw.decode("utf-8", "replace"))
-            yield _row(chunk, line, None, err)
+            yield _row(chunk, line, None, undecodable(raw, e))

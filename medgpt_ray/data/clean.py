@@ -59,7 +59,9 @@ from medgpt_ray.data.dedup_marks import (
     partition_keys,
     signatures_of,
 )
-from medgpt_ray.data.files import expand_paths, iter_rows
+from medgpt_ray.data.files import describe_skipped, expand_paths, iter_rows
+from medgpt_ray.data.output_dir import OWN_SUBDIRS, claim_output_dir
+from medgpt_ray.data.private import private_dir
 from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
 
@@ -101,7 +103,10 @@ def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None], cpus:
                 chunks_per_cpu: int = 4) -> list[SourceChunk]:
     """Chunks of every input. Chunks are at most CHUNK_BYTES, and smaller when the inputs are small for the
     cluster (a 50 MB corpus on 16 CPUs: ~0.8 MB chunks, so every core gets work)."""
-    paths = expand_paths(inputs)
+    skipped: list[tuple[Path, str]] = []
+    paths = expand_paths(inputs, skipped)
+    for line in describe_skipped(skipped):
+        echo(f"[clean] {line}")
     total = sum(p.stat().st_size for p in paths)
     size = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // (chunks_per_cpu * max(1, cpus))))
     chunks: list[SourceChunk] = []
@@ -132,6 +137,7 @@ def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] |
     `progress` names the driver's progress actor (name, namespace): each batch reports its row count."""
     from medgpt_ray.data.chunks import read_chunk
 
+    os.umask(0o077)  # what this worker writes (the fused Parquet write of these rows) is owner-only
     actor = ray.get_actor(progress[0], namespace=progress[1]) if progress else None
     for item in items.to_pylist():
         rows: list[dict[str, Any]] = []
@@ -200,6 +206,7 @@ def _signatures_in(path: str, wanted: pa.Array) -> pa.Table:
 
 def _finish_file(path: str, marks: pa.Table, chunk_starts: list[str], out_dir: str
                  ) -> tuple[Counter[str], list[list[Any]]]:
+    os.umask(0o077)
     return finish_rows(pq.read_table(path, columns=FINAL_COLUMNS), marks, chunk_starts, out_dir)
 
 
@@ -253,20 +260,30 @@ class Silent:
 
 
 def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanConfig,
-                 echo: Callable[[str], None] = print, live_progress: Callable[..., Any] = Silent) -> dict[str, Any]:
-    """`live_progress(chunks, t0, echo, files=, total_bytes=)` makes the progress line's context manager; its
-    `address` names the actor the cleaning tasks push their counts to (run.progress.LiveProgress)."""
+                 echo: Callable[[str], None] = print, live_progress: Callable[..., Any] = Silent,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Clean `inputs` into `out_dir` (output_dir.claim_output_dir's rules: a directory that is not ours is
+    refused unless `overwrite`). `live_progress(chunks, t0, echo, files=, total_bytes=)` makes the progress
+    line's context manager; its `address` names the actor the cleaning tasks push their counts to
+    (run.progress.LiveProgress). A failed run leaves no _work/ behind."""
     t0 = time.monotonic()
-    out = Path(out_dir).resolve()
-    work = out / "_work"
-    for sub in ("data", "quarantine", "_work"):
-        shutil.rmtree(out / sub, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+    out = claim_output_dir(out_dir, inputs, overwrite)
     remote = {"num_cpus": cfg.num_cpus_per_task}
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     warm = warm_workers(cpus, remote)
+    chunks = plan_inputs(inputs, kind, echo, cpus, cfg.chunks_per_cpu)  # bad inputs fail before anything goes
+    for sub in OWN_SUBDIRS:
+        shutil.rmtree(out / sub, ignore_errors=True)
+    try:
+        return _clean_chunks(chunks, out, cfg, t0, echo, live_progress, remote, cpus, warm)
+    finally:
+        shutil.rmtree(out / "_work", ignore_errors=True)
 
-    chunks = plan_inputs(inputs, kind, echo, cpus, cfg.chunks_per_cpu)
+
+def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: float, echo: Callable[[str], None],
+                  live_progress: Callable[..., Any], remote: dict[str, Any], cpus: int,
+                  warm: list[ray.ObjectRef]) -> dict[str, Any]:
+    work = private_dir(out / "_work")  # stage-1 files hold record text
     files = sorted({c.path for c in chunks})
     echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))

@@ -6,7 +6,6 @@ JSONL, 0600), the report's counts, and the report itself.
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pyarrow.compute as pc
 from medgpt_ray.data.chunks import SourceChunk
 from medgpt_ray.data.convert import record_id
 from medgpt_ray.data.explain import reason_group
+from medgpt_ray.data.private import open_private, private_dir
 
 _TURNS = ("conversations", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))
 # Function schemas have no fixed shape: a JSON string column (null: no tools), which the readers accept.
@@ -33,13 +33,11 @@ CANONICAL_TYPES = {
 def write_part(batch: pa.Table, out_dir: str | Path, suffix: str) -> list[Any]:
     """Write one id-sorted run as `part-<first id>.<suffix>`; returns [path, first id, last id]. Runs never
     overlap (one source chunk's rows, see finish_rows), so file-name order is record order whatever order
-    Ray ran the tasks in. Quarantine files are created owner-only (they hold raw lines)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700 if suffix == "jsonl" else 0o755)
+    Ray ran the tasks in. Created owner-only, kept records and quarantined raw lines alike (medical text)."""
+    out_dir = private_dir(out_dir)
     first, last = batch["id"][0].as_py(), batch["id"][-1].as_py()
     path = out_dir / f"part-{first}.{suffix}"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if suffix == "jsonl" else 0o644)
-    with os.fdopen(fd, "wb") as fh:
+    with open_private(path, "wb") as fh:
         if suffix == "parquet":
             import pyarrow.parquet as pq
 

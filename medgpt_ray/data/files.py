@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import itertools
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +51,61 @@ class LoadResult:
 RowOrError = tuple[int, dict | RecordError]
 
 
+MAX_JSON_DEPTH = 64  # our formats nest < 10 levels (tools schemas included); a 1,000-deep line is an attack
+
+
+def _too_deep(obj: object, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether `obj` nests deeper than `limit` (iterative: a deep value must not blow the stack here either)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
 def parse_json_line(text: str) -> dict | RecordError:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:  # e.msg is the parser's reason; str(e) would be the same, never the text
         return RecordError(f"invalid JSON: {e.msg} (column {e.colno})", raw=text)
+    except RecursionError:
+        return RecordError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", raw=text)
     if not isinstance(obj, dict):
         return RecordError(f"JSON value is a {type(obj).__name__}, not an object", raw=text)
+    if _too_deep(obj):
+        return RecordError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep", raw=text)
     return obj
+
+
+@functools.lru_cache(maxsize=64)
+def fallback_encoding(path: str) -> str | None:
+    """For a line-oriented file with a line that is not UTF-8: "gb18030" when the whole file is strict GB18030
+    (and so is not UTF-8: a GBK export), else None (then only that line is bad). Looked at once per file and
+    process, only when such a line turns up: a UTF-8 corpus never pays the extra pass."""
+    try:
+        return "gb18030" if txt_encoding(Path(path)) == "gb18030" else None
+    except DataFileError:
+        return None
+
+
+def decode_line(raw: bytes, path: str | Path) -> str:
+    """A JSONL line's text: UTF-8, or GB18030 when the file is GB18030 throughout. UnicodeDecodeError (of the
+    UTF-8 attempt) when neither."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        encoding = fallback_encoding(str(path))
+        if encoding is None:
+            raise
+        return raw.decode(encoding)
+
+
+def undecodable(raw: bytes, error: UnicodeDecodeError) -> RecordError:
+    """A line that is neither: quarantined with its bytes kept (\\xNN for those that do not decode), not U+FFFD."""
+    return RecordError(f"line is not valid UTF-8 (byte {error.start})", raw=raw.decode("utf-8", "backslashreplace"))
 
 
 def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
@@ -68,10 +117,9 @@ def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
             if not raw.strip():
                 continue  # blank lines hold no record
             try:
-                text = raw.decode("utf-8")
+                text = decode_line(raw, path)
             except UnicodeDecodeError as e:
-                yield lineno, RecordError(f"line is not valid UTF-8 (byte {e.start})",
-                                          raw=raw.decode("utf-8", "replace"))
+                yield lineno, undecodable(raw, e)
                 continue
             yield lineno, parse_json_line(text)
 
@@ -83,6 +131,8 @@ def _iter_json(path: Path) -> Iterator[RowOrError]:
         raise DataFileError(f"{path}: not valid UTF-8 (byte {e.start})") from None
     try:
         obj = json.loads(text)
+    except RecursionError:
+        raise DataFileError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
     except json.JSONDecodeError as e:
         if text.lstrip().startswith("{"):  # JSON Lines saved as .json, as `datasets` also accepts
             yield from _iter_jsonl(path)
@@ -94,6 +144,9 @@ def _iter_json(path: Path) -> Iterator[RowOrError]:
     if not isinstance(obj, list):
         raise DataFileError(f"{path}: top-level JSON value is a {type(obj).__name__}, expected an array of records")
     for i, item in enumerate(obj, 1):
+        if _too_deep(item):
+            yield i, RecordError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+            continue
         yield i, item if isinstance(item, dict) else RecordError(
             f"array element is a {type(item).__name__}, not an object", raw=json.dumps(item, ensure_ascii=False))
 
@@ -219,26 +272,72 @@ def iter_rows(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
     yield from reader(path)
 
 
-def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
-    """Files to read, in order: directories expand to their data files (recursive, sorted, hidden skipped)."""
+def _unreadable(path: Path) -> DataFileError | None:
+    """Why a path we are told to read cannot be: not a regular file (a FIFO would block open() forever, a device
+    never end) or no read permission. None when it can."""
+    if not path.is_file():
+        what = "a FIFO" if path.is_fifo() else "a socket" if path.is_socket() else "not a regular file"
+        return DataFileError(f"{path}: {what}; give regular data files")
+    if not os.access(path, os.R_OK):
+        return DataFileError(f"{path}: permission denied (cannot read it)")
+    return None
+
+
+def _skip_reason(entry: Path, root: Path) -> str | None:
+    """Why a directory entry is not read: hidden, an unsupported suffix, not a regular file. None: read it."""
+    if any(part.startswith(".") for part in entry.relative_to(root).parts):
+        return "hidden"
+    if entry.is_dir():
+        return "directory"
+    if not entry.is_file():
+        return "not a regular file"
+    if entry.suffix.lower() not in SUFFIXES:
+        return f"unsupported suffix {entry.suffix or '(none)'}"
+    return None
+
+
+def expand_paths(paths: Sequence[str | Path], skipped: list[tuple[Path, str]] | None = None) -> list[Path]:
+    """Files to read, in order: directories expand to their data files (recursive, sorted). Entries of a
+    directory that are not read (hidden, unsupported suffix, FIFO and the like) are appended to `skipped` with
+    the reason, for the caller to list; a path named directly must be a readable regular file, and an
+    unreadable file in a directory is an error too (its records would be missing without a word)."""
     out: list[Path] = []
     seen: set[Path] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise DataFileError(f"{p}: no such file or directory")
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            found = []
+            for entry in sorted(p.rglob("*")):
+                reason = _skip_reason(entry, p)
+                if reason is None:
+                    found.append(entry)
+                elif reason != "directory" and skipped is not None and not any(
+                        entry.is_relative_to(q) for q, why in skipped if why == "hidden"):
+                    skipped.append((entry, reason))
             if not found:
                 raise DataFileError(f"{p}: directory holds no {', '.join(SUFFIXES)} files")
         else:
             found = [p]
         for f in found:
+            if (error := _unreadable(f)) is not None:
+                raise error
             key = f.resolve()
             if key not in seen:  # a file named directly and through its folder is read once
                 seen.add(key)
                 out.append(f)
     return out
+
+
+def describe_skipped(skipped: list[tuple[Path, str]], limit: int = 10) -> list[str]:
+    """Lines for the user: how many entries were not read and why, naming up to `limit` of them."""
+    if not skipped:
+        return []
+    lines = [f"{len(skipped)} director{'y entry' if len(skipped) == 1 else 'y entries'} not read:"]
+    lines += [f"  {path}: {why}" for path, why in skipped[:limit]]
+    if len(skipped) > limit:
+        lines.append(f"  ... and {len(skipped) - limit} more")
+    return lines
 
 
 def iter_canonical(paths: Sequence[str | Path], kind: Kind, detected: dict[str, dict[str, int]] | None = None

@@ -124,7 +124,7 @@ class Pipeline:
             return
         stamp.unlink(missing_ok=True)
         report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", self.cfg.data.clean, echo=self.echo,
-                              live_progress=LiveProgress)
+                              live_progress=LiveProgress, overwrite=True)  # runs/<name>/clean is the run's own
         if not report["adds_up"]:
             raise PipelineError(f"cleaning of data.raw does not add up; see {clean_dir / 'report.json'}")
         write_json_atomic(stamp, {"fingerprint": fp})

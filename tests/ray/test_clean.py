@@ -127,11 +127,46 @@ def test_outputs_are_sorted_by_stable_id(cleaned):
     assert qids == sorted(qids)
 
 
-def test_quarantine_is_owner_only(cleaned):
+def test_outputs_and_quarantine_are_owner_only(cleaned):
+    """Kept records are medical text too: every part file 0600 in 0700 directories, made so, not chmod'ed."""
     out, _, _ = cleaned
-    assert stat.S_IMODE((out / "quarantine").stat().st_mode) == 0o700
-    for f in (out / "quarantine").iterdir():
-        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    dirs = [out / "quarantine", out / "data", *(out / "data").iterdir()]
+    assert all(stat.S_IMODE(d.stat().st_mode) == 0o700 for d in dirs)
+    files = [f for d in dirs for f in d.iterdir() if f.is_file()]
+    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert not (out / "_work").exists()
+
+
+def test_hostile_inputs_are_quarantined_or_listed_and_the_report_adds_up(ray_cluster, tmp_path):
+    """A 1,000-deep JSON line, a GB18030 file and entries that are not data, through the whole cleaner."""
+    good = {"conversations": [{"from": "human", "value": "孩子发烧三十九度怎么办"},
+                              {"from": "gpt", "value": "先物理降温，超过三十八度五可以服用布洛芬。"}]}
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text(json.dumps(good, ensure_ascii=False) + "\n" + '{"a": ' * 1000 + "1" + "}" * 1000
+                                 + "\n", encoding="utf-8")
+    other = {"conversations": [{"from": "human", "value": "高血压要注意什么"},
+                               {"from": "gpt", "value": "少盐饮食，规律服药，定期测量血压。"}]}
+    (src / "b.jsonl").write_bytes((json.dumps(other, ensure_ascii=False) + "\n").encode("gb18030"))
+    (src / "notes.md").write_text("not data")
+    lines: list[str] = []
+    report = clean_corpus([str(src)], tmp_path / "out", "sft", CleanConfig(), echo=lines.append)
+    assert report["source_records"] == 3 and report["emitted"] == 2 and report["adds_up"]
+    assert [q["reason"] for q in quarantine(tmp_path / "out")] == ["JSON nested more than 64 levels deep"]
+    kept = kept_tables(tmp_path / "out")["sft"]
+    assert any("高血压" in json.dumps(r, ensure_ascii=False) for r in kept)
+    assert any("not read" in line for line in lines) and any("notes.md: unsupported suffix .md" in line
+                                                             for line in lines)
+
+
+def test_an_output_directory_that_is_not_ours_is_refused_with_nothing_deleted(ray_cluster, repo, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.txt").write_text("precious")
+    from medgpt_ray.data.kinds import DataFileError
+
+    with pytest.raises(DataFileError, match="--overwrite"):
+        clean_corpus([source(repo, "dialogues_sharegpt.jsonl")], tmp_path, "sft", CleanConfig(), echo=lambda _: None)
+    assert (tmp_path / "data" / "keep.txt").read_text() == "precious"
 
 
 def test_same_input_same_output(cleaned, repo, tmp_path):
