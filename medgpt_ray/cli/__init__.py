@@ -5,13 +5,12 @@ Front-ends only: each command parses, calls one library function and prints.
 
 from __future__ import annotations
 
-import argparse
-
 from medgpt_ray.cli import clean, memory, run, topo, tune
+from medgpt_ray.cli.args import OneLineParser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="medgpt-ray", description=__doc__)
+    parser = OneLineParser(prog="medgpt-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {
         "run": (run.add_run_args, run.run_pipeline, "run the pipeline (pt -> sft -> rm, dpo)"),

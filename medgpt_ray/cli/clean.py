@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from medgpt_ray.cli.args import config_error, non_negative_int, positive_int
 from medgpt_ray.config import ConfigError
 from medgpt_ray.data.kinds import KINDS
 
@@ -19,8 +20,8 @@ def add_clean_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="cleaning YAML (normalize, pii, signoff, quality, dedup)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a cleaning option, e.g. --set dedup.threshold=0.9")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
-    p.add_argument("--explain", type=int, default=0, metavar="N",
+    p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--explain", type=non_negative_int, default=0, metavar="N",
                    help="print up to N quarantined records per reason (PII-redacted; unparseable lines only as "
                         "file:line and reason)")
     p.add_argument("--overwrite", action="store_true",
@@ -42,11 +43,7 @@ def run_clean(args: argparse.Namespace) -> int:
     try:
         cfg = load_clean_config(args.config, args.sets)
     except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return 2
-    if args.explain < 0:
-        print("error: --explain N needs N >= 0", file=sys.stderr)
-        return 2
+        return config_error(e)
     try:  # before Ray writes its log there: whose directory --out is decides whether we may write at all
         claim_output_dir(args.out, args.inputs, args.overwrite)
     except DataFileError as e:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from medgpt_ray.cli.args import config_error, fraction, non_negative_float, positive_float, positive_int
 from medgpt_ray.cli.run import add_config_args
 from medgpt_ray.config import ConfigError
 from medgpt_ray.memory.estimator import SetupError, TrainSetup, estimate
@@ -19,25 +20,25 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
                    help=f"a local model directory (config.json only) or a preset: {', '.join(['tiny', *PRESETS])}")
     p.add_argument("--stage", required=True, choices=["pt", "sft", "rm", "dpo"])
     p.add_argument("--method", required=True, choices=["full", "lora", "qlora"])
-    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-rank", type=positive_int, default=8)
     p.add_argument("--precision", required=True, choices=["bf16", "amp-bf16", "fp32"],
                    help="bf16: weights in bf16; amp-bf16: fp32 master weights, bf16 autocast")
-    p.add_argument("--micro-batch", type=int, required=True)
-    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--micro-batch", type=positive_int, required=True)
+    p.add_argument("--seq-len", type=positive_int, required=True)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true")
     g.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false")
-    p.add_argument("--ckpt-layers", type=float, default=1.0, metavar="FRACTION",
+    p.add_argument("--ckpt-layers", type=fraction, default=1.0, metavar="FRACTION",
                    help="with --grad-ckpt: share of the layers checkpointed (default 1: all)")
     f = p.add_mutually_exclusive_group(required=True)
     f.add_argument("--fused-ce", dest="fused_ce", action="store_true")
     f.add_argument("--no-fused-ce", dest="fused_ce", action="store_false")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     p.add_argument("--offload", default="none", choices=["none", "optimizer", "all"])
-    p.add_argument("--gpus", type=int, default=1)
+    p.add_argument("--gpus", type=positive_int, default=1)
     p.add_argument("--optim", default="adamw", choices=["adamw", "adamw-8bit"])
     p.add_argument("--fused-kernels", action="store_true", help="Liger's RMSNorm/SwiGLU/RoPE kernels (pt, sft, dpo)")
-    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--grad-accum", type=positive_int, default=1)
     p.add_argument("--gpu-type", default="rtx4090", choices=sorted(GPU_SPECS), help="for the tokens/s prediction")
     p.add_argument("--json", action="store_true", help="print {peak_gib, breakdown, ...} as JSON")
 
@@ -75,9 +76,10 @@ def run_estimate(args: argparse.Namespace) -> int:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
-    p.add_argument("--gpu-mem-gib", type=float, default=None,
+    p.add_argument("--gpu-mem-gib", type=positive_float, default=None,
                    help="per-GPU memory to plan for (default: resources.gpu_memory_gib, the local GPU, else 24)")
-    p.add_argument("--margin-gib", type=float, default=None, help="safety margin (default resources.memory_margin_gib)")
+    p.add_argument("--margin-gib", type=non_negative_float, default=None,
+                   help="safety margin (default resources.memory_margin_gib)")
     p.add_argument("--json", action="store_true", help="print every stage's plan.json")
 
 
@@ -93,8 +95,7 @@ def run_plan(args: argparse.Namespace) -> int:
             cfg.resources.memory_margin_gib = args.margin_gib
         plans, errors = plan_all(cfg, default_gpu_gib=24.0)
     except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return 2
+        return config_error(e)
     if args.json:
         print(json.dumps({"plans": {s: p.to_dict() for s, p in plans.items()}, "errors": errors}, indent=1))
     else:

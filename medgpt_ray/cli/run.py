@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from medgpt_ray.cli.args import config_error, positive_int
 from medgpt_ray.config import STAGE_KINDS, ConfigError, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
@@ -24,7 +25,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-stage", choices=list(STAGE_KINDS), help="rerun this stage and everything downstream")
     g.add_argument("--only-stage", choices=list(STAGE_KINDS),
                    help="rerun this stage alone (its upstream must be finished)")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's own INFO log lines here (default: RUN_DIR/ray.log)")
 
@@ -36,8 +37,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, args.sets, args.overrides)
     except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return 2
+        return config_error(e)
     try:
         if args.only_stage:
             check_only_stage(cfg, args.only_stage)

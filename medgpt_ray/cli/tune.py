@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from medgpt_ray.cli.args import config_error, positive_int
 from medgpt_ray.cli.run import add_config_args
 from medgpt_ray.config import ConfigError
 
@@ -14,7 +14,7 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", required=True, help="sweep YAML: stage, metric, mode, space, searcher, num_samples")
     p.add_argument("--dry-run", action="store_true", help="plan the trials and say which would be pruned; run none")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (finished trials are kept)")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
 
 
 def run_tune(args: argparse.Namespace) -> int:
@@ -26,6 +26,5 @@ def run_tune(args: argparse.Namespace) -> int:
             connect_ray(args.num_cpus)
         run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume)
     except ConfigError as e:
-        print(f"config error:\n{e}", file=sys.stderr)
-        return 2
+        return config_error(e)
     return 0

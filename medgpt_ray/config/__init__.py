@@ -176,7 +176,14 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"--set {assignment!r}: empty key")
-    return parts, yaml.safe_load(raw) if raw.strip() else ""
+    if not raw.strip():
+        return parts, ""
+    try:
+        return parts, yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ConfigError(f"--set {assignment!r}: the value is not valid YAML ({problem}); quote it if it is "
+                          "meant as a string") from None
 
 
 def apply_override(tree: dict[str, Any], parts: list[str], value: Any, source: str) -> None:
@@ -194,6 +201,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         tree = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start}); a config is YAML text") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if not isinstance(tree, dict):

@@ -91,8 +91,17 @@ class ShapeError(ValueError):
     pass
 
 
-def shape_from_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelShape:
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def shape_from_config(cfg: Any, name: str, source: str = "config.json") -> ModelShape:
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config", cfg), dict):
+        raise ShapeError(f"{source}: not a JSON object of model settings")
     text = cfg.get("text_config", cfg)
+    for key in (*SHAPE_KEYS, "num_key_value_heads"):
+        value = text.get(key)
+        if key in text and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ShapeError(f"{source}: {key} is {value!r}; expected a positive integer")
     try:
         heads = int(text["num_attention_heads"])
         return ModelShape(
@@ -126,6 +135,6 @@ def load_shape(model: str) -> ModelShape:
         )
     try:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ShapeError(f"{cfg_file}: invalid JSON ({e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ShapeError(f"{cfg_file}: not a JSON text file ({type(e).__name__})") from None
     return shape_from_config(cfg, path.name, str(cfg_file))

@@ -133,7 +133,12 @@ def load_topology_file(path: str | Path) -> Topology:
         p = SHIPPED_DIR / f"{path}.txt"  # a shipped topology by name, e.g. 8x4090-dual-socket
     if not p.is_file():
         raise TopologyError(f"topology file not found: {path} (shipped: {', '.join(shipped_topologies())})")
-    return parse_topo_matrix(p.read_text(encoding="utf-8"), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TopologyError(f"{p}: not a text file (byte {e.start}); expected the output of `nvidia-smi topo -m`") \
+            from None
+    return parse_topo_matrix(text, str(p))
 
 
 def shipped_topologies() -> list[str]:
