@@ -198,7 +198,9 @@ if ! token_available; then
             note "no token in ~/.ray/auth_token: would run '$ray_bin get-auth-token --generate' first"
         else
             note "no token in ~/.ray/auth_token: generating one; copy it to every other node (chmod 600)"
-            "$ray_bin" get-auth-token --generate >/dev/null
+            mkdir -m 700 -p "$HOME/.ray"
+            # Ray writes the token 0644: created under umask 077 it is never readable by others, not even briefly.
+            (umask 077 && "$ray_bin" get-auth-token --generate >/dev/null)
             chmod 600 "$HOME/.ray/auth_token"
         fi
     elif [[ $dry_run -eq 1 ]]; then
@@ -206,6 +208,23 @@ if ! token_available; then
     else
         die "no Ray auth token on this node: copy the head's ~/.ray/auth_token to ~/.ray/auth_token here" \
             "(chmod 600), or set RAY_AUTH_TOKEN_PATH / RAY_AUTH_TOKEN"
+    fi
+fi
+
+# ---- the token file's mode: whoever reads it can join the cluster and run code on every node ----------
+token_file=${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}
+if [[ -z ${RAY_AUTH_TOKEN:-} && -f $token_file ]]; then
+    mode_bits=$(stat -c %a "$token_file")
+    if (( 8#$mode_bits & 8#077 )); then
+        if [[ $dry_run -eq 1 ]]; then
+            note "warning: $token_file is mode $mode_bits (readable by others); would chmod 600 it"
+        else
+            note "$token_file was mode $mode_bits (readable by others): now 600"
+            chmod 600 "$token_file"
+        fi
+    fi
+    if [[ $token_file == "$HOME/.ray/auth_token" && $dry_run -eq 0 ]] && (( 8#$(stat -c %a "$HOME/.ray") & 8#077 )); then
+        chmod 700 "$HOME/.ray"  # Ray creates it 0755; what it holds (the token, session files) is the owner's
     fi
 fi
 
@@ -218,4 +237,7 @@ if [[ $dry_run -eq 1 ]]; then
     exit 0
 fi
 note "running: $line"
+note "port $METRICS_PORT answers GET /metrics on every interface without a token (Ray has no bind address for" \
+     "it): admit only your Prometheus host, e.g. 'sudo ufw allow from PROM_IP to any port $METRICS_PORT proto tcp" \
+     "&& sudo ufw deny $METRICS_PORT/tcp' (README: Security and data safety)"
 exec "${cmd[@]}"

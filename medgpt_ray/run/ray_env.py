@@ -25,6 +25,24 @@ def echo(line: str) -> None:
     print(line, flush=True)
 
 
+def auth_token_file() -> Path:
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+
+
+def tighten_auth_token(path: Path | None = None) -> bool:
+    """Make Ray's auth token owner-only: Ray 2.60 writes the token it generates on a local run 0644 in a 0755
+    ~/.ray, and whoever reads it can run code on the cluster. True when a mode had to change."""
+    path = path or auth_token_file()
+    changed = False
+    if path.is_file() and path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+        changed = True
+    if path.parent.name == ".ray" and path.parent.is_dir() and path.parent.stat().st_mode & 0o077:
+        path.parent.chmod(0o700)
+        changed = True
+    return changed
+
+
 def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbose: bool = False,
                 worker_logs: bool = True) -> str:
     """Join the cluster a `ray job submit` (or RAY_ADDRESS) points at; otherwise start a local one.
@@ -40,6 +58,7 @@ def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbo
         os.environ.setdefault(k, v)
     if ray.is_initialized():
         return "existing"
+    tighten_auth_token()  # a token copied here by hand
     if os.environ.get("RAY_ADDRESS"):
         # The job's own runtime env (its working_dir) must stay as submitted: pass none here.
         ray.init(log_to_driver=worker_logs)
@@ -48,6 +67,7 @@ def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbo
     # Ray Train's placement-group cleaner polls.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=None, dashboard_host="127.0.0.1",
              log_to_driver=worker_logs)
+    tighten_auth_token()  # the token a local run generates
     return "local"
 
 

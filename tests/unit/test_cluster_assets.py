@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import shlex
+import stat
 import subprocess
 from pathlib import Path
 
@@ -268,3 +269,40 @@ def test_unknown_argument_is_refused(tmp_path):
                             nvidia_smi=fake_nvidia_smi(tmp_path, FOUR_4090))
     assert result.returncode != 0
     assert "unknown argument" in result.stderr
+
+
+def copy_with_fake_ray(tmp_path: Path) -> Path:
+    """start-node.sh in a scratch checkout whose .venv/bin/ray only records its arguments (and, for
+    get-auth-token --generate, writes a token under the caller's umask as Ray does): a real, non-dry run."""
+    repo = tmp_path / "repo"
+    (repo / "cluster").mkdir(parents=True)
+    script = repo / "cluster" / "start-node.sh"
+    script.write_text(START_NODE.read_text())
+    script.chmod(0o755)
+    fake = repo / ".venv" / "bin" / "ray"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho "$*" >> "$HOME/ray-calls"\n'
+                    'if [ "$1" = get-auth-token ]; then echo generated > "$HOME/.ray/auth_token"; fi\n')
+    fake.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("has_token", [True, False])
+def test_the_token_ends_owner_only_and_the_metrics_exposure_is_said(tmp_path, has_token):
+    script = copy_with_fake_ray(tmp_path)
+    home = tmp_path / "home"
+    if has_token:
+        (home / ".ray").mkdir(parents=True)
+        (home / ".ray" / "auth_token").write_text("given")
+        (home / ".ray" / "auth_token").chmod(0o644)
+    result = run_start_node(tmp_path, token=False, shell=f"umask 022 && {script} --head --cpu-only")
+    assert result.returncode == 0, result.stderr
+    token = home / ".ray" / "auth_token"
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert token.read_text().strip() == ("given" if has_token else "generated")
+    if not has_token:
+        assert stat.S_IMODE((home / ".ray").stat().st_mode) == 0o700
+    else:
+        assert "was mode 644 (readable by others): now 600" in result.stderr
+    assert "answers GET /metrics on every interface without a token" in result.stderr
+    assert "start" in (home / "ray-calls").read_text()

@@ -137,3 +137,17 @@ def test_an_invalid_signoff_regex_is_a_config_error_naming_the_key():
 
     with pytest.raises(ConfigError, match=r"signoff\.phrases.*phrase 1 .* not a valid regular expression"):
         load_clean_config(None, ['signoff.phrases=["(abc"]'])
+
+
+def test_ray_auth_token_is_made_owner_only(tmp_path):
+    from medgpt_ray.run.ray_env import tighten_auth_token
+
+    ray_dir = tmp_path / ".ray"
+    ray_dir.mkdir(mode=0o755)
+    ray_dir.chmod(0o755)
+    token = ray_dir / "auth_token"
+    token.write_text("secret")
+    token.chmod(0o644)  # as Ray 2.60 writes the token it generates
+    assert tighten_auth_token(token) is True
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and stat.S_IMODE(ray_dir.stat().st_mode) == 0o700
+    assert tighten_auth_token(token) is False
