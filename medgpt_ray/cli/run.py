@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def run_pipeline(args: argparse.Namespace) -> int:
     from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions, check_only_stage
+    from medgpt_ray.run.preflight import check_cpus, check_paths
     from medgpt_ray.run.ray_env import connect_ray
 
     try:
@@ -41,6 +43,12 @@ def run_pipeline(args: argparse.Namespace) -> int:
     try:
         if args.only_stage:
             check_only_stage(cfg, args.only_stage)
+        check_paths(cfg)
+        if not os.environ.get("RAY_ADDRESS"):  # a local cluster: its CPUs are known before it starts
+            check_cpus(cfg, args.num_cpus or os.cpu_count() or 1, "this machine" if args.num_cpus is None
+                       else f"--num-cpus {args.num_cpus}")
+    except ConfigError as e:
+        return config_error(e)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

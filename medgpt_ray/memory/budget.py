@@ -110,10 +110,14 @@ class Budget:
     # Host RAM available on each GPU node and its GPU count, for CPU offload; None: unknown, not checked.
     host_gib: float | None = None
     gpus_per_node: int | None = None
+    # A CPU run's limit: host RAM per worker (None: not known, not checked). Not a GPU budget: no GPU gauges.
+    cpu_ram_gib: float | None = None
 
     @property
     def usable_gib(self) -> float:
-        return float("inf") if self.gpu_gib is None else self.gpu_gib - self.margin_gib
+        if self.gpu_gib is None:
+            return float("inf") if self.cpu_ram_gib is None else self.cpu_ram_gib
+        return self.gpu_gib - self.margin_gib
 
     @property
     def host_usable_gib(self) -> float:
@@ -125,7 +129,9 @@ class Budget:
 
     def describe(self) -> str:
         if self.gpu_gib is None:
-            return "no GPU memory limit (CPU)"
+            if self.cpu_ram_gib is None:
+                return "no memory limit (CPU; host RAM unknown)"
+            return f"{gib(self.cpu_ram_gib)} of host RAM per worker (CPU: {self.source})"
         host = "" if self.host_gib is None else f"; host RAM for offload {gib(self.host_usable_gib)} per node"
         return (f"{gib(self.usable_gib)} = {gib(self.gpu_gib)} ({self.source}) - "
                 f"{gib(self.margin_gib)} margin, {self.gpu.name}{host}")

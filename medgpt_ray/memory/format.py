@@ -32,7 +32,7 @@ def plan_line(p: StagePlan) -> str:
 def format_plan(plan: StagePlan) -> list[str]:
     p = asdict(plan.prediction) if plan.prediction else {}
     budget = p.get("budget_gib")
-    budget_s = "none (CPU)" if budget is None else \
+    budget_s = f"{p.get('budget_source', 'host RAM unknown')} (CPU)" if budget is None else \
         f"{budget:.1f} GiB ({p.get('gpu_memory_gib')} - {p.get('margin_gib')} margin)"
     head = (f"stage {plan.stage}: {p.get('model', '?')} on {plan.num_workers} worker(s), budget {budget_s}, "
             f"{p.get('fitting', '?')}/{p.get('candidates', '?')} candidates fit")

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
-from medgpt_ray.memory.budget import Budget, GPUMemory, gib, make_budget, tightest_local_gpu
+from medgpt_ray.memory.budget import (
+    HOST_RAM_FOR_OFFLOAD,
+    Budget,
+    GPUMemory,
+    gib,
+    make_budget,
+    read_host_available_gib,
+    tightest_local_gpu,
+)
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
@@ -246,7 +254,7 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
                 f"({'fits' if c.fits(budget) else 'still over'})")
 
     hints = []
-    if s0.method != "qlora":
+    if s0.method != "qlora" and budget.gpu_gib is not None:  # QLoRA needs a GPU
         hints.append(option("method qlora", replace(s0, method="qlora", precision="bf16", zero=0, offload="none")))
     for seq in (cfg.seq_len // 2, cfg.seq_len // 4, cfg.seq_len // 8):
         if seq >= 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= usable:
@@ -347,6 +355,16 @@ def model_shape(cfg: PipelineConfig) -> ModelShape:
                       f"preset (e.g. qwen2.5-7b) to plan on a machine without the model")
 
 
+def cpu_budget(host_gib: float | None, num_workers: int, where: str) -> Budget:
+    """A CPU run's workers share the host's RAM: each may use HOST_RAM_FOR_OFFLOAD of it over their number (the
+    rest for the OS, Ray and data loading), checked against the same peak prediction as a GPU's memory."""
+    budget = make_budget(None, 0.0, "auto", False, "cpu")
+    if host_gib is None:
+        return budget
+    return replace(budget, cpu_ram_gib=round(host_gib * HOST_RAM_FOR_OFFLOAD / max(1, num_workers), 2),
+                   source=f"80 % of {host_gib:.1f} GiB host RAM available ({where}) shared by {num_workers} worker(s)")
+
+
 def resolve_budget(cfg: PipelineConfig, probe: GpuProbe | None, default_gpu_gib: float | None) -> Budget:
     r = cfg.resources
     # Host RAM for CPU offload: the config's, else what was read on a GPU node (never this laptop's when the
@@ -356,7 +374,8 @@ def resolve_budget(cfg: PipelineConfig, probe: GpuProbe | None, default_gpu_gib:
         return make_budget(r.gpu_memory_gib, r.memory_margin_gib, r.gpu_type, r.use_gpu, "resources.gpu_memory_gib",
                            **host)
     if not r.use_gpu:
-        return make_budget(None, 0.0, "auto", False, "cpu")
+        return cpu_budget(r.host_memory_gib if r.host_memory_gib is not None else read_host_available_gib(),
+                          r.num_workers, "resources.host_memory_gib" if r.host_memory_gib is not None else "read here")
     gpu = (probe or tightest_local_gpu)()
     if gpu is not None:
         return make_budget(round(gpu.allocator_gib, 2), r.memory_margin_gib, r.gpu_type, True,

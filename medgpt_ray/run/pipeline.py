@@ -30,6 +30,7 @@ from medgpt_ray.run import dag
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
+from medgpt_ray.run.preflight import check_cpus, check_gpus
 from medgpt_ray.run.progress import LiveProgress, ProgressActor, ProgressPrinter, format_summary, result_brief
 from medgpt_ray.run.ray_env import echo, probe_cluster_gpu
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
@@ -185,6 +186,9 @@ class Pipeline:
         prov = provenance()
         self.manifest.set_run_info({"config": resolved_dict(self.cfg), "base_model_path": str(base_path),
                                     **prov})
+        resources = ray.cluster_resources()  # a joined cluster's, known only now
+        check_cpus(self.cfg, resources.get("CPU", 0), "the Ray cluster")
+        check_gpus(self.cfg, resources.get("GPU", 0), "the Ray cluster")
         plans = self._plans()
         if self.cfg.data.raw:
             self._clean_raw(prov)

@@ -46,15 +46,28 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "binary topology": (["topo", "--topology-file", str(binary)], "not a text file"),
         "--explain -1": (["clean", "x", "--out", str(tmp_path / "o"), "--explain", "-1"], "integer >= 0"),
         "--num-cpus 0": (["run", "--config", CONFIG, "--num-cpus", "0"], "not a positive integer"),
+        # Checked before Ray starts (a Ray Train worker group that cannot be placed retries forever):
+        "8 workers on 2 CPUs": (["run", "--config", CONFIG, "--num-cpus", "2", "--set", "resources.num_workers=8"],
+                                "resources.num_workers: stage pt needs 8 worker(s) x 1 CPU"),
+        "missing data.sft file": (["run", "--config", CONFIG, "--set", f"data.sft=[{tmp_path / 'gone.jsonl'}]"],
+                                  "data.sft:"),
+        "model path without config.json": (["run", "--config", CONFIG, "--set", f"model.path={tmp_path}"],
+                                           "not a local Hugging Face checkpoint directory"),
     }
 
 
 @pytest.mark.parametrize("case", ["negative GPU budget", "LoRA rank 0", "LoRA rank -5", "broken --set YAML",
                                   "binary --config", "config.json a list", "zero heads", "binary topology",
-                                  "--explain -1", "--num-cpus 0"])
-def test_bad_input_is_one_line_and_rc_2(case, tmp_path, capsys):
+                                  "--explain -1", "--num-cpus 0", "8 workers on 2 CPUs", "missing data.sft file",
+                                  "model path without config.json"])
+def test_bad_input_is_one_line_and_rc_2(case, tmp_path, capsys, monkeypatch):
+    import ray
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    started = ray.is_initialized()
     argv, expected = bad_inputs(tmp_path)[case]
     rc = run_cli(argv)
     err = capsys.readouterr().err
     assert rc == 2, err
     assert err.count("\n") == 1 and expected in err, err
+    assert ray.is_initialized() == started  # refused before any Ray cluster was started or joined

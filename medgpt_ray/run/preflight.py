@@ -1,0 +1,49 @@
+"""What a run can check before Ray starts or a stage is planned: the model directory, every data path, and
+whether the workers fit the CPUs there are. Each problem is a ConfigError naming the config key, so a mistake
+costs a second, not a cluster start (or, for too many workers, a Ray Train retry loop that never ends)."""
+
+from __future__ import annotations
+
+from medgpt_ray.config import ConfigError, PipelineConfig
+from medgpt_ray.data.files import expand_paths
+from medgpt_ray.data.kinds import DataFileError
+
+DATA_KEYS = ("pretrain", "sft", "preference", "prompt", "raw")
+
+
+def check_paths(cfg: PipelineConfig) -> None:
+    if cfg.model.path != "tiny":
+        from medgpt_ray.models import resolve_model_path
+
+        try:
+            resolve_model_path(cfg.model.path)
+        except OSError as e:  # ModelPathError
+            raise ConfigError(str(e)) from None
+    for key in DATA_KEYS:
+        for path in cfg.data.paths(key):
+            try:
+                expand_paths([path])
+            except DataFileError as e:
+                raise ConfigError(f"data.{key}: {e}") from None
+
+
+def check_cpus(cfg: PipelineConfig, cpus: float, where: str) -> None:
+    """Every enabled stage's workers x resources.cpus_per_worker within `cpus` (Ray Train would wait for them
+    forever, retrying every minute)."""
+    per_worker = cfg.resources.cpus_per_worker
+    for stage in cfg.enabled_stages():
+        workers = cfg.workers_for(stage)
+        if workers * per_worker > cpus:
+            key = f"stages.{stage}.num_workers" if cfg.stages.get(stage).num_workers else "resources.num_workers"
+            raise ConfigError(f"{key}: stage {stage} needs {workers} worker(s) x {per_worker:g} CPU "
+                              f"(resources.cpus_per_worker) = {workers * per_worker:g} CPUs, but {where} has "
+                              f"{cpus:g}; lower {key} or resources.cpus_per_worker, or add nodes")
+
+
+def check_gpus(cfg: PipelineConfig, gpus: float, where: str) -> None:
+    if not cfg.resources.use_gpu:
+        return
+    for stage in cfg.enabled_stages():
+        if cfg.workers_for(stage) > gpus:
+            raise ConfigError(f"resources.num_workers: stage {stage} needs {cfg.workers_for(stage)} GPU worker(s), "
+                              f"but {where} has {gpus:g} GPU(s)")
