@@ -52,12 +52,22 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    connected = connect_ray(args.num_cpus, log_file=Path(cfg.output_dir) / cfg.name / "ray.log",
-                            verbose=args.verbose)
+    log_file = Path(cfg.output_dir) / cfg.name / "ray.log"
+    # The workers' own output (library warnings, Ray Train's per-rank lines) stays in Ray's session logs: the
+    # progress lines reach the driver through the progress actor, and a failure through the stage's error.
+    connected = connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     print(f"medgpt-ray: run '{cfg.name}' on {connected} Ray ({args.config})", flush=True)
+    if not args.verbose:
+        tmp = os.environ.get("RAY_TMPDIR", "/tmp/ray")
+        print(f"medgpt-ray: Ray's own log lines: {log_file.resolve()}; the workers' output: Ray's session logs "
+              f"(`ray logs`; {tmp}/session_latest/logs on a local run); --verbose shows both here", flush=True)
     try:
         Pipeline(cfg, RunOptions(from_stage=args.from_stage, only_stage=args.only_stage), connected).run()
     except (ConfigError, PipelineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished stages and the last checkpoint are kept; re-run the same command to resume",
+              file=sys.stderr)
+        return 130
     return 0

@@ -21,10 +21,13 @@ FORMAT = "%(asctime)s\t%(levelname)s %(name)s %(filename)s:%(lineno)s -- %(messa
 
 
 class HideOurChoices(logging.Filter):
-    """Ray Data warns that progress bars are off: we turned them off (our own progress line replaces them)."""
+    """Warnings about what we chose on purpose: Ray Data's progress bars are off (our own progress line replaces
+    them) and token authentication is on (the README's security rules); they stay in the log file."""
+
+    CHOSEN = ("Progress bars disabled", "Token authentication is enabled for this Ray cluster")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Progress bars disabled")
+        return not str(record.msg).startswith(self.CHOSEN)
 
 
 def _ray_data_config(log_file: Path, console_level: str) -> dict:
@@ -66,6 +69,8 @@ def route_ray_logs(log_file: Path, verbose: bool = False) -> Path:
     for handler in ray_logger.handlers:
         if not isinstance(handler, logging.FileHandler):
             handler.setLevel(console_level)
+            if not verbose and not any(isinstance(f, HideOurChoices) for f in handler.filters):
+                handler.addFilter(HideOurChoices())
     if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(log_file) for h in ray_logger.handlers):
         file_handler = logging.FileHandler(log_file, encoding="utf-8")
         file_handler.setFormatter(logging.Formatter(FORMAT))

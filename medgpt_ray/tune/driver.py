@@ -34,6 +34,7 @@ from medgpt_ray.tune.sweep import (
     trial_gpu_groups,
     wait_for_slot,
 )
+from medgpt_ray.tune.trial_lines import TrialLines
 
 
 @ray.remote(num_cpus=0)
@@ -199,7 +200,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     out = (Path(cfg.output_dir) / f"{cfg.name}-tune-{stage}").resolve()
     budget = resolve_budget(cfg, None, 24.0 if dry_run else None)
     base = resolved_dict(cfg)
-    echo(f"sweep of stage {stage}: {sweep.num_samples} trial(s), {sweep.searcher} search, metric {sweep.metric} "
+    trials = len(_sample(sweep, 0)) if sweep.searcher == "grid" else sweep.num_samples
+    echo(f"sweep of stage {stage}: {trials} trial(s), {sweep.searcher} search, metric {sweep.metric} "
          f"({sweep.mode}); budget {budget.describe()}")
 
     def pruned_cost(params: dict[str, Any]) -> float | None:
@@ -256,7 +258,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
                                         num_samples=1 if sweep.searcher == "grid" else sweep.num_samples,
                                         max_concurrent_trials=concurrent),
             run_config=tune.RunConfig(name="sweep", storage_path=str(storage), verbose=0,
-                                      callbacks=[_slot_releaser(pool_name, namespace)]))
+                                      callbacks=[_slot_releaser(pool_name, namespace),
+                                                 TrialLines(echo, sweep.metric, trials)]))
     echo(f"{concurrent} trial(s) at a time; trials under {exp}")
     grid = tuner.fit()
     ray.kill(pool)

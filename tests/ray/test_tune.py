@@ -58,6 +58,11 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
     cfg = load_config(cfg_file, overrides_file=out / "best_overrides.yaml")
     assert cfg.stages.sft.lr == best["stages.sft.lr"]
     assert any(line.startswith("pruned 2 of 4 trial(s) before launch") for line in lines)
+    # A line per finished trial while the sweep runs (Tune's own reporter is off): 4 trials, pruned ones said.
+    trial_lines = [line for line in lines if line.startswith("[tune] trial ")]
+    assert [line.split()[2] for line in trial_lines] == ["1/4", "2/4", "3/4", "4/4"], trial_lines
+    assert sum("pruned before launch" in line for line in trial_lines) == 2
+    assert sum("eval_loss " in line for line in trial_lines) == 2
     assert json.loads((out / "sweep_results.json").read_text())["pruned"] == 2
 
     # Interrupted or finished: --resume restores the experiment and reruns nothing that finished.
