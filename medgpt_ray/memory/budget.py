@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from medgpt_ray.config import ConfigError
+from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, spec_for
 
 # The CUDA context, NCCL and cuBLAS workspaces sit outside PyTorch's allocator (FIELD-NOTES: a 24 GB 4090
@@ -157,3 +158,40 @@ def make_budget(gpu_gib: float | None, margin_gib: float, gpu_type: str, use_gpu
 
 def gib(x: float) -> str:
     return f"{x:.2f} GiB" if x < 10 else f"{x:.1f} GiB"
+
+
+GpuProbe = Callable[[], GPUMemory | None]
+
+
+def cpu_budget(host_gib: float | None, num_workers: int, where: str) -> Budget:
+    """A CPU run's workers share the host's RAM: each may use HOST_RAM_FOR_OFFLOAD of it over their number (the
+    rest for the OS, Ray and data loading), checked against the same peak prediction as a GPU's memory."""
+    budget = make_budget(None, 0.0, "auto", False, "cpu")
+    if host_gib is None:
+        return budget
+    return replace(budget, cpu_ram_gib=round(host_gib * HOST_RAM_FOR_OFFLOAD / max(1, num_workers), 2),
+                   source=f"80 % of {host_gib:.1f} GiB host RAM available ({where}) shared by {num_workers} worker(s)")
+
+
+def resolve_budget(cfg: PipelineConfig, probe: GpuProbe | None, default_gpu_gib: float | None) -> Budget:
+    r = cfg.resources
+    # Host RAM for CPU offload: the config's, else what was read on a GPU node (never this laptop's when the
+    # GPU side comes from the config).
+    host = {"host_gib": r.host_memory_gib, "gpus_per_node": r.gpus_per_node}
+    if r.gpu_memory_gib is not None:
+        return make_budget(r.gpu_memory_gib, r.memory_margin_gib, r.gpu_type, r.use_gpu, "resources.gpu_memory_gib",
+                           **host)
+    if not r.use_gpu:
+        return cpu_budget(r.host_memory_gib if r.host_memory_gib is not None else read_host_available_gib(),
+                          r.num_workers, "resources.host_memory_gib" if r.host_memory_gib is not None else "read here")
+    gpu = (probe or tightest_local_gpu)()
+    if gpu is not None:
+        return make_budget(round(gpu.allocator_gib, 2), r.memory_margin_gib, r.gpu_type, True,
+                           f"{gpu.name}: {gpu.free_gib:.1f} GiB free of {gpu.total_gib:.1f}, less the CUDA context",
+                           detected_name=gpu.name,
+                           host_gib=r.host_memory_gib if r.host_memory_gib is not None else gpu.host_available_gib,
+                           gpus_per_node=r.gpus_per_node or gpu.gpus_on_node)
+    if default_gpu_gib is None:
+        raise ConfigError("resources.gpu_memory_gib: no GPU could be read to size the plan; set it to the "
+                          "per-GPU memory of the cluster's cards (e.g. 24 for an RTX 4090)")
+    return make_budget(default_gpu_gib, r.memory_margin_gib, r.gpu_type, True, "assumed: no GPU here", **host)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from medgpt_ray.config import PipelineConfig, StageConfig
-from medgpt_ray.memory.planner import PlanError, cpu_budget, plan_all, plan_stage
+from medgpt_ray.memory.budget import cpu_budget
+from medgpt_ray.memory.planner import PlanError, plan_all, plan_stage
 from medgpt_ray.memory.shapes import load_shape
 
 
