@@ -52,7 +52,7 @@ class RunOptions:
 @dataclass
 class StageOutcome:
     stage: str
-    status: str  # done | skipped | disabled | failed
+    status: str  # done | skipped | disabled | failed | not-run | pending | interrupted
     result: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     error: str | None = None
@@ -222,6 +222,9 @@ class Pipeline:
         actor = ProgressActor.options(name=actor_name, namespace=namespace).remote()
         printer = ProgressPrinter(self.cfg.progress_every, echo=self.echo)
         outcomes: dict[str, StageOutcome] = {}
+        # From here on summary.json says what this run is doing, never what an earlier one did: a stage about
+        # to retrain is "pending" (its old model may be replaced), one cut by Ctrl-C "interrupted".
+        self._summary(self._with_pending(outcomes, to_run), time.monotonic() - t0, quiet=True)
         try:
             for wave in self._waves([s for s in self.cfg.enabled_stages() if s in order]):
                 runnable = [s for s in wave if s in to_run]
@@ -236,6 +239,9 @@ class Pipeline:
                 failed = [o for o in outcomes.values() if o.status == "failed"]
                 if failed:
                     break
+        except KeyboardInterrupt:
+            self._summary(self._with_pending(outcomes, to_run, "interrupted"), time.monotonic() - t0, quiet=True)
+            raise
         finally:
             printer.feed(ray.get(actor.drain.remote()))
             ray.kill(actor)
@@ -355,7 +361,23 @@ class Pipeline:
             printer.feed(ray.get(actor.drain.remote()))
 
     # ---- reporting ------------------------------------------------------------------------
-    def _summary(self, outcomes: dict[str, StageOutcome], wall_s: float) -> dict[str, Any]:
+    def _with_pending(self, outcomes: dict[str, StageOutcome], to_run: list[str], status: str = "pending"
+                      ) -> dict[str, StageOutcome]:
+        """`outcomes` so far, plus `status` for the stages this run still has to finish and the manifest's
+        word for the rest (skipped: done earlier)."""
+        full = dict(outcomes)
+        for s in self.cfg.stages.kinds():
+            if s in full:
+                continue
+            if not self.cfg.stages.get(s).enabled:
+                full[s] = StageOutcome(s, "disabled")
+            elif s in to_run:
+                full[s] = StageOutcome(s, status)
+            else:
+                full[s] = StageOutcome(s, "skipped", self.manifest.entry(s) or {})
+        return full
+
+    def _summary(self, outcomes: dict[str, StageOutcome], wall_s: float, quiet: bool = False) -> dict[str, Any]:
         stages = {}
         for s in self.cfg.stages.kinds():
             o = outcomes[s]
@@ -373,5 +395,6 @@ class Pipeline:
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
                    "stages": stages}
         write_json_atomic(self.run_dir / "summary.json", summary)
-        self.echo(format_summary(summary))
+        if not quiet:
+            self.echo(format_summary(summary))
         return summary
