@@ -72,7 +72,8 @@ class SplitWriter:
     renames it into place)."""
 
     def __init__(self, fh):
-        self._writer = pq.ParquetWriter(fh, SCHEMA, compression="zstd")
+        self._writer = pq.ParquetWriter(fh, SCHEMA, compression="zstd", use_dictionary=False,
+                                        write_statistics=["key"])
         self._keys: list[int] = []
         self._records: list[str] = []
 
