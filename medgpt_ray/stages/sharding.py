@@ -133,6 +133,7 @@ def install_shard(trainer, shard: dict[str, Any]) -> None:
 
 
 def shard_report(trainer) -> dict[str, Any] | None:
-    """What this worker read and trained on: rank, row range, examples, examples per epoch (padded), trained."""
+    """What this worker read and trained on: rank, row range, examples, examples per epoch (padded), and the
+    examples it trained on in this attempt (a resumed attempt does not count the batches it skipped)."""
     info = getattr(trainer, "medgpt_shard", None)
     return dict(info) if info is not None else None
