@@ -13,9 +13,10 @@ import torch
 from medgpt_ray.config import LoraConfig, StageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
-from medgpt_ray.stages import run_stage
+from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.callbacks import INJECT_OOM_ENV
 from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import train
 from medgpt_ray.stages.sharding import ShardBatchSampler
 
 
@@ -41,22 +42,25 @@ def test_resumed_run_trains_the_batches_the_uninterrupted_run_trains(repo, tiny_
 
     monkeypatch.setattr(ShardBatchSampler, "__iter__", spy)
 
-    def run(out: Path) -> dict:
+    def run(out: Path):
+        """Build and train as run_stage does (resuming from the newest checkpoint), without the final
+        evaluation and merge: (global steps, the checkpoint it resumed from)."""
         out.mkdir(exist_ok=True)
-        return run_stage(StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file,
-                                     str(out)))
+        inp = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
+        built = build_stage(inp)
+        resumed_from = train(built.trainer, inp)[1]
+        return built.trainer.state.global_step, resumed_from
 
-    whole = run(tmp_path / "whole")
-    assert whole["steps"] == 6  # 12 records, 4 per step: 3 steps an epoch
+    assert run(tmp_path / "whole") == (6, None)  # 12 records, 4 per step: 3 steps an epoch
     assert epochs == [0, 1]
     monkeypatch.setenv(INJECT_OOM_ENV, "5")  # after checkpoint-4 (epoch 2, one step in), before step 5 is logged
     with pytest.raises(torch.OutOfMemoryError):
         run(tmp_path / "cut")
     assert sorted(per_step(tmp_path / "cut")) == [1, 2, 3, 4]
     epochs.clear()
-    resumed = run(tmp_path / "cut")  # the marker file stops the hook from firing again
+    steps, resumed_from = run(tmp_path / "cut")  # the marker file stops the hook from firing again
     assert epochs == [1]  # the resumed loader (accelerate's skip wrapper around ours) got the epoch too
-    assert resumed["resumed_from"].endswith("checkpoint-4") and resumed["steps"] == 6
+    assert resumed_from.endswith("checkpoint-4") and steps == 6
     a, b = per_step(tmp_path / "whole"), per_step(tmp_path / "cut")
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
     for step in a:
