@@ -4,8 +4,10 @@ The worker's records are rows [k*n // N, (k+1)*n // N) of the hash-ordered train
 stage's Ray Train workers (the plan's num_workers; WORLD_SIZE in the worker). HF/accelerate would split the train
 dataloader across ranks again (each worker would see 1/N of 1/N), so the trainer's class is swapped for a subclass
 whose `get_train_dataloader` prepares the loader for one process (device placement, accelerate's skip/epoch
-handling) without that split: the pattern of Ray's `prepare_trainer`. The batch order depends only on
-(seed, epoch, shard): HF's resume ("skip the first k batches of the epoch") skips exactly what was trained.
+handling) without that split: the pattern of Ray's `prepare_trainer`. The order of the examples depends only on
+(seed, epoch, shard): HF's resume ("skip the first k batches of the epoch") skips exactly what was trained, also
+after an OOM back-off (half the micro-batch, twice the accumulation: the same examples per step, in the same
+order). A different number of workers is a different plan identity, so a stage is never resumed across it.
 
 Every rank must take the same number of batches per epoch (the gradient all-reduce is collective), but shards
 differ by a record, and pt's packing or sft's too-long filter make the examples per shard differ more: the
