@@ -1,5 +1,6 @@
 """Driver memory of the pipeline's data preparation (`data/prepare.py`'s prepare_kind: read, convert, split, write
-train/held-out JSONL) on an SFT corpus of N records, in a fresh process per size: peak RSS, wall time, counts.
+the train/held-out Parquet files) on an SFT corpus of N records, in a fresh process per size: peak RSS, wall
+time, counts.
 
     .venv/bin/python bench/prepare_rss.py --records 100000 1000000 --out bench/results/prepare_rss.json
 

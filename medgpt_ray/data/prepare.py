@@ -1,5 +1,6 @@
-"""Turn the config's data files into canonical train/eval JSONL that every stage worker reads, streaming (the
-driver's memory does not grow with the corpus: bench/prepare_rss.py).
+"""Turn the config's data files into the canonical train/held-out split as Parquet (data/shards.py: the file
+layout, and the shard each training worker reads), streaming: the driver's memory does not grow with the corpus
+(bench/prepare_rss.py).
 
 The split is deterministic (by a hash of each record, not by position or a
 seeded shuffle), so the same data always gives the same held-out set even when
@@ -19,13 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
+from medgpt_ray.data.shards import SplitWriter
 
 
 @dataclass
 class PreparedData:
     kind: str
-    train_file: str
-    eval_file: str
+    train_file: str  # Parquet, hash order; worker k of N reads its row range (data/shards.py)
+    eval_file: str  # Parquet, hash order; read whole
     source_records: int
     train_records: int
     eval_records: int
@@ -56,13 +58,16 @@ def _open_private(path: Path, mode: str = "w"):
                      **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
-def _copy_lines(src: Path, offsets: array, positions: np.ndarray, dest: Path) -> None:
-    """Write the lines of `src` starting at `offsets[positions]`, in that order, to `dest` (atomically)."""
+def _write_split(src: Path, offsets: array, hashes: np.ndarray, positions: np.ndarray, dest: Path) -> None:
+    """Write the records whose scratch lines start at `offsets[positions]`, in that order, to the Parquet file
+    `dest`: created owner-only (it holds record text), written in bounded row groups, renamed into place."""
     tmp = dest.with_name(f".{dest.name}.tmp")
-    with src.open("rb") as fh, tmp.open("wb") as out:
+    with src.open("rb") as fh, _open_private(tmp, "wb") as out:
+        writer = SplitWriter(out)
         for pos in positions.tolist():
             fh.seek(offsets[pos])
-            out.write(fh.readline())
+            writer.add(int(hashes[pos]), fh.readline().decode("utf-8").rstrip("\n"))
+        writer.close()
     os.replace(tmp, dest)
 
 
@@ -88,8 +93,8 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
                  max_records: int | None = None) -> PreparedData:
     """Read, convert and split `paths` as `kind` data, streaming: the driver holds 16 bytes per record (a hash
     prefix and a file offset), never the records. Pass 1 writes every canonical record once to a private
-    scratch file and every unusable row to the quarantine file; pass 2 copies the scratch lines into the
-    train and held-out files in hash order."""
+    scratch file and every unusable row to the quarantine file; pass 2 writes the scratch records into the
+    train and held-out Parquet files in hash order."""
     if not paths:
         raise ValueError(f"data.{kind}: no files configured, but an enabled stage needs {kind} data")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,10 +121,11 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
         if not hashes:
             raise ValueError(f"data.{kind}: none of the {source} source records could be used "
                              f"(see {quarantine_file})")
-        train, held_out = split_positions(np.frombuffer(hashes, dtype=np.uint64), eval_fraction, max_records)
-        train_file, eval_file = out_dir / f"{kind}.train.jsonl", out_dir / f"{kind}.eval.jsonl"
-        _copy_lines(scratch, offsets, train, train_file)
-        _copy_lines(scratch, offsets, held_out, eval_file)
+        keys = np.frombuffer(hashes, dtype=np.uint64)
+        train, held_out = split_positions(keys, eval_fraction, max_records)
+        train_file, eval_file = out_dir / f"{kind}.train.parquet", out_dir / f"{kind}.eval.parquet"
+        _write_split(scratch, offsets, keys, train, train_file)
+        _write_split(scratch, offsets, keys, held_out, eval_file)
     finally:
         if qfh is not None and not qfh.closed:
             qfh.close()

@@ -11,8 +11,9 @@ from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -47,8 +48,13 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds, skipped_tools = preference_texts(read_jsonl(inp.train_file), tok, template)
-    eval_records = read_jsonl(inp.eval_file)
+    records, shard = read_train_shard(inp.train_file)
+    if inp.cfg.precompute_ref_log_probs and shard["shards"] > 1:
+        # TRL precomputes over the train set as if every rank held all of it (it splits it across ranks again and
+        # shares rank 0's cache file): with a shard per worker that would pair pairs with other pairs' log-probs.
+        raise ValueError("dpo: precompute_ref_log_probs needs num_workers: 1 (each worker trains on its own shard)")
+    train_ds, skipped_tools = preference_texts(records, tok, template)
+    eval_records = read_eval(inp.eval_file)
     eval_ds = preference_texts(eval_records, tok, template)[0] if eval_records else None
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
@@ -68,6 +74,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
+    install_shard(trainer, shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
                       save_kwargs={"template": template})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,8 @@ class StageInputs:
     plan: StagePlan
     model_path: str  # the model this stage starts from (base, or the upstream stage's merged model)
     template: str
-    train_file: str  # canonical records, JSONL
-    eval_file: str
+    train_file: str  # canonical records, Parquet in hash order; each worker reads its shard (stages/sharding.py)
+    eval_file: str  # the held-out records, Parquet, read whole
     out_dir: str  # runs/<name>/<stage>
     seed: int = 42
     resume: bool = True
@@ -57,8 +56,3 @@ class BuiltStage:
     eval_size: int = 0  # held-out examples (0: no evaluation)
     extras: dict[str, Any] | None = None  # counts for the result (records, pairs, skipped)
     save_kwargs: dict[str, Any] | None = None  # template / seq_cls for save_outputs
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
+from medgpt_ray.stages.sharding import shard_report
 
 
 def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
@@ -129,11 +130,14 @@ def _this_worker() -> dict[str, Any]:
     return me
 
 
-def worker_placement() -> list[dict[str, Any]]:
-    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance."""
+def worker_placement(shard: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance, and the shard of the train
+    split it read and trained on."""
     import torch.distributed as dist
 
     me = _this_worker()
+    if shard is not None:
+        me["shard"] = shard
     if not (dist.is_available() and dist.is_initialized()):
         return [me]
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -143,7 +147,7 @@ def worker_placement() -> list[dict[str, Any]]:
 
 def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | None, t0: float) -> dict[str, Any]:
     return {
-        "workers": worker_placement(),
+        "workers": worker_placement(shard_report(trainer)),
         "stage": inp.stage,
         "steps": trainer.state.global_step,
         "max_steps": trainer.state.max_steps,

@@ -12,8 +12,9 @@ from transformers import TrainerCallback
 
 from medgpt_ray import models
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -42,10 +43,11 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     quiet_libraries()
     model_path = Path(inp.model_path)
     tok = models.load_tokenizer(model_path)
-    train_blocks = pack_blocks([r["text"] for r in read_jsonl(inp.train_file)], tok, inp.cfg.seq_len)
-    eval_blocks = pack_blocks([r["text"] for r in read_jsonl(inp.eval_file)], tok, inp.cfg.seq_len)
+    records, shard = read_train_shard(inp.train_file)  # this worker's shard, packed on its own
+    train_blocks = pack_blocks([r["text"] for r in records], tok, inp.cfg.seq_len)
+    eval_blocks = pack_blocks([r["text"] for r in read_eval(inp.eval_file)], tok, inp.cfg.seq_len)
     if not train_blocks:
-        raise ValueError(f"pt: no training text in {inp.train_file}")
+        raise ValueError(f"pt: no training text in rows {shard['rows']} of {inp.train_file}")
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
@@ -62,6 +64,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         data_collator=default_data_collator,
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
+    install_shard(trainer, shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_blocks),
                       extras={"train_blocks": len(train_blocks)})
 

@@ -11,8 +11,9 @@ from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs, read_jsonl
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
+from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -49,8 +50,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     tok = models.load_tokenizer(model_path)
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)
-    train_ds, skipped = encode_pairs(read_jsonl(inp.train_file), tok, template, inp.cfg.seq_len)
-    eval_records = read_jsonl(inp.eval_file)
+    records, shard = read_train_shard(inp.train_file)
+    train_ds, skipped = encode_pairs(records, tok, template, inp.cfg.seq_len)
+    eval_records = read_eval(inp.eval_file)
     eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
     model = models.load_reward_model(model_path, inp.plan.precision, inp.plan.method, tok.pad_token_id)
@@ -65,6 +67,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
+    install_shard(trainer, shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_too_long": skipped["too_long"],
                               "skipped_tools_unsupported": skipped["tools_unsupported"]},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from medgpt_ray.data.shards import read_records
 from tests.conftest import free_port, ray_temp_root
 
 pytestmark = pytest.mark.e2e
@@ -178,7 +179,7 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         assert "summary of run 'tiny-cpu'" in logs
         assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["done"] * 4
         data = out / "tiny-cpu" / "data"
-        pairs = [json.loads(line) for line in (data / "preference.train.jsonl").read_text().splitlines()]
+        pairs = read_records(data / "preference.train.parquet")
         assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
         assert "data preference: 28 source records" in logs and "5 quarantined" in logs
         assert "data pretrain: 36 source records" in logs

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from medgpt_ray.config import PipelineConfig
+from medgpt_ray.data.shards import read_records
 from medgpt_ray.run.pipeline import Pipeline, RunOptions
 from tests.e2e.test_clean_cli import FORMATS, malformed_lines
 
@@ -39,7 +40,7 @@ def test_each_format_given_directly_is_prepared_with_its_quarantine(ray_cluster,
     broken = malformed_lines()
     manifest = json.loads((FORMATS / "README.md").read_text().split("```json\n", 1)[1].split("```", 1)[0])
     for kind, files in FILES.items():
-        kept = len(lines(data / f"{kind}.train.jsonl")) + len(lines(data / f"{kind}.eval.jsonl"))
+        kept = len(read_records(data / f"{kind}.train.parquet")) + len(read_records(data / f"{kind}.eval.parquet"))
         source = sum(manifest[f]["records"] for f in files)
         bad = sum(len(broken[f]) for f in files)
         assert kept == source - bad, kind
@@ -51,7 +52,7 @@ def test_each_format_given_directly_is_prepared_with_its_quarantine(ray_cluster,
         else:
             assert not quarantine.exists()
         assert any(line.startswith(f"data {kind}: {source} source records") for line in echoed), kind
-    prompts = lines(data / "prompt.train.jsonl")
+    prompts = read_records(data / "prompt.train.parquet")
     assert all(set(p) <= {"conversations", "answer", "tools"} and p["conversations"][-1]["role"] == "user"
                for p in prompts)
 
@@ -66,7 +67,8 @@ def test_each_format_as_raw_sources_is_cleaned_then_prepared(ray_cluster, tmp_pa
     assert report["adds_up"]
     data = tmp_path / "raw-formats" / "data"
     for kind in FILES:
-        prepared = len(lines(data / f"{kind}.train.jsonl")) + len(lines(data / f"{kind}.eval.jsonl"))
+        prepared = len(read_records(data / f"{kind}.train.parquet")) + len(read_records(data / f"{kind}.eval.parquet"))
         assert prepared == report["per_kind"][kind]["emitted"] > 0, kind
-    tool_records = [r for r in lines(data / "sft.train.jsonl") + lines(data / "sft.eval.jsonl") if r.get("tools")]
+    tool_records = [r for r in read_records(data / "sft.train.parquet") + read_records(data / "sft.eval.parquet")
+                    if r.get("tools")]
     assert tool_records and all(isinstance(r["tools"], list) for r in tool_records)

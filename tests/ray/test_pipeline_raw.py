@@ -7,6 +7,7 @@ import json
 import pytest
 
 from medgpt_ray.config import PipelineConfig
+from medgpt_ray.data.shards import num_rows, read_table
 from medgpt_ray.run.pipeline import Pipeline, RunOptions
 
 pytestmark = pytest.mark.ray
@@ -25,10 +26,10 @@ def test_raw_sources_are_cleaned_then_trained_on(ray_cluster, repo, tmp_path):
     summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
     assert [summary["stages"][s]["status"] for s in ("pt", "sft")] == ["done", "done"]
     report = json.loads((tmp_path / "raw" / "clean" / "report.json").read_text())
-    prepared = {k: sum(1 for _ in open(tmp_path / "raw" / "data" / f"{k}.train.jsonl")) +
-                sum(1 for _ in open(tmp_path / "raw" / "data" / f"{k}.eval.jsonl")) for k in ("pretrain", "sft")}
+    prepared = {k: num_rows(tmp_path / "raw" / "data" / f"{k}.train.parquet") +
+                num_rows(tmp_path / "raw" / "data" / f"{k}.eval.parquet") for k in ("pretrain", "sft")}
     assert prepared == {k: report["per_kind"][k]["emitted"] for k in ("pretrain", "sft")}
-    sft_text = (tmp_path / "raw" / "data" / "sft.train.jsonl").read_text(encoding="utf-8")
+    sft_text = "\n".join(read_table(tmp_path / "raw" / "data" / "sft.train.parquet").column("record").to_pylist())
     assert "110105196709131164" not in sft_text and "<ID_CARD>" in sft_text
 
     lines.clear()

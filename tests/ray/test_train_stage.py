@@ -17,12 +17,17 @@ from medgpt_ray.stages.inputs import StageInputs
 pytestmark = pytest.mark.ray
 
 
-def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, tiny_model, tmp_path):
+def test_sft_on_two_ray_train_workers_each_on_its_shard_matches_its_own_report(ray_cluster, repo, tiny_model,
+                                                                              tmp_path):
+    """One epoch on 2 workers over 23 records: worker k reads rows [k*23//2, (k+1)*23//2) and trains on exactly
+    those (11 and 12, the shorter shard padded by one), so the epoch is 12 micro-batches per worker = 6 steps; had
+    accelerate split each shard again it would be 3."""
     ray = ray_cluster
     data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
-                        max_records=24)
-    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
-                      seq_len=128, effective_batch=4, logging_steps=1, save_steps=100)
+                        max_records=23)
+    assert data.train_records == 23
+    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, epochs=1,
+                      seq_len=512, effective_batch=4, micro_batch=1, logging_steps=1, save_steps=100)
     plan = plan_stage("sft", cfg, 2, False)
     assert plan.micro_batch * plan.grad_accum * 2 == 4
     out = tmp_path / "sft"
@@ -37,14 +42,19 @@ def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, 
 
     receipt = json.loads((out / "result.json").read_text())
     assert receipt["world_size"] == 2
-    assert result.metrics["steps"] == receipt["steps"] == 3
+    got = [w["shard"] for w in receipt["workers"]]
+    assert [(s["rank"], s["shards"], s["rows"], s["split_rows"]) for s in got] == [
+        (0, 2, [0, 11], 23), (1, 2, [11, 23], 23)]
+    assert [s["examples"] for s in got] == [11, 12]  # every record fits seq_len: the shard's rows, no more
+    assert [s["epoch_examples"] for s in got] == [12, 12] and [s["trained_examples"] for s in got] == [12, 12]
+    assert result.metrics["steps"] == receipt["steps"] == 6
     assert result.metrics["train_loss_last"] == pytest.approx(receipt["train_loss_last"])
     assert result.metrics["eval_loss"] == pytest.approx(receipt["eval"]["eval_loss"])
     assert result.metrics["completed"] == 1 and result.metrics["trial"] == "x"  # what a Tune trial adds
     with result.checkpoint.as_directory() as d:
-        assert json.loads((Path(d) / "result.json").read_text())["steps"] == 3
+        assert json.loads((Path(d) / "result.json").read_text())["steps"] == 6
     progress = ray.get(actor.drain.remote())
-    assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3, 4, 5, 6]
     ray.kill(actor)
 
 

@@ -230,11 +230,11 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
     """MedicalGPT's tool-calling ShareGPT, read and prepared as the pipeline does: function_call turns and
     answers are the loss, observations and the tool schemas (in the system turn) are context only."""
     from medgpt_ray import models, templates
-    from medgpt_ray.stages.inputs import read_jsonl
+    from medgpt_ray.data.shards import read_records
     from medgpt_ray.stages.sft import encode_conversations
 
     d = prepare_kind("sft", [str(repo / "data/sample/formats/sft_sharegpt_tools.jsonl")], tmp_path, 0.1)
-    records = [r for r in read_jsonl(d.train_file) + read_jsonl(d.eval_file) if r.get("tools")]
+    records = [r for r in read_records(d.train_file) + read_records(d.eval_file) if r.get("tools")]
     assert any(t["role"] == "tool" for r in records for t in r["conversations"])
     tok = models.load_tokenizer(tiny_model)
     ds, skipped = encode_conversations(records, tok, templates.get_template("chatml"), 8192)
@@ -259,12 +259,12 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
 
 def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_path):
     from medgpt_ray import models, templates
+    from medgpt_ray.data.shards import read_records
     from medgpt_ray.stages.dpo import preference_texts
-    from medgpt_ray.stages.inputs import read_jsonl
     from medgpt_ray.stages.rm import encode_pairs
 
     d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)
-    records = read_jsonl(d.train_file) + read_jsonl(d.eval_file)
+    records = read_records(d.train_file) + read_records(d.eval_file)
     with_tools = [r for r in records if r.get("tools")]
     assert with_tools and len(with_tools) < len(records)
     tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")

@@ -1,9 +1,8 @@
 """The streaming train/held-out split (medgpt_ray.data.prepare): the same split an in-memory sort by record hash
-gives, quarantine and scratch files handled, no records held by the driver."""
+gives, written as private Parquet files, quarantine and scratch files handled, no records held by the driver."""
 
 from __future__ import annotations
 
-import json
 import stat
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from medgpt_ray.data.files import load_canonical
 from medgpt_ray.data.prepare import _record_key, prepare_kind, split_positions
+from medgpt_ray.data.shards import read_records, read_table
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 
@@ -37,9 +37,11 @@ def test_streamed_split_equals_the_in_memory_one(tmp_path, fraction, cap):
     train, held_out = ranked[n_eval:], ranked[:n_eval]
     if cap is not None:
         train, held_out = train[:cap], held_out[: max(1, cap // 4)]
-    read = [[json.loads(line) for line in Path(f).read_text(encoding="utf-8").splitlines()]
-            for f in (d.train_file, d.eval_file)]
+    read = [read_records(f) for f in (d.train_file, d.eval_file)]
     assert read == [train, held_out]
+    assert all(stat.S_IMODE(Path(f).stat().st_mode) == 0o600 for f in (d.train_file, d.eval_file))
+    keys = read_table(d.train_file).column("key").to_pylist()
+    assert keys == sorted(keys) and keys[0] == int(_record_key(train[0])[:16], 16)
     assert (d.source_records, d.quarantined) == (loaded.source_count, len(loaded.quarantined)) and d.quarantined
     q = Path(d.quarantine_file)
     assert stat.S_IMODE(q.stat().st_mode) == 0o600

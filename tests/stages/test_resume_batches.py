@@ -1,0 +1,67 @@
+"""A stage interrupted after a checkpoint and resumed trains exactly the batches an uninterrupted run trains: the
+shard's batch order depends only on (seed, epoch), so HF's "skip the batches already trained" skips those. The
+interruption lands in the second epoch, where the resumed loader must also take up the right epoch's order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from medgpt_ray.config import LoraConfig, StageConfig
+from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.stages import build_stage
+from medgpt_ray.stages.callbacks import INJECT_OOM_ENV
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import train
+from medgpt_ray.stages.sharding import ShardBatchSampler
+
+
+def per_step(out: Path) -> dict[int, tuple[float, float]]:
+    """(loss, grad_norm) of every logged step; a step logged twice (before and after a resume): the last."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in rows if "loss" in r}
+
+
+def test_resumed_run_trains_the_batches_the_uninterrupted_run_trains(repo, tiny_model, tmp_path, monkeypatch):
+    data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
+                        max_records=12)
+    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, epochs=2,
+                      seq_len=512, effective_batch=4, micro_batch=2, logging_steps=1, save_steps=4,
+                      warmup_ratio=0.0)
+    plan = plan_stage("sft", cfg, 1, False)
+    epochs: list[int] = []  # the epoch each pass over the shard was ordered for
+    order = ShardBatchSampler.__iter__
+
+    def spy(self):
+        epochs.append(self.epoch)
+        return order(self)
+
+    monkeypatch.setattr(ShardBatchSampler, "__iter__", spy)
+
+    def run(out: Path):
+        """Build and train as run_stage does (resuming from the newest checkpoint), without the final
+        evaluation and merge: (global steps, the checkpoint it resumed from)."""
+        out.mkdir(exist_ok=True)
+        inp = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
+        built = build_stage(inp)
+        resumed_from = train(built.trainer, inp)[1]
+        return built.trainer.state.global_step, resumed_from
+
+    assert run(tmp_path / "whole") == (6, None)  # 12 records, 4 per step: 3 steps an epoch
+    assert epochs == [0, 1]
+    monkeypatch.setenv(INJECT_OOM_ENV, "5")  # after checkpoint-4 (epoch 2, one step in), before step 5 is logged
+    with pytest.raises(torch.OutOfMemoryError):
+        run(tmp_path / "cut")
+    assert sorted(per_step(tmp_path / "cut")) == [1, 2, 3, 4]
+    epochs.clear()
+    steps, resumed_from = run(tmp_path / "cut")  # the marker file stops the hook from firing again
+    assert epochs == [1]  # the resumed loader (accelerate's skip wrapper around ours) got the epoch too
+    assert resumed_from.endswith("checkpoint-4") and steps == 6
+    a, b = per_step(tmp_path / "whole"), per_step(tmp_path / "cut")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=1e-5), step
