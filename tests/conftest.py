@@ -18,6 +18,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that connect this process to a Ray cluster of their own stop the shared session cluster: they run
+    last (stable sort: every other test keeps its order), so no test that needs the shared cluster follows them."""
+    items.sort(key=lambda item: item.get_closest_marker("leaves_shared_cluster") is not None)
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
