@@ -1,4 +1,4 @@
-"""One stage inside a Ray Train TorchTrainer with 2 CPU workers on the shared local cluster."""
+"""One stage inside a Ray Train TorchTrainer with 2 CPU workers on the shared local cluster, with DeepSpeed."""
 
 from __future__ import annotations
 
@@ -17,26 +17,34 @@ from medgpt_ray.stages.inputs import StageInputs
 pytestmark = pytest.mark.ray
 
 
-def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, tiny_model, tmp_path):
+def test_sft_with_deepspeed_zero2_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, tiny_model,
+                                                                                tmp_path):
+    """One Ray Train run checks both the runner's wiring (2 workers, progress actor, a Tune trial's extra metrics,
+    the result checkpoint) and the GPU path's DeepSpeed wiring on CPU: the planner's ZeRO-2 dict is accepted by
+    HF/TRL as is, with gradient accumulation, across two data-parallel workers. (The pipeline tests train without
+    DeepSpeed under the same runner.)"""
     ray = ray_cluster
     data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
                         max_records=24)
     cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
-                      seq_len=128, effective_batch=4, logging_steps=1, save_steps=100)
+                      seq_len=96, effective_batch=8, micro_batch=2, logging_steps=1, save_steps=100, zero_stage=2,
+                      warmup_ratio=0.0)
     plan = plan_stage("sft", cfg, 2, False)
-    assert plan.micro_batch * plan.grad_accum * 2 == 4
+    assert plan.deepspeed["zero_optimization"]["stage"] == 2
+    assert (plan.micro_batch, plan.grad_accum) == (2, 2)  # effective batch 8 = 2 x accum 2 x 2 workers
     out = tmp_path / "sft"
     out.mkdir()
     inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
     namespace = ray.get_runtime_context().namespace
     actor = ProgressActor.options(name="test-progress", namespace=namespace).remote()
 
-    opts = RayOptions(str(tmp_path / "_ray"), "test-sft", progress=("test-progress", namespace),
+    opts = RayOptions(str(tmp_path / "_ray"), "test-sft-ds", progress=("test-progress", namespace),
                       extra_metrics={"trial": "x"})
     result = run_stage_on_ray(inputs, opts)
 
     receipt = json.loads((out / "result.json").read_text())
-    assert receipt["world_size"] == 2
+    assert receipt["world_size"] == 2 and receipt["deepspeed"] is True
+    assert receipt["train_loss_last"] < receipt["train_loss_first"]
     assert result.metrics["steps"] == receipt["steps"] == 3
     assert result.metrics["train_loss_last"] == pytest.approx(receipt["train_loss_last"])
     assert result.metrics["eval_loss"] == pytest.approx(receipt["eval"]["eval_loss"])
@@ -46,22 +54,3 @@ def test_sft_on_two_ray_train_workers_matches_its_own_report(ray_cluster, repo, 
     progress = ray.get(actor.drain.remote())
     assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3]
     ray.kill(actor)
-
-
-def test_deepspeed_zero2_stage_under_ray_train(ray_cluster, repo, tiny_model, tmp_path):
-    """The GPU path's DeepSpeed wiring, on CPU: the planner's ZeRO-2 dict is accepted by HF/TRL as is."""
-    data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
-                        max_records=16)
-    cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=3,
-                      seq_len=96, effective_batch=4, micro_batch=2, logging_steps=1, save_steps=100, zero_stage=2,
-                      warmup_ratio=0.0)
-    plan = plan_stage("sft", cfg, 1, False)
-    assert plan.deepspeed["zero_optimization"]["stage"] == 2 and plan.grad_accum == 2
-    out = tmp_path / "sft"
-    out.mkdir()
-    inputs = StageInputs("sft", cfg, plan, str(tiny_model), "chatml", data.train_file, data.eval_file, str(out))
-    run_stage_on_ray(inputs, RayOptions(str(tmp_path / "_ray"), "test-sft-ds"))  # no progress actor: none pushed
-    receipt = json.loads((out / "result.json").read_text())
-    assert receipt["deepspeed"] is True
-    assert receipt["steps"] == 3
-    assert receipt["train_loss_last"] < receipt["train_loss_first"]
