@@ -71,8 +71,8 @@ def in_process(repo: Path, out: Path, *sets: str, only_stage: str | None = None)
 
 
 def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path, ray_cluster, monkeypatch):
-    # Over 60 s (~100 s on 2 cores), on purpose: two runs of `jobs/pipeline.py` as a user runs them, each starting
-    # its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own to interrupt),
+    # Over 60 s (2-4 min on 2 cores, by load), on purpose: two runs of `jobs/pipeline.py` as a user runs them, each
+    # starting its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own),
     # then the all-skipped re-run and --only-stage in this process, on the shared session cluster.
     # SFT gets 36 steps: the Ctrl-C lands well after its first checkpoint (step 3) and before it ends.
     monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` runs (cwd=repo)
@@ -138,7 +138,7 @@ def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
 
 def test_ray_job_submit_with_token_auth(repo, tmp_path):
     """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root."""
-    # Over 60 s (~70 s on 2 cores), on purpose: a `ray start --head` cluster of its own and a job through
+    # Over 60 s (1.5-2.5 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and a job via
     # `ray job submit`. The job trains pt -> sft: every stage's workers import the shipped working-dir copy, and sft
     # starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
     venv_bin = str(Path(sys.executable).parent)

@@ -23,6 +23,8 @@ def test_sft_with_deepspeed_zero2_on_two_ray_train_workers_matches_its_own_repor
     the result checkpoint) and the GPU path's DeepSpeed wiring on CPU: the planner's ZeRO-2 dict is accepted by
     HF/TRL as is, with gradient accumulation, across two data-parallel workers. (The pipeline tests train without
     DeepSpeed under the same runner.)"""
+    # ~40-60 s on 2 cores, up to ~85 s when the box is shared: two Ray Train workers each import DeepSpeed and
+    # start its CPU comm op (built once into the cache, FIELD-NOTES); one run instead of the two this replaced.
     ray = ray_cluster
     data = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1,
                         max_records=24)
