@@ -1,5 +1,6 @@
-"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py`, then again (skips),
-interrupted mid-SFT (resumes), `--only-stage`, and `ray start --head` + `ray job submit`."""
+"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py` interrupted mid-SFT, then again (skips
+what finished, resumes SFT), re-runs that skip everything or rerun one stage (`--only-stage`), and
+`ray start --head` + `ray job submit`."""
 
 from __future__ import annotations
 
@@ -59,14 +60,27 @@ def summary(out: Path) -> dict:
     return json.loads((out / "tiny-cpu" / "summary.json").read_text())
 
 
-def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path):
-    # Over 60 s (~3 min on 2 cores), on purpose: four runs of `jobs/pipeline.py` as a user runs it, each starting
-    # its own local Ray cluster (interrupted, resumed, all skipped, --only-stage). SFT gets 60 steps: enough that
-    # the Ctrl-C lands well after its first checkpoint (step 3) and before it ends.
+def in_process(repo: Path, out: Path, *sets: str, only_stage: str | None = None) -> tuple[dict, list[str]]:
+    """The same config as `pipeline_cmd`, run by this process's Pipeline on the shared session cluster."""
+    from medgpt_ray.config import load_config
+    from medgpt_ray.run.pipeline import Pipeline, RunOptions
+
+    args = [*FAST, *sets, "--set", f"output_dir={out}"]
+    cfg = load_config(str(repo / "configs" / "tiny-cpu.yaml"), [a for a in args if a != "--set"])
+    lines: list[str] = []
+    return Pipeline(cfg, RunOptions(only_stage=only_stage, echo=lines.append)).run(), lines
+
+
+def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path, ray_cluster, monkeypatch):
+    # Over 60 s (2-4 min on 2 cores, by load), on purpose: two runs of `jobs/pipeline.py` as a user runs them, each
+    # starting its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own),
+    # then the all-skipped re-run and --only-stage in this process, on the shared session cluster.
+    # SFT gets 36 steps: the Ctrl-C lands well after its first checkpoint (step 3) and before it ends.
+    monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` runs (cwd=repo)
     out = tmp_path / "runs"
-    sft = ["--set", "stages.sft.max_steps=60", "--set", "stages.sft.save_steps=3"]
+    sft = ["--set", "stages.sft.max_steps=36", "--set", "stages.sft.save_steps=3"]
     proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env(), start_new_session=True)
+                            text=True, env=env(), cwd=repo, start_new_session=True)
     ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
     deadline = time.monotonic() + 400
     try:
@@ -82,11 +96,11 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
     assert set(manifest["stages"]) == {"pt"}, "an interrupted stage must not be in the manifest"
 
-    second = run(pipeline_cmd(repo, out, *sft)).stdout
+    second = run(pipeline_cmd(repo, out, *sft), cwd=repo).stdout
     assert "[ pt] done in manifest" in second
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
     assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
-    assert sft_result["steps"] == 60
+    assert sft_result["steps"] == 36
     s = summary(out)
     assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped", "done", "done", "done"]
     assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
@@ -99,13 +113,16 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert [w["rank"] for w in manifest["stages"]["sft"]["workers"]] == [0, 1]
     assert manifest["run"]["packages"]["ray"] == "2.60.0"
 
-    third = run(pipeline_cmd(repo, out, *sft)).stdout
+    # The same config again, from another driver: everything is done (the fingerprints do not depend on which
+    # driver or cluster ran a stage), then --only-stage reruns dpo alone.
+    third, lines = in_process(repo, out, *sft)
     for stage in ("pt", "sft", "rm", "dpo"):
-        assert f"[{stage:>3}] done in manifest" in third
+        assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage
+    assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped"] * 4
     assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped"] * 4
 
     before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
-    run(pipeline_cmd(repo, out, *sft, "--only-stage", "dpo"))
+    in_process(repo, out, *sft, only_stage="dpo")
     after = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
     assert after["dpo"]["finished_at"] >= before["dpo"]["finished_at"]
     assert after["dpo"]["result"]["wall_s"] != before["dpo"]["result"]["wall_s"]
@@ -122,8 +139,9 @@ def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
 
 def test_ray_job_submit_with_token_auth(repo, tmp_path):
     """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root."""
-    # Over 60 s (~100 s on 2 cores), on purpose: a `ray start --head` cluster of its own and a job that runs all
-    # four stages through `ray job submit`.
+    # Over 60 s (1.5-2.5 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and a job via
+    # `ray job submit`. The job trains pt -> sft: every stage's workers import the shipped working-dir copy, and sft
+    # starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
     venv_bin = str(Path(sys.executable).parent)
     token = tmp_path / "auth_token"
     token.write_text(secrets.token_hex(32))
@@ -151,7 +169,7 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
             log = (tmp_path / "head.log").read_text()[-3000:]
             assert head.poll() is None, f"ray start exited:\n{log}"
             assert time.monotonic() < deadline, f"Ray head did not come up:\n{log}"
-            time.sleep(2)
+            time.sleep(0.5)
         no_token = subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
                                   text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
                                   timeout=60)
@@ -159,6 +177,7 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
         cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", "medgpt-e2e",
                "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config", "configs/tiny-cpu.yaml",
                "--set", f"output_dir={out}", "--set", "stages.sft.max_steps=2", *FAST,
+               "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
                # MedicalGPT's own formats as a user brings them: plain-text pretraining lines and its DPO files.
                "--set", "data.pretrain=[data/sample/formats/pretrain_medical.txt]",
                "--set", "data.preference=[data/sample/formats/preference_sharegpt.jsonl]"]
@@ -171,13 +190,15 @@ def test_ray_job_submit_with_token_auth(repo, tmp_path):
                 break
             if time.monotonic() > agent_deadline:
                 break
-            time.sleep(3)
+            time.sleep(1)
         assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
         logs = run([f"{venv_bin}/ray", "job", "logs", "--address", address, "medgpt-e2e"], env=e).stdout
         assert "on cluster Ray" in logs
         assert "[sft] step 1/2" in logs and "[sft] done in" in logs
         assert "summary of run 'tiny-cpu'" in logs
-        assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["done"] * 4
+        statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
+        assert statuses == ["done", "done", "disabled", "disabled"]
+        assert json.loads((out / "tiny-cpu" / "sft" / "plan.json").read_text())["num_workers"] == 2
         data = out / "tiny-cpu" / "data"
         pairs = read_records(data / "preference.train.parquet")
         assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)

@@ -13,7 +13,7 @@ from tests.placement_probe import run_placed
 
 
 @pytest.fixture
-def two_gpu_nodes():
+def two_gpu_nodes(own_ray_connection):
     import ray
     from ray.cluster_utils import Cluster
 
@@ -31,7 +31,10 @@ def two_gpu_nodes():
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.leaves_shared_cluster
 def test_each_node_runs_its_share_on_the_chosen_gpus(two_gpu_nodes, tmp_path):
+    # ~35-50 s on 2 cores, more on a shared box: three Ray nodes of its own (the one test that needs a multi-node
+    # cluster) and a 4-worker Ray Train run across them.
     # 4 workers on GPUs [1, 3] of every node: the tokens (half of medgpt_gpu_1 and _3 per worker) put exactly
     # two workers on each node, and local ranks 0/1 drive GPU 1/3.
     placement = place_stage(load_topology_file("4x4090-single-socket"), 4, [1, 3], {})

@@ -1,5 +1,5 @@
-"""One tiny pipeline run shared by the tests that only read a run (planner, metrics; later eval and report),
-instead of each starting its own."""
+"""Pipeline runs shared by the tests that only read a run, instead of each starting its own: one tiny run
+(planner, metrics; later eval and report) and one run that cleans raw sources first (`data.raw`)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,33 @@ def tiny_run(ray_cluster, ray_temp_dir, repo, tmp_path_factory):
         yield TinyRun(cfg.name, tmp / "runs" / cfg.name, summary, lines, BUDGET_GIB, MAX_STEPS, prom)
     finally:
         prom.stop()
+
+
+@dataclass
+class RawRun:
+    run_dir: Path
+    cfg: object  # the PipelineConfig, for a re-run of the same config
+    summary: dict
+    lines: list[str]
+
+
+@pytest.fixture(scope="session")
+def raw_run(ray_cluster, repo, tmp_path_factory):
+    """`data.raw` in a pipeline config: our dirty sample corpus (data/sample/raw, whose README lists its planted
+    defects) and one file per MedicalGPT source format (data/sample/formats), cleaned by Ray Data as the
+    pipeline's first step, then one step of pt and of sft on the cleaned Parquet."""
+    from medgpt_ray.config import PipelineConfig
+    from medgpt_ray.run.pipeline import Pipeline, RunOptions
+
+    tmp = tmp_path_factory.mktemp("raw-run")
+    cfg = PipelineConfig.model_validate({
+        "name": "raw", "output_dir": str(tmp), "model": {"path": "tiny"},
+        "data": {"raw": [str(repo / "data/sample/raw"), str(repo / "data/sample/formats")], "eval_fraction": 0.1},
+        "resources": {"num_workers": 1},
+        "stages": {"pt": {"max_steps": 1, "seq_len": 64, "effective_batch": 2},
+                   "sft": {"max_steps": 1, "seq_len": 256, "effective_batch": 2, "method": "lora"},
+                   "rm": {"enabled": False}, "dpo": {"enabled": False}},
+    })
+    lines: list[str] = []
+    summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
+    return RawRun(tmp / "raw", cfg, summary, lines)

@@ -5,6 +5,7 @@ records broken on purpose are quarantined, and the kinds no stage trains on yet 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,15 +58,13 @@ def test_each_format_given_directly_is_prepared_with_its_quarantine(ray_cluster,
                for p in prompts)
 
 
-def test_each_format_as_raw_sources_is_cleaned_then_prepared(ray_cluster, tmp_path):
-    cfg = PipelineConfig.model_validate({
-        "name": "raw-formats", "output_dir": str(tmp_path), "model": {"path": "tiny"},
-        "resources": {"num_workers": 1}, "data": {"raw": [str(FORMATS)]}, "stages": ONLY_PT})
-    summary = Pipeline(cfg, RunOptions(echo=lambda _: None)).run()
-    assert summary["stages"]["pt"]["status"] == "done"
-    report = json.loads((tmp_path / "raw-formats" / "clean" / "report.json").read_text())
+def test_each_format_as_raw_sources_is_cleaned_then_prepared(raw_run):
+    # The shared raw run (tests/ray/conftest.py) cleans data/sample/formats beside our dirty sample corpus.
+    assert raw_run.summary["stages"]["pt"]["status"] == "done"
+    report = json.loads((raw_run.run_dir / "clean" / "report.json").read_text())
     assert report["adds_up"]
-    data = tmp_path / "raw-formats" / "data"
+    assert {Path(f).name for f in report["files"]} >= set(malformed_lines())  # every format file was read
+    data = raw_run.run_dir / "data"
     for kind in FILES:
         prepared = len(read_records(data / f"{kind}.train.parquet")) + len(read_records(data / f"{kind}.eval.parquet"))
         assert prepared == report["per_kind"][kind]["emitted"] > 0, kind

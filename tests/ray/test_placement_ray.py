@@ -6,43 +6,60 @@ import threading
 
 import pytest
 
+from medgpt_ray.placement.device import StagePlacement
 from medgpt_ray.placement.policy import partition_gpus, place_stage
 from medgpt_ray.placement.topology import load_topology_file
 from tests.placement_probe import run_placed
 
 pytestmark = pytest.mark.ray
 
-
-@pytest.mark.parametrize("topology,workers,explicit,expected", [
+CASES = [
     ("8x4090-switches-single-socket", 4, None, [0, 2, 4, 6]),
     ("8x4090-dual-socket", 2, None, [0, 2]),
     ("8x4090-dual-socket", 2, [5, 7], [5, 7]),
-])
-def test_workers_bind_the_chosen_gpus(ray_cluster, tmp_path, topology, workers, explicit, expected):
-    placement = place_stage(load_topology_file(topology), workers, explicit, {})
-    assert placement.gpus == expected
-    seen = run_placed(placement, tmp_path / "out", tmp_path / "storage", f"probe-{len(expected)}")
-    assert [w["physical_gpu"] for w in seen] == expected  # rank r drives chosen[r]
-    assert {w["node_id"] for w in seen} == {seen[0]["node_id"]}
-    for w in seen:
-        # The device the trainer will use (ACCELERATE_TORCH_DEVICE within the CUDA_VISIBLE_DEVICES that Ray
-        # left alone under NOSET) is the chosen GPU of this local rank.
-        assert w["device_index"] == w["local_rank"] and w["device_gpu"] == expected[w["local_rank"]]
-        assert w["nccl_p2p_disable"] == "1"
+]
+
+
+def run_side_by_side(placements: list[StagePlacement], tmp_path, name: str) -> list[list[dict]]:
+    """Each placement as its own Ray Train run, all at once."""
+    results: dict[int, list[dict]] = {}
+
+    def go(i: int) -> None:
+        results[i] = run_placed(placements[i], tmp_path / f"{name}{i}", tmp_path / "storage", f"{name}{i}")
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(placements))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    return [results[i] for i in range(len(placements))]
+
+
+@pytest.mark.parametrize("topology,workers,explicit,expected", CASES)
+def test_the_policy_chooses_these_gpus(topology, workers, explicit, expected):
+    assert place_stage(load_topology_file(topology), workers, explicit, {}).gpus == expected
+
+
+def test_workers_bind_the_chosen_gpus(ray_cluster, tmp_path):
+    # One Ray Train run per shape of request, not per case: 4 workers on the switches box's choice [0, 2, 4, 6],
+    # then 2 on the explicit [5, 7] of the dual-socket box. The remaining case ([0, 2], 2 workers, the same box)
+    # hands Ray the same shape as [5, 7] (ray_train_resources reads only the placement); its choice is checked
+    # above.
+    for topology, workers, explicit, expected in (CASES[0], CASES[2]):
+        placement = place_stage(load_topology_file(topology), workers, explicit, {})
+        seen = run_placed(placement, tmp_path / f"out{len(expected)}", tmp_path / "storage",
+                          f"probe-{len(expected)}")
+        assert [w["physical_gpu"] for w in seen] == expected  # rank r drives chosen[r]
+        assert {w["node_id"] for w in seen} == {seen[0]["node_id"]}
+        for w in seen:
+            # The device the trainer will use (ACCELERATE_TORCH_DEVICE within the CUDA_VISIBLE_DEVICES that Ray
+            # left alone under NOSET) is the chosen GPU of this local rank.
+            assert w["device_index"] == w["local_rank"] and w["device_gpu"] == expected[w["local_rank"]]
+            assert w["nccl_p2p_disable"] == "1"
 
 
 def test_concurrent_jobs_get_disjoint_sets(ray_cluster, tmp_path):
     topo = load_topology_file("8x4090-dual-socket")
     jobs, _ = partition_gpus(topo, [4, 4])
-    results: dict[int, list[dict]] = {}
-
-    def go(i: int) -> None:
-        results[i] = run_placed(place_stage(topo, 4, None, {}, gpus=jobs[i]), tmp_path / f"out{i}",
-                                tmp_path / "storage", f"job{i}")
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
-    assert [[w["physical_gpu"] for w in results[i]] for i in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    results = run_side_by_side([place_stage(topo, 4, None, {}, gpus=jobs[i]) for i in range(2)], tmp_path, "job")
+    assert [[w["physical_gpu"] for w in r] for r in results] == [[0, 1, 2, 3], [4, 5, 6, 7]]
