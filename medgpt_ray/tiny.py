@@ -124,7 +124,15 @@ def _build_model(out: Path, vocab_size: int, pad_id: int, eos_id: int) -> None:
         bos_token_id=None,
         **TINY_SHAPE,
     )
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers 5.17 draws a "Writing model shards" bar for one tiny file
+    try:
+        Qwen2ForCausalLM(config).save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def ensure_tiny(corpus: Path | None = None) -> Path:
