@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
+from medgpt_ray.data.private import open_private, private_dir
 from medgpt_ray.data.shards import SplitWriter
 
 
@@ -52,17 +53,11 @@ def split_positions(hashes: np.ndarray, eval_fraction: float, max_records: int |
     return train, held_out
 
 
-def _open_private(path: Path, mode: str = "w"):
-    """Created owner-only (not chmod'ed after): quarantined and canonical lines may hold raw text."""
-    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), mode,
-                     **({} if "b" in mode else {"encoding": "utf-8"}))
-
-
 def _write_split(src: Path, offsets: array, hashes: np.ndarray, positions: np.ndarray, dest: Path) -> None:
     """Write the records whose scratch lines start at `offsets[positions]`, in that order, to the Parquet file
     `dest`: created owner-only (it holds record text), written in bounded row groups, renamed into place."""
     tmp = dest.with_name(f".{dest.name}.tmp")
-    with src.open("rb") as fh, _open_private(tmp, "wb") as out:
+    with src.open("rb") as fh, open_private(tmp, "wb") as out:
         writer = SplitWriter(out)
         for pos in positions.tolist():
             fh.seek(offsets[pos])
@@ -97,17 +92,17 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
     train and held-out Parquet files in hash order."""
     if not paths:
         raise ValueError(f"data.{kind}: no files configured, but an enabled stage needs {kind} data")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(out_dir)  # record text: 0700, and its files 0600
     qpath, scratch = out_dir / f"quarantine-{kind}.jsonl", out_dir / f".{kind}.canonical.jsonl.tmp"
     hashes, offsets = array("Q"), array("Q")
     source = quarantined = 0
     qfh = None
     try:
-        with _open_private(scratch, "wb") as fh:
+        with open_private(scratch, "wb") as fh:
             for item in iter_canonical(paths, kind):  # type: ignore[arg-type]
                 source += 1
                 if isinstance(item, Quarantined):
-                    qfh = qfh or _open_private(qpath)
+                    qfh = qfh or open_private(qpath)
                     qfh.write(json.dumps(asdict(item), ensure_ascii=False) + "\n")
                     quarantined += 1
                     continue

@@ -55,3 +55,24 @@ def test_nothing_usable_names_the_kind_and_leaves_no_scratch(tmp_path):
     with pytest.raises(ValueError, match=r"data.sft: none of the 2 source records"):
         prepare_kind("sft", [str(bad)], tmp_path / "out", 0.1)
     assert not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def test_a_world_readable_quarantine_from_before_is_replaced_owner_only(tmp_path):
+    """Issue 16 item 4: opening an existing 0644 file with O_TRUNC would keep its mode with raw lines in it."""
+    import json
+    import stat
+
+    from medgpt_ray.data.prepare import prepare_kind
+
+    src = tmp_path / "in.jsonl"
+    good = {"conversations": [{"from": "human", "value": "头痛"}, {"from": "gpt", "value": "休息"}]}
+    src.write_text(json.dumps(good, ensure_ascii=False) + "\n" + "not json\n" + json.dumps(good) + "\n",
+                   encoding="utf-8")
+    out = tmp_path / "data"
+    out.mkdir(mode=0o755)
+    old = out / "quarantine-sft.jsonl"
+    old.write_text("old")
+    old.chmod(0o644)
+    prepare_kind("sft", [str(src)], out, 0.5)
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600 and "not json" in old.read_text(encoding="utf-8")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
