@@ -95,6 +95,11 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert "[ pt] done" in first_log
     manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
     assert set(manifest["stages"]) == {"pt"}, "an interrupted stage must not be in the manifest"
+    # Ctrl-C is a sentence, not a traceback, and summary.json says what this run did (issue 16 item 8).
+    assert "interrupted: finished stages and the last checkpoint are kept" in first_log
+    assert "KeyboardInterrupt" not in first_log
+    cut = summary(out)["stages"]
+    assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "interrupted"
 
     second = run(pipeline_cmd(repo, out, *sft), cwd=repo).stdout
     assert "[ pt] done in manifest" in second
