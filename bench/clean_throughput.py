@@ -110,7 +110,8 @@ def ray_run(path: Path, cpus: int, work: Path, object_store_gib: float, temp_dir
         start = time.time()
         with PeakRSS() as rss:
             report = clean_corpus([str(path)], work / f"out_{cpus}cpu", "sft", load_clean_config(None, sets), echo=echo,
-                                  live_progress=LiveProgress)  # as `medgpt-ray clean` runs it
+                                  live_progress=LiveProgress,  # as `medgpt-ray clean` runs it
+                                  overwrite=True)  # the bench owns --work
             time.sleep(0.6)  # one more sample of every process's CPU time before the cluster goes
         cpu = rss.cpu_seconds()
         events = ray.timeline()
