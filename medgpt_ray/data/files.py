@@ -283,9 +283,9 @@ def _unreadable(path: Path) -> DataFileError | None:
     return None
 
 
-def _skip_reason(entry: Path, root: Path) -> str | None:
+def _skip_reason(entry: Path) -> str | None:
     """Why a directory entry is not read: hidden, an unsupported suffix, not a regular file. None: read it."""
-    if any(part.startswith(".") for part in entry.relative_to(root).parts):
+    if entry.name.startswith("."):
         return "hidden"
     if entry.is_dir():
         return "directory"
@@ -309,11 +309,12 @@ def expand_paths(paths: Sequence[str | Path], skipped: list[tuple[Path, str]] | 
         if p.is_dir():
             found = []
             for entry in sorted(p.rglob("*")):
-                reason = _skip_reason(entry, p)
+                if any(part.startswith(".") for part in entry.relative_to(p).parts[:-1]):
+                    continue  # inside a hidden directory: the directory itself is listed once
+                reason = _skip_reason(entry)
                 if reason is None:
                     found.append(entry)
-                elif reason != "directory" and skipped is not None and not any(
-                        entry.is_relative_to(q) for q, why in skipped if why == "hidden"):
+                elif reason != "directory" and skipped is not None:
                     skipped.append((entry, reason))
             if not found:
                 raise DataFileError(f"{p}: directory holds no {', '.join(SUFFIXES)} files")
