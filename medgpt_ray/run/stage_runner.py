@@ -19,6 +19,7 @@ import ray
 from transformers import TrainerCallback
 
 from medgpt_ray.placement.device import bind_worker_device, ray_train_resources
+from medgpt_ray.run.placed_torch import torch_config_for
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import is_rank_zero
@@ -116,6 +117,7 @@ def run_stage_on_ray(inputs: StageInputs, opts: RayOptions):
         train_loop_config={"inputs": inputs, "progress": opts.progress, "report_evals": opts.report_evals,
                            "extra_metrics": opts.extra_metrics},
         scaling_config=ScalingConfig(**scaling),
+        torch_config=torch_config_for(plan.placement is not None),
         # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
         run_config=RunConfig(name=opts.name, storage_path=opts.storage_path, callbacks=opts.callbacks,
                              logging_config=ray.LoggingConfig(log_level="WARNING"),

@@ -40,15 +40,16 @@ def test_the_policy_chooses_these_gpus(topology, workers, explicit, expected):
     assert place_stage(load_topology_file(topology), workers, explicit, {}).gpus == expected
 
 
-def test_workers_bind_the_chosen_gpus(ray_cluster, tmp_path):
-    # One Ray Train run per shape of request, not per case: 4 workers on the switches box's choice [0, 2, 4, 6],
-    # then 2 on the explicit [5, 7] of the dual-socket box. The remaining case ([0, 2], 2 workers, the same box)
-    # hands Ray the same shape as [5, 7] (ray_train_resources reads only the placement); its choice is checked
-    # above.
-    for topology, workers, explicit, expected in (CASES[0], CASES[2]):
-        placement = place_stage(load_topology_file(topology), workers, explicit, {})
-        seen = run_placed(placement, tmp_path / f"out{len(expected)}", tmp_path / "storage",
-                          f"probe-{len(expected)}")
+def test_concurrent_stages_bind_their_own_chosen_gpus(ray_cluster, tmp_path):
+    # One pair of Ray Train runs at once, not a run per case: 4 workers on the switches box's choice [0, 2, 4, 6]
+    # beside 2 on the explicit [5, 7] of the dual-socket box (disjoint sets, as two concurrent jobs hold). The
+    # remaining case ([0, 2], 2 workers, the same box) hands Ray the same shape as [5, 7] (ray_train_resources
+    # reads only the placement); its choice is checked above.
+    cases = (CASES[0], CASES[2])
+    placements = [place_stage(load_topology_file(topology), workers, explicit, {})
+                  for topology, workers, explicit, _ in cases]
+    results = run_side_by_side(placements, tmp_path, "probe")
+    for (_, _, _, expected), seen in zip(cases, results, strict=True):
         assert [w["physical_gpu"] for w in seen] == expected  # rank r drives chosen[r]
         assert {w["node_id"] for w in seen} == {seen[0]["node_id"]}
         for w in seen:
@@ -56,10 +57,11 @@ def test_workers_bind_the_chosen_gpus(ray_cluster, tmp_path):
             # left alone under NOSET) is the chosen GPU of this local rank.
             assert w["device_index"] == w["local_rank"] and w["device_gpu"] == expected[w["local_rank"]]
             assert w["nccl_p2p_disable"] == "1"
+            # Bound by the backend before the train function (where Ray's own set_device would have run).
+            assert w["bound_before"] == f"cuda:{w['local_rank']}"
 
 
-def test_concurrent_jobs_get_disjoint_sets(ray_cluster, tmp_path):
-    topo = load_topology_file("8x4090-dual-socket")
-    jobs, _ = partition_gpus(topo, [4, 4])
-    results = run_side_by_side([place_stage(topo, 4, None, {}, gpus=jobs[i]) for i in range(2)], tmp_path, "job")
-    assert [[w["physical_gpu"] for w in r] for r in results] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+def test_concurrent_jobs_are_given_disjoint_gpu_sets():
+    # Which sets two 4-GPU jobs get; that Ray Train holds concurrent runs to their sets is the test above.
+    jobs, _ = partition_gpus(load_topology_file("8x4090-dual-socket"), [4, 4])
+    assert jobs == [[0, 1, 2, 3], [4, 5, 6, 7]]
