@@ -72,11 +72,34 @@ class DataConfig(_Strict):
     # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
     raw: list[str] = []
     clean: CleanConfig = CleanConfig()
+    # PII redaction (clean.pii.types: ID cards, phones, e-mails, bank cards) of every record on its way into
+    # training: the files given per kind above and the cleaned data.raw alike. false is the explicit, logged
+    # opt-out: records are trained as given, and the cleaning of data.raw skips its PII step too.
+    redact_pii: bool = True
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
     max_records: Annotated[int, Field(ge=1)] | None = None  # per kind, after the split; for smoke runs
 
+    @model_validator(mode="after")
+    def _one_pii_switch(self) -> DataConfig:
+        # clean.pii.enabled alone would switch off only the cleaner's step while the preparation still redacts
+        # (or, read the other way, silently stop redaction): the opt-out is redact_pii, said once.
+        if self.redact_pii and not (self.clean.pii.enabled and self.clean.pii.types):
+            raise ValueError("data.clean.pii turns PII redaction off (enabled: false or no types); to train on "
+                             "records as given, set data.redact_pii: false instead")
+        return self
+
     def paths(self, kind: str) -> list[str]:
         return getattr(self, kind)
+
+    def pii_types(self) -> list[str]:
+        """The PII types redacted on the way into training; empty when data.redact_pii is false."""
+        return list(self.clean.pii.types) if self.redact_pii else []
+
+    def clean_config(self) -> CleanConfig:
+        """The cleaner's options for data.raw: data.clean, with its PII step off when data.redact_pii is."""
+        if self.redact_pii:
+            return self.clean
+        return self.clean.model_copy(update={"pii": self.clean.pii.model_copy(update={"enabled": False})})
 
 
 class ResourcesConfig(_Strict):

@@ -6,6 +6,11 @@ The split is deterministic (by a hash of each record, not by position or a
 seeded shuffle), so the same data always gives the same held-out set even when
 files are reordered. Records that cannot be used go to an owner-only quarantine
 file with file, line and reason; nothing is dropped silently.
+
+Every canonical record is PII-redacted (data/ops/record.py's redact_record, the cleaner's own) before it is
+written anywhere, scratch file included, unless the caller passes no PII types (data.redact_pii: false). The
+quarantine holds no record text for rows that parsed (file, line and a reason that never quotes a value); only
+lines that did not parse are kept raw, in that 0600 file.
 """
 
 from __future__ import annotations
@@ -14,12 +19,16 @@ import hashlib
 import json
 import os
 from array import array
-from dataclasses import asdict, dataclass
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from medgpt_ray.config import DataConfig
 from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
+from medgpt_ray.data.ops.pii import ORDER as PII_TYPES
+from medgpt_ray.data.ops.record import redact_record
 from medgpt_ray.data.private import open_private, private_dir
 from medgpt_ray.data.shards import SplitWriter
 
@@ -34,6 +43,30 @@ class PreparedData:
     eval_records: int
     quarantined: int
     quarantine_file: str | None
+    # PII items replaced by placeholders, per type redacted (0 included); empty when redaction was off.
+    redactions: dict[str, int] = field(default_factory=dict)
+
+
+def redaction_text(counts: dict[str, int]) -> str:
+    """`, 3 PII redactions (2 id_card, 1 phone)`, or "" when there were none: counts only, never a value."""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    by_type = ", ".join(f"{n} {t}" for t, n in counts.items() if n)
+    return f", {total} PII redaction{'s' if total != 1 else ''} ({by_type})"
+
+
+def prepared_line(d: PreparedData) -> str:
+    """The pipeline's one line per prepared kind."""
+    q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
+    return (f"data {d.kind}: {d.source_records} source records -> {d.train_records} train / {d.eval_records} "
+            f"held out{redaction_text(d.redactions)}{q}")
+
+
+def not_redacted_line(sources: list[str]) -> str:
+    """What the pipeline says once when data.redact_pii is false (the opt-out is logged, never silent)."""
+    keys = ", ".join(f"data.{k}" for k in sources)
+    return f"data.redact_pii is false: records from {keys} are trained as given, not PII-redacted"
 
 
 def _record_key(record: dict) -> str:
@@ -74,28 +107,37 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def data_fingerprint(paths: list[str], eval_fraction: float, max_records: int | None) -> str:
+def sources_fingerprint(paths: list[str]) -> str:
     """Of the bytes of exactly the files that will be read (expand_paths' rules: every supported suffix,
     hidden files skipped); a missing path is a DataFileError naming it."""
-    h = hashlib.sha256(json.dumps([eval_fraction, max_records]).encode())
+    h = hashlib.sha256()
     for f in expand_paths(paths) if paths else []:
         h.update(f.name.encode())
         h.update(file_sha256(f).encode())
     return h.hexdigest()
 
 
+def data_fingerprint(paths: list[str], data: DataConfig) -> str:
+    """Of the sources' bytes and of every option of `data` that prepare_kind is given: the split and the PII
+    types redacted (none: data.redact_pii false), so toggling redaction re-prepares and retrains."""
+    options = [data.eval_fraction, data.max_records, sorted(data.pii_types()), sources_fingerprint(paths)]
+    return hashlib.sha256(json.dumps(options).encode()).hexdigest()
+
+
 def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: float,
-                 max_records: int | None = None) -> PreparedData:
+                 max_records: int | None = None, pii_types: Collection[str] = PII_TYPES) -> PreparedData:
     """Read, convert and split `paths` as `kind` data, streaming: the driver holds 16 bytes per record (a hash
-    prefix and a file offset), never the records. Pass 1 writes every canonical record once to a private
-    scratch file and every unusable row to the quarantine file; pass 2 writes the scratch records into the
-    train and held-out Parquet files in hash order."""
+    prefix and a file offset), never the records. Pass 1 PII-redacts (`pii_types`; empty: records as given)
+    and writes every canonical record once to a private scratch file and every unusable row to the quarantine
+    file; pass 2 writes the scratch records into the train and held-out Parquet files in hash order. The split
+    hashes the redacted record, the text that is trained."""
     if not paths:
         raise ValueError(f"data.{kind}: no files configured, but an enabled stage needs {kind} data")
     private_dir(out_dir)  # record text: 0700, and its files 0600
     qpath, scratch = out_dir / f"quarantine-{kind}.jsonl", out_dir / f".{kind}.canonical.jsonl.tmp"
     hashes, offsets = array("Q"), array("Q")
     source = quarantined = 0
+    redactions = dict.fromkeys(pii_types, 0)
     qfh = None
     try:
         with open_private(scratch, "wb") as fh:
@@ -107,6 +149,10 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
                     quarantined += 1
                     continue
                 for record in item:
+                    if pii_types:
+                        record, found = redact_record(record, kind, pii_types)
+                        for t, n in found.items():
+                            redactions[t] += n
                     offsets.append(fh.tell())
                     fh.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
                     hashes.append(int(_record_key(record)[:16], 16))
@@ -126,4 +172,4 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
             qfh.close()
         scratch.unlink(missing_ok=True)
     return PreparedData(kind, str(train_file), str(eval_file), source, len(train), len(held_out), quarantined,
-                        quarantine_file)
+                        quarantine_file, redactions)

@@ -19,8 +19,8 @@ import ray
 
 from medgpt_ray import models
 from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
+from medgpt_ray.data import prepare
 from medgpt_ray.data.kinds import KINDS, DataFileError
-from medgpt_ray.data.prepare import PreparedData, data_fingerprint, prepare_kind
 from medgpt_ray.memory.format import plan_line
 from medgpt_ray.memory.planner import plan_all
 from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
@@ -111,20 +111,19 @@ class Pipeline:
         options and the code are unchanged since the last cleaning of this run."""
         from medgpt_ray.data.clean import clean_corpus
 
-        clean_dir = self.run_dir / "clean"
+        clean_dir, clean_cfg = self.run_dir / "clean", self.cfg.data.clean_config()  # PII step off iff redact_pii
         try:
-            sources = data_fingerprint(self.cfg.data.raw, 0.0, None)
+            sources = prepare.sources_fingerprint(self.cfg.data.raw)
         except DataFileError as e:
             raise ConfigError(f"data.raw: {e}") from None
-        fp = sha256_json({"sources": sources,
-                          "clean": self.cfg.data.clean.model_dump(mode="json"),
+        fp = sha256_json({"sources": sources, "clean": clean_cfg.model_dump(mode="json"),
                           "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]}})
         stamp = clean_dir / "fingerprint.json"
         if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fp:
             self.echo(f"[clean] raw sources unchanged since the last cleaning, using {clean_dir / 'data'}")
             return
         stamp.unlink(missing_ok=True)
-        report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", self.cfg.data.clean, echo=self.echo,
+        report = clean_corpus(self.cfg.data.raw, clean_dir, "auto", clean_cfg, echo=self.echo,
                               live_progress=LiveProgress, overwrite=True)  # runs/<name>/clean is the run's own
         if not report["adds_up"]:
             raise PipelineError(f"cleaning of data.raw does not add up; see {clean_dir / 'report.json'}")
@@ -140,24 +139,24 @@ class Pipeline:
         needed = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
         return sorted(needed | {k for k in KINDS if k not in needed and self._data_paths(k)})
 
-    def _prepare_data(self) -> dict[str, PreparedData]:
-        prepared: dict[str, PreparedData] = {}
-        for kind in self._data_kinds():
-            paths = self._data_paths(kind)
+    def _prepare_data(self) -> dict[str, prepare.PreparedData]:
+        prepared: dict[str, prepare.PreparedData] = {}
+        data, kinds = self.cfg.data, self._data_kinds()
+        if not data.redact_pii:
+            self.echo(prepare.not_redacted_line((["raw"] if data.raw else []) + kinds))
+        for kind in kinds:
             try:
-                d = prepare_kind(kind, paths, self.run_dir / "data", self.cfg.data.eval_fraction,
-                                 self.cfg.data.max_records)
+                d = prepare.prepare_kind(kind, self._data_paths(kind), self.run_dir / "data", data.eval_fraction,
+                                 data.max_records, data.pii_types())
             except DataFileError as e:
                 raise ConfigError(f"data.{kind}: {e}") from None
-            q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
-            self.echo(f"data {kind}: {d.source_records} source records -> {d.train_records} train / "
-                      f"{d.eval_records} held out{q}")
+            self.echo(prepare.prepared_line(d))
             prepared[kind] = d
         return prepared
 
     def _data_fingerprint(self, kind: str) -> str:
         try:
-            return data_fingerprint(self._data_paths(kind), self.cfg.data.eval_fraction, self.cfg.data.max_records)
+            return prepare.data_fingerprint(self._data_paths(kind), self.cfg.data)
         except DataFileError as e:
             raise ConfigError(f"data.{kind}: {e}") from None
 
@@ -270,7 +269,7 @@ class Pipeline:
         return base_path if up is None else Path(self._output_of(up, stage, "starts from"))
 
     def _inputs(self, stage: str, plan: StagePlan, fingerprint: str, base_path: Path,
-                prepared: dict[str, PreparedData], forced: bool) -> StageInputs:
+                prepared: dict[str, prepare.PreparedData], forced: bool) -> StageInputs:
         stage_dir = self.run_dir / stage
         attempt = stage_dir / "attempt.json"
         same_attempt = attempt.is_file() and json.loads(attempt.read_text()).get("fingerprint") == fingerprint

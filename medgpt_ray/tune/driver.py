@@ -15,8 +15,8 @@ import ray
 import yaml
 
 from medgpt_ray import models
-from medgpt_ray.config import ConfigError, load_config, resolved_dict, stage_kind
-from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.config import ConfigError, PipelineConfig, load_config, resolved_dict, stage_kind
+from medgpt_ray.data.prepare import PreparedData, not_redacted_line, prepare_kind, prepared_line
 from medgpt_ray.memory.planner import PlanError, model_shape, plan_stage, resolve_budget
 from medgpt_ray.placement.policy import PlacementError, place_stage
 from medgpt_ray.placement.topology import load_topology_file
@@ -187,6 +187,16 @@ def _dry_run(sweep, base: dict[str, Any], budget, echo: Callable[[str], None]) -
     return {"rows": rows, "dry_run": True}
 
 
+def _prepare(cfg: PipelineConfig, kind: str, out: Path, echo: Callable[[str], None]) -> PreparedData:
+    """The sweep's train/held-out split, PII-redacted as the pipeline's is (the opt-out said, the counts shown)."""
+    if not cfg.data.redact_pii:
+        echo(not_redacted_line([kind]))
+    data = prepare_kind(kind, cfg.data.paths(kind), out, cfg.data.eval_fraction, cfg.data.max_records,
+                        cfg.data.pii_types())
+    echo(prepared_line(data))
+    return data
+
+
 def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
               dry_run: bool = False, resume: bool = False) -> dict[str, Any]:
     from ray import tune
@@ -210,9 +220,7 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     if dry_run:
         return _dry_run(sweep, base, budget, echo)
 
-    kind = stage_kind(stage).data_kind
-    data = prepare_kind(kind, cfg.data.paths(kind), out / "data", cfg.data.eval_fraction,
-                        cfg.data.max_records)
+    data = _prepare(cfg, stage_kind(stage).data_kind, out / "data", echo)
     records = data.train_records
     workers = cfg.workers_for(stage)
     # Ray Train's and Tune's storage: resources.storage_path (shared by every node of a cluster), else the sweep's

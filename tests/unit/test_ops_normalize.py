@@ -74,3 +74,10 @@ def test_traditional_to_simplified_without_opencc_names_the_package(monkeypatch)
     monkeypatch.setitem(sys.modules, "opencc", None)  # import opencc -> ImportError
     with pytest.raises(ImportError, match="opencc"):
         normalize_text("醫生", NormalizeConfig(traditional_to_simplified=True))
+
+
+def test_the_fullwidth_fast_path_sees_exactly_the_folded_characters():
+    """fullwidth_to_halfwidth skips translate when its search finds nothing: the search's class must be the table."""
+    from medgpt_ray.data.ops.normalize import _FULLWIDTH_CHAR, _FULLWIDTH_TABLE
+
+    assert {c for c in range(0x10000) if _FULLWIDTH_CHAR.match(chr(c))} == set(_FULLWIDTH_TABLE)

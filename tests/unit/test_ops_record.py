@@ -338,6 +338,10 @@ def test_sample_signoffs_stripped(truth, cleaned):
 
 TOOLS = [{"type": "function", "function": {"name": "book", "description": f"留言请拨13912345678，证件{ID_A}",
                                              "parameters": {"type": "object", "properties": {"phone": {}}}}}]
+# The chat template renders the schemas into the prompt: their string values are redacted (keys and shape kept),
+# and nothing else of the cleaner touches them.
+TOOLS_REDACTED = [{"type": "function", "function": {"name": "book", "description": "留言请拨<PHONE>，证件<ID_CARD>",
+                                                    "parameters": {"type": "object", "properties": {"phone": {}}}}}]
 
 
 def test_prompt_record_answer_is_normalised_and_redacted():
@@ -347,8 +351,9 @@ def test_prompt_record_answer_is_normalised_and_redacted():
                                           ("answer", rec["answer"])]
     out = clean(rec, "prompt")
     assert out.dropped_by is None
-    assert out.record["answer"] == "请拨<PHONE>" and out.redactions["phone"] == 1
-    assert out.record["tools"] == TOOLS  # schemas pass through unchanged, PII-looking text and all
+    assert out.record["answer"] == "请拨<PHONE>" and out.redactions["phone"] == 2  # the answer's, the schema's
+    assert out.record["tools"] == TOOLS_REDACTED and out.redactions["id_card"] == 1
+    assert rec["tools"] == TOOLS  # not mutated
     assert rec["answer"] == "  请拨１３９１２３４５６７８  "  # not mutated
     none = clean({**rec, "answer": None}, "prompt")
     assert none.record["answer"] is None and none.dropped_by is None
@@ -374,8 +379,8 @@ def test_tool_turns_stay_valid_json_and_are_redacted():
     assert args == {"phone": "<PHONE>", "alt": "<PHONE>", "note": "复诊 挂号", "dose_mg": 500, "ok": True}
     assert json.loads(turns[2]["content"]) == {"status": "ok", "contact": "<EMAIL>"}
     assert turns[3]["content"] == "已预约，回电<PHONE>"  # a plain-text tool result is redacted as text
-    assert out.redactions == {"id_card": 0, "phone": 3, "email": 1, "bank_card": 0}
-    assert out.record["tools"] == TOOLS
+    assert out.redactions == {"id_card": 1, "phone": 4, "email": 1, "bank_card": 0}  # turns 3 phones, tools 1 + 1
+    assert out.record["tools"] == TOOLS_REDACTED
     # an untouched call keeps its exact text (no re-serialisation)
     plain = json.dumps({"name": "lookup", "arguments": {"q": "阿莫西林"}}, separators=(",", ":"), ensure_ascii=False)
     same = clean(sft(("user", QUESTION), ("tool_call", plain), ("tool", "[]"), ("assistant", ANSWER)), "sft")

@@ -18,6 +18,8 @@ _FULLWIDTH_TABLE: dict[int, str] = {0x3000: " "}
 for _lo, _hi in ((0xFF10, 0xFF19), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A)):  # ０-９, Ａ-Ｚ, ａ-ｚ
     for _cp in range(_lo, _hi + 1):
         _FULLWIDTH_TABLE[_cp] = chr(_cp - 0xFEE0)
+# The same characters as one class: a C-speed search that lets most texts skip translate's per-character lookups.
+_FULLWIDTH_CHAR = re.compile("[\u3000\uff10-\uff19\uff21-\uff3a\uff41-\uff5a]")
 
 # Zero-width characters are deleted; other Unicode spaces become a plain space before collapsing.
 _ZERO_WIDTH = "\u200b\u200c\u200d\u2060\ufeff\u00ad"
@@ -35,7 +37,7 @@ _t2s_converter = None
 
 def fullwidth_to_halfwidth(text: str) -> str:
     """Full-width ASCII letters/digits and the ideographic space -> ASCII; everything else unchanged."""
-    return text.translate(_FULLWIDTH_TABLE)
+    return text.translate(_FULLWIDTH_TABLE) if _FULLWIDTH_CHAR.search(text) else text
 
 
 def clean_whitespace(text: str) -> str:

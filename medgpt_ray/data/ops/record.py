@@ -6,18 +6,19 @@ PII-redacted (so quarantine never stores personal data) with dropped_by="quality
 
 Text fields: a pretrain record's "text"; every turn's content (system, user, assistant, tool_call, tool); a
 preference record's "chosen"/"rejected"; a prompt record's "answer" when it is not None. A record's `tools`
-(function schemas) is not a text field and is passed through unchanged. The content of a tool_call turn (and
-of a tool turn that is a JSON object or array) is JSON: the field functions are applied to its string values
-(and to integers that they would change, e.g. a phone stored as a number, which become strings), never to
-its keys or syntax, so it stays valid JSON; it is re-serialised (json.dumps, ensure_ascii=False: the
-readers' canonical form) only when a value changed.
+(function schemas) is not a text field: normalization, sign-offs and quality pass it through unchanged, but PII
+redaction maps its string values too (the chat template renders the schemas into the prompt, so they are a
+path into training like any turn). The content of a tool_call turn (and of a tool turn that is a JSON object or
+array) is JSON: the field functions are applied to its string values (and to integers that they would change,
+e.g. a phone stored as a number, which become strings), never to its keys or syntax, so it stays valid JSON; it
+is re-serialised (json.dumps, ensure_ascii=False: the readers' canonical form) only when a value changed.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -115,6 +116,29 @@ def map_texts(record: dict, kind: str, fn: Callable[[str, str], str]) -> dict:
     return out
 
 
+def redact_record(record: dict, kind: str, types: Collection[str]) -> tuple[dict, dict[str, int]]:
+    """(a new record, {type: count} for every type in `types`) with every PII item of `types` replaced by its
+    placeholder in every text field (map_texts, JSON values of tool_call/tool turns included) and in the string
+    values of `tools`. The one record-level redaction: the cleaner (clean_record) and the pipeline's preparation
+    of directly given files (data/prepare.py) both call it, so every path into training redacts alike.
+
+    Matching runs on width-folded text (full-width digits would hide a number from the patterns); a field in
+    which something was redacted comes back folded, one without PII comes back exactly as it was. Placeholders
+    hold no digits and no @, so a record redacted once is not redacted (or counted) again."""
+    counts = dict.fromkeys(types, 0)
+
+    def _redact(_role: str, text: str) -> str:
+        new, found = redact(fullwidth_to_halfwidth(text), types)
+        for t, n in found.items():
+            counts[t] += n
+        return new if any(found.values()) else text
+
+    out = map_texts(record, kind, _redact)
+    if out.get("tools"):
+        out["tools"] = _map_json_values(out["tools"], lambda text: _redact("tools", text))[0]
+    return out, counts
+
+
 def clean_record(record: dict, kind: str, cfg: CleanConfig, signoffs: list[re.Pattern]) -> CleanOutcome:
     """normalize -> sign-offs (responses) -> PII -> quality; `signoffs` from `compile_signoffs(cfg.signoff)`."""
     _check_kind(kind)
@@ -133,15 +157,9 @@ def clean_record(record: dict, kind: str, cfg: CleanConfig, signoffs: list[re.Pa
 
         record = map_texts(record, kind, _strip)
 
-    redactions = {t: 0 for t in cfg.pii.types} if cfg.pii.enabled else {}
-    if cfg.pii.enabled and cfg.pii.types:
-        def _redact(_role: str, text: str) -> str:
-            text, counts = redact(text, cfg.pii.types)
-            for t, n in counts.items():
-                redactions[t] += n
-            return text
-
-        record = map_texts(record, kind, _redact)
+    redactions: dict[str, int] = {}
+    if cfg.pii.enabled:
+        record, redactions = redact_record(record, kind, cfg.pii.types)
 
     reason = quality_reason(record, kind, cfg.quality) if cfg.quality.enabled else None
     if reason is not None:
