@@ -73,6 +73,12 @@ class StageProgress(TrainerCallback):
         self._last_t = self._t0
         self._last_tokens = 0
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # HF has loaded the checkpoint's TrainerState by now: global_step is the step resumed from (0 on a fresh
+        # start). What a dead attempt logged after that step is trained and logged again: keep each step once.
+        if state.is_world_process_zero:
+            keep_steps_up_to(self.metrics_path, state.global_step)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
@@ -100,6 +106,23 @@ class StageProgress(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
         if self.sink is not None:
             self.sink(record)
+
+
+def keep_steps_up_to(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl atomically with only the records of steps <= `step`. A line cut short (the process
+    died while writing it) goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _gpu_peak_gib() -> float | None:
