@@ -1,10 +1,12 @@
 """A stage's attempts: run again after a CUDA OOM with a new plan of half the micro-batch (twice the accumulation:
-the same effective batch), recorded in plan.json, resuming from the newest readable checkpoint, which is checked
-before every attempt (an unreadable one is set aside and the one before it resumed from).
+the same effective batch), recorded in plan.json; run again after a training worker's process died, up to
+`resources.worker_restarts` times; both resume from the newest readable checkpoint, which is checked before
+every attempt (an unreadable one is set aside and the one before it resumed from).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +31,9 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         yield e
         # Ray Train V2: WorkerGroupError.worker_failures maps rank -> the worker's exception.
         todo.extend(getattr(e, "worker_failures", {}).values())
-        for nxt in (e.__cause__, e.__context__, getattr(e, "controller_failure", None)):
+        # A dead worker's failed poll: WorkerHealthCheckFailedError.health_check_failure is Ray's actor error.
+        for nxt in (e.__cause__, e.__context__, getattr(e, "controller_failure", None),
+                    getattr(e, "health_check_failure", None)):
             if nxt is not None:
                 todo.append(nxt)
 
@@ -43,6 +47,22 @@ def is_cuda_oom(exc: BaseException) -> bool:
         if any(m in str(e) for m in OOM_MARKERS):
             return True
     return False
+
+
+def worker_death(exc: BaseException) -> str | None:
+    """"rank 1, pid 4321" when a training worker's process died (killed, segfault, the host's OOM killer): Ray's
+    actor error for a worker in Train V2's WorkerGroupError. None for an exception the training code raised (a bug
+    fails again) and for the controller's own failures."""
+    from ray.exceptions import RayActorError
+
+    for e in _chain(exc):
+        for rank, failure in getattr(e, "worker_failures", {}).items():
+            for f in _chain(failure):
+                # actor_init_failed: the worker's constructor raised, an exception, not a death.
+                if isinstance(f, RayActorError) and not f.actor_init_failed:
+                    pid = re.search(r"\bpid: (\d+)", str(f))
+                    return f"rank {rank}" + (f", pid {pid.group(1)}" if pid else "")
+    return None
 
 
 def usable_checkpoint(inp: StageInputs, echo: Callable[[str], None]) -> str | None:
@@ -83,18 +103,29 @@ def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callabl
 
 
 def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
-                     echo: Callable[[str], None]) -> StageInputs:
-    """Run `attempt_fn(attempt, inputs)` until it succeeds; after each CUDA OOM retry with a new, backed-off plan
-    (it resumes from the newest readable checkpoint), until micro-batch 1 with full checkpointing also fails.
-    Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
-    attempt = 0
+                     echo: Callable[[str], None], worker_restarts: int = 0) -> StageInputs:
+    """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan,
+    until micro-batch 1 with full checkpointing also fails (`enabled`); after a worker process died retry as is,
+    at most `worker_restarts` times. Anything else is raised. Every attempt resumes from the newest readable
+    checkpoint. Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
+    attempt = restarts = 0
     usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short
     while True:
         try:
             attempt_fn(attempt, inp)
             return inp
         except Exception as e:
-            if not (enabled and is_cuda_oom(e)):
+            oom = enabled and is_cuda_oom(e)
+            died = worker_death(e) if not oom and restarts < worker_restarts else None
+            if not (oom or died):
                 raise
-            inp = _backed_off(inp, usable_checkpoint(inp, echo), run_name, echo, e)
+            # A worker that died while saving leaves its newest checkpoint cut short.
+            ckpt = usable_checkpoint(inp, echo)
+            if oom:
+                inp = _backed_off(inp, ckpt, run_name, echo, e)
+            else:
+                restarts += 1
+                metrics().inc("medgpt_pipeline_stage_restarts", 1, {"run": run_name, "stage": inp.stage})
+                echo(f"[{inp.stage:>3}] worker died ({died}): restarting from "
+                     f"{Path(ckpt).name if ckpt else 'the start'} (restart {restarts} of {worker_restarts})")
             attempt += 1

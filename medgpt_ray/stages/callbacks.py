@@ -34,6 +34,8 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
     callbacks.extend(extra)
     if os.environ.get(INJECT_OOM_ENV):
         callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
+    if os.environ.get(PAUSE_AFTER_CHECKPOINT_ENV):
+        callbacks.append(PauseAfterCheckpoint(int(os.environ[PAUSE_AFTER_CHECKPOINT_ENV])))
     return callbacks
 
 
@@ -55,6 +57,25 @@ class InjectedOOM(TrainerCallback):
             if is_rank_zero():
                 marker.write_text(str(state.global_step))
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
+
+
+# Test hook for a worker killed mid-stage: once the checkpoint of this step is saved, rank 0 writes its pid to
+# <stage>/.paused_worker and waits there for the test to SIGKILL it (once per stage directory, like the OOM hook).
+PAUSE_AFTER_CHECKPOINT_ENV = "MEDGPT_RAY_PAUSE_AFTER_CHECKPOINT"
+PAUSE_S = 120.0  # nobody came: training goes on, and the test that asked fails on what it asserts
+
+
+class PauseAfterCheckpoint(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        marker = Path(args.output_dir).parent / ".paused_worker"
+        if state.global_step >= self.step and is_rank_zero() and not marker.exists():
+            tmp = marker.with_name(marker.name + ".tmp")
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, marker)
+            time.sleep(PAUSE_S)
 
 
 class StageProgress(TrainerCallback):
