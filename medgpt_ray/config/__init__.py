@@ -120,6 +120,10 @@ class ResourcesConfig(_Strict):
     gpu_type: str = "auto"
     # Halve the micro-batch and resume when a stage hits CUDA OOM (same effective batch).
     oom_backoff: bool = True
+    # Restart a stage from its newest checkpoint when a training worker's process dies (killed, crashed, the host's
+    # OOM killer), at most this many times per stage; 0: such a death fails the stage. Exceptions raised by the
+    # training code are not retried (they would fail again), nor CUDA OOM (oom_backoff's job).
+    worker_restarts: Annotated[int, Field(ge=0)] = 2
     # The GPU nodes' `nvidia-smi topo -m` (a file, or a name in cluster/topologies/); null reads a GPU node.
     # Multi-node stages assume every node has this shape.
     topology_file: str | None = None

@@ -1,17 +1,21 @@
-"""OOM back-off: recognise a CUDA out-of-memory failure wherever Ray wrapped it, run again with a new plan of half
-the micro-batch (twice the accumulation: the same effective batch), recorded in plan.json, from the last checkpoint.
+"""A stage's attempts: run again after a CUDA OOM with a new plan of half the micro-batch (twice the accumulation:
+the same effective batch), recorded in plan.json; run again after a training worker's process died, up to
+`resources.worker_restarts` times; both resume from the newest readable checkpoint, which is checked before
+every attempt (an unreadable one is set aside and the one before it resumed from).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 
 from medgpt_ray.memory.stage_plan import halve_micro_batch
 from medgpt_ray.metrics import metrics
 from medgpt_ray.run.manifest import write_plan
+from medgpt_ray.stages.checkpoint_check import set_aside_unreadable
 from medgpt_ray.stages.inputs import StageInputs
-from medgpt_ray.stages.outputs import latest_checkpoint
 
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
 
@@ -27,7 +31,9 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         yield e
         # Ray Train V2: WorkerGroupError.worker_failures maps rank -> the worker's exception.
         todo.extend(getattr(e, "worker_failures", {}).values())
-        for nxt in (e.__cause__, e.__context__, getattr(e, "controller_failure", None)):
+        # A dead worker's failed poll: WorkerHealthCheckFailedError.health_check_failure is Ray's actor error.
+        for nxt in (e.__cause__, e.__context__, getattr(e, "controller_failure", None),
+                    getattr(e, "health_check_failure", None)):
             if nxt is not None:
                 todo.append(nxt)
 
@@ -43,37 +49,83 @@ def is_cuda_oom(exc: BaseException) -> bool:
     return False
 
 
+def worker_death(exc: BaseException) -> str | None:
+    """"rank 1, pid 4321" when a training worker's process died (killed, segfault, the host's OOM killer): Ray's
+    actor error for a worker in Train V2's WorkerGroupError. None for an exception the training code raised (a bug
+    fails again) and for the controller's own failures."""
+    from ray.exceptions import RayActorError
+
+    for e in _chain(exc):
+        for rank, failure in getattr(e, "worker_failures", {}).items():
+            for f in _chain(failure):
+                # actor_init_failed: the worker's constructor raised, an exception, not a death.
+                if isinstance(f, RayActorError) and not f.actor_init_failed:
+                    pid = re.search(r"\bpid: (\d+)", str(f))
+                    return f"rank {rank}" + (f", pid {pid.group(1)}" if pid else "")
+    return None
+
+
+def usable_checkpoint(inp: StageInputs, echo: Callable[[str], None]) -> str | None:
+    """The checkpoint the next attempt resumes from (what the workers' latest_checkpoint will pick): newer ones that
+    cannot be read are renamed corrupt-checkpoint-N first, each said in one line."""
+    if not inp.resume:
+        return None
+    aside, ckpt = set_aside_unreadable(inp.checkpoint_dir)
+    for name, problem, new_name in aside:
+        echo(f"[{inp.stage:>3}] {name} is unreadable ({problem}): set aside as {new_name}; "
+             f"resuming from {Path(ckpt).name if ckpt else 'the start'}")
+    return ckpt
+
+
 class OutOfMemoryGiveUp(RuntimeError):
     pass
 
 
+def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callable[[str], None],
+                err: BaseException) -> StageInputs:
+    """The inputs of the next attempt after a CUDA OOM: half the micro-batch (or more checkpointing), plan.json
+    rewritten; OutOfMemoryGiveUp when nothing is left to give."""
+    step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
+    old = inp.plan
+    plan = halve_micro_batch(old, inp.cfg, "CUDA out of memory", step)
+    if plan is None:
+        raise OutOfMemoryGiveUp(
+            f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
+            f"(predicted peak {old.prediction.peak_gib if old.prediction else '?'} GiB); nothing left to give: "
+            f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
+        ) from err
+    metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": run_name, "stage": inp.stage})
+    write_plan(inp.out, plan)
+    echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {old.micro_batch} x accum {old.grad_accum}: "
+         f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
+         f"resuming from {'step ' + str(step) if ckpt else 'the start'}")
+    return replace(inp, plan=plan)
+
+
 def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
-                     echo: Callable[[str], None]) -> StageInputs:
-    """Run `attempt_fn(attempt, inputs)` until it succeeds; after each CUDA OOM retry with a new, backed-off plan
-    (it resumes from the newest checkpoint), until micro-batch 1 with full checkpointing also fails.
-    Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
-    attempt = 0
+                     echo: Callable[[str], None], worker_restarts: int = 0) -> StageInputs:
+    """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan,
+    until micro-batch 1 with full checkpointing also fails (`enabled`); after a worker process died retry as is,
+    at most `worker_restarts` times. Anything else is raised. Every attempt resumes from the newest readable
+    checkpoint. Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
+    attempt = restarts = 0
+    usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short
     while True:
         try:
             attempt_fn(attempt, inp)
             return inp
         except Exception as e:
-            if not (enabled and is_cuda_oom(e)):
+            oom = enabled and is_cuda_oom(e)
+            died = worker_death(e) if not oom and restarts < worker_restarts else None
+            if not (oom or died):
                 raise
-            ckpt = latest_checkpoint(inp.checkpoint_dir)
-            step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
-            old = inp.plan
-            plan = halve_micro_batch(old, inp.cfg, "CUDA out of memory", step)
-            if plan is None:
-                raise OutOfMemoryGiveUp(
-                    f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
-                    f"(predicted peak {old.prediction.peak_gib if old.prediction else '?'} GiB); nothing left to give: "
-                    f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
-                ) from e
+            # A worker that died while saving leaves its newest checkpoint cut short.
+            ckpt = usable_checkpoint(inp, echo)
+            if oom:
+                inp = _backed_off(inp, ckpt, run_name, echo, e)
+            else:
+                restarts += 1
+                metrics().inc("medgpt_pipeline_stage_restarts", 1, {"run": run_name, "stage": inp.stage})
+                echo(f"[{inp.stage:>3}] worker died ({died}): restarting from "
+                     f"{Path(ckpt).name if ckpt else 'the start'} (restart {restarts} of {worker_restarts})")
             attempt += 1
-            inp = replace(inp, plan=plan)
-            metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": run_name, "stage": inp.stage})
-            write_plan(inp.out, plan)
-            echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {old.micro_batch} x accum {old.grad_accum}: "
-                 f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
-                 f"resuming from {'step ' + str(step) if ckpt else 'the start'}")

@@ -326,7 +326,7 @@ class Pipeline:
                     lambda attempt, inp: run_stage_on_ray(inp, RayOptions(
                         self.storage_path, name + (f"-b{attempt}" if attempt else ""),
                         self.cfg.resources.cpus_per_worker, progress=(actor_name, namespace))),
-                    self.cfg.name, self.cfg.resources.oom_backoff, self.echo)
+                    self.cfg.name, self.cfg.resources.oom_backoff, self.echo, self.cfg.resources.worker_restarts)
                 plans[stage] = ran.plan  # with the back-offs it took
                 result_path = Path(inputs[stage].out_dir) / "result.json"
                 result = json.loads(result_path.read_text(encoding="utf-8"))

@@ -34,6 +34,8 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
     callbacks.extend(extra)
     if os.environ.get(INJECT_OOM_ENV):
         callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
+    if os.environ.get(PAUSE_AFTER_CHECKPOINT_ENV):
+        callbacks.append(PauseAfterCheckpoint(int(os.environ[PAUSE_AFTER_CHECKPOINT_ENV])))
     return callbacks
 
 
@@ -57,6 +59,25 @@ class InjectedOOM(TrainerCallback):
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
 
 
+# Test hook for a worker killed mid-stage: once the checkpoint of this step is saved, rank 0 writes its pid to
+# <stage>/.paused_worker and waits there for the test to SIGKILL it (once per stage directory, like the OOM hook).
+PAUSE_AFTER_CHECKPOINT_ENV = "MEDGPT_RAY_PAUSE_AFTER_CHECKPOINT"
+PAUSE_S = 120.0  # nobody came: training goes on, and the test that asked fails on what it asserts
+
+
+class PauseAfterCheckpoint(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        marker = Path(args.output_dir).parent / ".paused_worker"
+        if state.global_step >= self.step and is_rank_zero() and not marker.exists():
+            tmp = marker.with_name(marker.name + ".tmp")
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, marker)
+            time.sleep(PAUSE_S)
+
+
 class StageProgress(TrainerCallback):
     """Rank 0 appends every log to metrics.jsonl and forwards a compact record to the sink.
 
@@ -72,6 +93,12 @@ class StageProgress(TrainerCallback):
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_tokens = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # HF has loaded the checkpoint's TrainerState by now: global_step is the step resumed from (0 on a fresh
+        # start). What a dead attempt logged after that step is trained and logged again: keep each step once.
+        if state.is_world_process_zero:
+            keep_steps_up_to(self.metrics_path, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -100,6 +127,23 @@ class StageProgress(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
         if self.sink is not None:
             self.sink(record)
+
+
+def keep_steps_up_to(path: Path, step: int) -> None:
+    """Rewrite metrics.jsonl atomically with only the records of steps <= `step`. A line cut short (the process
+    died while writing it) goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _gpu_peak_gib() -> float | None:

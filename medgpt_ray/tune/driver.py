@@ -115,7 +115,7 @@ def _trial(params: dict[str, Any], ctx: dict[str, Any]) -> None:
                 cpus_per_worker=cfg.resources.cpus_per_worker, report_evals=True, extra_metrics=extra,
                 callbacks=[TuneReportCallback()], env=ctx["worker_env"]))
 
-        run_with_backoff(inp, attempt, cfg.name, cfg.resources.oom_backoff, print)
+        run_with_backoff(inp, attempt, cfg.name, cfg.resources.oom_backoff, print, cfg.resources.worker_restarts)
     finally:
         # Synchronous: the process may end right after this function. A trial ASHA stops is killed before it
         # gets here; the driver's SlotReleaser gives its set back then.

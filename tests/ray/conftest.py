@@ -25,6 +25,7 @@ class TinyRun:
     budget_gib: float
     max_steps: int
     prom: PromServer  # a real Prometheus that scraped the shared cluster while the run went on
+    cfg: object  # the PipelineConfig, for a run of the same config (tests/ray/test_worker_death.py)
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +50,7 @@ def tiny_run(ray_cluster, ray_temp_dir, repo, tmp_path_factory):
                                "logging_steps": 1}}})
         lines: list[str] = []
         summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
-        yield TinyRun(cfg.name, tmp / "runs" / cfg.name, summary, lines, BUDGET_GIB, MAX_STEPS, prom)
+        yield TinyRun(cfg.name, tmp / "runs" / cfg.name, summary, lines, BUDGET_GIB, MAX_STEPS, prom, cfg)
     finally:
         prom.stop()
 

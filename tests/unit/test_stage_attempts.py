@@ -1,0 +1,81 @@
+"""Which failures restart a stage (no cluster): a training worker's process that died, in the shape Ray Train V2's
+controller reports it (tests/ray/test_worker_death.py kills a real one), up to `resources.worker_restarts` times;
+never an exception the training code raised, nor the controller's own failure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ray.exceptions import RayActorError
+from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
+
+from medgpt_ray.config import StageConfig
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.run import backoff
+from medgpt_ray.run.backoff import run_with_backoff, worker_death
+from medgpt_ray.stages.inputs import StageInputs
+
+# The text of the actor error a SIGKILLed worker leaves (ActorDiedError, abridged).
+DIED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker\n\tpid: 4321\n"
+        "The actor is dead because its worker process has died. Worker exit type: UNEXPECTED_SYSTEM_EXIT")
+
+
+def died(rank: int = 1) -> WorkerGroupError:
+    failure = WorkerHealthCheckFailedError("A worker health check failed.", RayActorError("ab12", DIED))
+    return WorkerGroupError("worker died", {0: ValueError("collateral: the collective lost its peer"),
+                                            rank: failure} if rank else {0: failure})
+
+
+def test_a_dead_worker_process_is_told_from_an_exception_in_the_training_code():
+    assert worker_death(died(1)) == "rank 1, pid 4321"
+    assert worker_death(died(0)) == "rank 0, pid 4321"
+    assert worker_death(WorkerGroupError("bug", {0: ValueError("a bug fails again")})) is None
+    init_failed = RayActorError("ab12", "the worker's constructor raised", actor_init_failed=True)
+    assert worker_death(WorkerGroupError("init", {0: init_failed})) is None
+    assert worker_death(ControllerError(RayActorError("cd34", DIED))) is None  # the controller, not a worker
+
+
+@pytest.fixture
+def inputs(tmp_path) -> StageInputs:
+    cfg = StageConfig(method="lora", max_steps=4, seq_len=64, effective_batch=2)
+    return StageInputs("sft", cfg, plan_stage("sft", cfg, 1, False), "model", "chatml", "t", "e", str(tmp_path))
+
+
+def attempts_failing_with(*errors: Exception) -> tuple[list[int], object]:
+    """An attempt function that raises `errors` one per attempt, then succeeds; and the attempts it saw."""
+    seen: list[int] = []
+
+    def attempt(n: int, inp: StageInputs) -> None:
+        seen.append(n)
+        if n < len(errors):
+            raise errors[n]
+
+    return seen, attempt
+
+
+def test_dead_workers_restart_the_stage_up_to_the_limit(inputs, monkeypatch):
+    counted: list[tuple[str, dict]] = []
+    monkeypatch.setattr(backoff.metrics(), "inc", lambda name, v, tags: counted.append((name, tags)))
+    lines: list[str] = []
+    seen, attempt = attempts_failing_with(died(), died())
+    assert run_with_backoff(inputs, attempt, "r", True, lines.append, worker_restarts=2) is inputs
+    assert seen == [0, 1, 2]
+    assert lines == [f"[sft] worker died (rank 1, pid 4321): restarting from the start (restart {k} of 2)"
+                     for k in (1, 2)]
+    assert counted == [("medgpt_pipeline_stage_restarts", {"run": "r", "stage": "sft"})] * 2
+
+    seen, attempt = attempts_failing_with(died(), died())
+    with pytest.raises(WorkerGroupError):  # one restart allowed, the second death fails the stage
+        run_with_backoff(inputs, attempt, "r", True, lines.append, worker_restarts=1)
+    assert seen == [0, 1]
+
+
+@pytest.mark.parametrize("failure", [KeyError("loss"), torch.OutOfMemoryError("CUDA out of memory")],
+                         ids=["bug", "cuda-oom-with-backoff-off"])
+def test_an_exception_in_the_training_code_is_not_retried(inputs, failure):
+    lines: list[str] = []
+    seen, attempt = attempts_failing_with(WorkerGroupError("failed", {0: failure}))
+    with pytest.raises(WorkerGroupError):
+        run_with_backoff(inputs, attempt, "r", False, lines.append, worker_restarts=2)
+    assert seen == [0] and lines == []
