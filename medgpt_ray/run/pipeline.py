@@ -221,8 +221,8 @@ class Pipeline:
         actor = ProgressActor.options(name=actor_name, namespace=namespace).remote()
         printer = ProgressPrinter(self.cfg.progress_every, echo=self.echo)
         outcomes: dict[str, StageOutcome] = {}
-        # From here on summary.json says what this run is doing, never what an earlier one did: a stage about
-        # to retrain is "pending" (its old model may be replaced), one cut by Ctrl-C "interrupted".
+        # From here on summary.json says what this run is doing, never what an earlier one did: a stage about to
+        # retrain is "pending" (its old model may be replaced), one cut by Ctrl-C "interrupted"; after every wave.
         self._summary(self._with_pending(outcomes, to_run), time.monotonic() - t0, quiet=True)
         try:
             for wave in self._waves([s for s in self.cfg.enabled_stages() if s in order]):
@@ -235,6 +235,7 @@ class Pipeline:
                 inputs = {s: self._inputs(s, plans[s], fingerprints[s], base_path, prepared, s in forced)
                           for s in runnable}
                 self._run_wave(runnable, inputs, fingerprints, actor, actor_name, namespace, printer, outcomes)
+                self._summary(self._with_pending(outcomes, to_run), time.monotonic() - t0, quiet=True)
                 failed = [o for o in outcomes.values() if o.status == "failed"]
                 if failed:
                     break
