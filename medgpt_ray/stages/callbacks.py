@@ -34,8 +34,8 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
     callbacks.extend(extra)
     if os.environ.get(INJECT_OOM_ENV):
         callbacks.append(InjectedOOM(int(os.environ[INJECT_OOM_ENV])))
-    if os.environ.get(PAUSE_AFTER_CHECKPOINT_ENV):
-        callbacks.append(PauseAfterCheckpoint(int(os.environ[PAUSE_AFTER_CHECKPOINT_ENV])))
+    if os.environ.get(PAUSE_AT_STEP_ENV):
+        callbacks.append(PauseAtStep(int(os.environ[PAUSE_AT_STEP_ENV])))  # after StageProgress: step logged
     return callbacks
 
 
@@ -59,19 +59,21 @@ class InjectedOOM(TrainerCallback):
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected by {INJECT_OOM_ENV} at step {self.step})")
 
 
-# Test hook for a worker killed mid-stage: once the checkpoint of this step is saved, rank 0 writes its pid to
-# <stage>/.paused_worker and waits there for the test to SIGKILL it (once per stage directory, like the OOM hook).
-PAUSE_AFTER_CHECKPOINT_ENV = "MEDGPT_RAY_PAUSE_AFTER_CHECKPOINT"
+# Test hook for a process killed mid-stage (a worker, or the driver): once the training loss of this step (or a
+# later one) is logged, rank 0 writes its pid to <stage>/.paused_worker and waits there for the test to SIGKILL it
+# or the driver; the other ranks wait in the next collective. Once per stage directory, like the OOM hook. A step
+# after a checkpoint and before the next: the resumed attempt retrains steps the killed one logged.
+PAUSE_AT_STEP_ENV = "MEDGPT_RAY_PAUSE_AT_STEP"
 PAUSE_S = 120.0  # nobody came: training goes on, and the test that asked fails on what it asserts
 
 
-class PauseAfterCheckpoint(TrainerCallback):
+class PauseAtStep(TrainerCallback):
     def __init__(self, step: int):
         self.step = step
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_log(self, args, state, control, logs=None, **kwargs):
         marker = Path(args.output_dir).parent / ".paused_worker"
-        if state.global_step >= self.step and is_rank_zero() and not marker.exists():
+        if state.global_step >= self.step and "loss" in (logs or {}) and is_rank_zero() and not marker.exists():
             tmp = marker.with_name(marker.name + ".tmp")
             tmp.write_text(str(os.getpid()))
             os.replace(tmp, marker)

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from medgpt_ray.data.shards import read_records
+from medgpt_ray.stages.callbacks import PAUSE_AT_STEP_ENV
 from tests.conftest import free_port, ray_temp_root
+from tests.ray.test_formats_pipeline import assert_formats_prepared, formats_data_sets
 
 pytestmark = pytest.mark.e2e
 
@@ -228,9 +230,9 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
                    "--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
                    "--set", "stages.sft.logging_steps=1",
                    "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
-                   # MedicalGPT's own formats as a user brings them: plain-text pretraining lines and its DPO files.
-                   "--set", "data.pretrain=[data/sample/formats/pretrain_medical.txt]",
-                   "--set", "data.preference=[data/sample/formats/preference_sharegpt.jsonl]"]
+                   # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
+                   # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
+                   *formats_data_sets()]
             # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
             # agent": retry that (and only that) for a while.
             agent_deadline = time.monotonic() + 300
@@ -247,18 +249,16 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
         def job_logs(job_id: str) -> str:
             return run([f"{venv_bin}/ray", "job", "logs", "--address", address, job_id], env=e).stdout
 
-        submit("medgpt-e2e-killed", "--no-wait")
-        # Kill between checkpoints (one at step 4 exists, the next not yet), so the resumed job retrains steps the
-        # killed one logged: those are compared.
+        # The first job's rank 0 stops once step 6 is logged (between checkpoint-4 and the next; the other rank
+        # waits in its next collective) and its driver is killed there: the resumed job retrains steps 5 and 6,
+        # which the killed one logged, from checkpoint-4.
+        submit("medgpt-e2e-killed", "--no-wait", "--runtime-env-json",
+               json.dumps({"env_vars": {PAUSE_AT_STEP_ENV: "6"}}))
         deadline = time.monotonic() + 300
-        while True:
-            steps = logged_steps(sft_dir) if (sft_dir / "metrics.jsonl").is_file() else []
-            if (sft_dir / "checkpoints" / "checkpoint-4" / "trainer_state.json").is_file() and steps and \
-                    steps[-1] > 4 and steps[-1] % 4:
-                break
-            assert time.monotonic() < deadline, f"no SFT step after checkpoint-4 within 300 s:\n" \
+        while not (sft_dir / ".paused_worker").is_file():
+            assert time.monotonic() < deadline, f"SFT did not reach step 6 within 300 s:\n" \
                                                 f"{job_logs('medgpt-e2e-killed')[-3000:]}"
-            time.sleep(0.05)
+            time.sleep(0.1)
         assert _kill_driver(out), "the job's driver process was not found"
         killed_losses = logged_losses(sft_dir)
         cut = summary(out)["stages"]  # rewritten after every wave: pt finished, sft not
@@ -273,19 +273,16 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
         statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
         assert statuses == ["skipped", "done", "disabled", "disabled"]
         sft_result = json.loads((sft_dir / "result.json").read_text())
-        resumed_at = int(sft_result["resumed_from"].rsplit("-", 1)[1])
-        assert resumed_at >= 4 and sft_result["steps"] == SFT_STEPS
+        assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == SFT_STEPS
         assert logged_steps(sft_dir) == list(range(1, SFT_STEPS + 1))  # the killed job's later steps not twice
-        again = {k: v for k, v in killed_losses.items() if k > resumed_at}
-        assert again, "the killed job logged no step after the checkpoint the new one resumed from"
+        again = {k: v for k, v in killed_losses.items() if k > 4}
+        assert sorted(again) == [5, 6]
         assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
         assert json.loads((sft_dir / "plan.json").read_text())["num_workers"] == 2
         data = out / "tiny-cpu" / "data"
         pairs = read_records(data / "preference.train.parquet")
         assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
-        first = job_logs("medgpt-e2e-killed")
-        assert "data preference: 28 source records" in first and "5 quarantined" in first
-        assert "data pretrain: 36 source records" in first
+        assert_formats_prepared(out / "tiny-cpu" / "data", job_logs("medgpt-e2e-killed").splitlines())
     finally:
         os.killpg(head.pid, signal.SIGINT)
         try:

@@ -1,6 +1,9 @@
 """Every MedicalGPT source format through the pipeline's data preparation, given directly (data.pretrain|sft|
 preference|prompt) and as raw sources (data.raw, cleaned by Ray Data first): counts add up per file, only the
-records broken on purpose are quarantined, and the kinds no stage trains on yet (prompt) are prepared too."""
+records broken on purpose are quarantined, and the kinds no stage trains on yet (prompt) are prepared too.
+
+Given directly, they are what the e2e `ray job submit` test's jobs train on (tests/e2e/test_pipeline.py): it
+checks what they prepared with `assert_formats_prepared`, instead of a pipeline run of its own here."""
 
 from __future__ import annotations
 
@@ -9,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from medgpt_ray.config import PipelineConfig
 from medgpt_ray.data.shards import read_records
-from medgpt_ray.run.pipeline import Pipeline, RunOptions
 from tests.e2e.test_clean_cli import FORMATS, malformed_lines
 
 pytestmark = pytest.mark.ray
@@ -22,22 +23,21 @@ FILES = {
     "preference": ["preference_sharegpt.jsonl"],
     "prompt": ["grpo_qa.jsonl"],
 }
-ONLY_PT = {"pt": {"max_steps": 1, "seq_len": 64, "effective_batch": 2},
-           "sft": {"enabled": False}, "rm": {"enabled": False}, "dpo": {"enabled": False}}
-
-
 def lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def test_each_format_given_directly_is_prepared_with_its_quarantine(ray_cluster, tmp_path):
-    cfg = PipelineConfig.model_validate({
-        "name": "formats", "output_dir": str(tmp_path), "model": {"path": "tiny"}, "resources": {"num_workers": 1},
-        "data": {kind: [str(FORMATS / f) for f in files] for kind, files in FILES.items()}, "stages": ONLY_PT})
-    echoed: list[str] = []
-    summary = Pipeline(cfg, RunOptions(echo=echoed.append)).run()
-    assert summary["stages"]["pt"]["status"] == "done"
-    data = tmp_path / "formats" / "data"
+def formats_data_sets() -> list[str]:
+    """`--set` arguments giving each kind its FILES, uncapped (every record counts)."""
+    sets = ["--set", "data.max_records=null"]
+    for kind, files in FILES.items():
+        sets += ["--set", f"data.{kind}=[{', '.join(str(FORMATS / f) for f in files)}]"]
+    return sets
+
+
+def assert_formats_prepared(data: Path, echoed: list[str]) -> None:
+    """A pipeline given FILES directly kept every record but those broken on purpose, quarantined exactly those
+    (file and line, 0600), said so per kind, and prepared the prompt kind in its canonical shape."""
     broken = malformed_lines()
     manifest = json.loads((FORMATS / "README.md").read_text().split("```json\n", 1)[1].split("```", 1)[0])
     for kind, files in FILES.items():

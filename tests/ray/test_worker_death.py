@@ -12,13 +12,13 @@ import time
 import pytest
 
 from medgpt_ray.run.pipeline import Pipeline, RunOptions
-from medgpt_ray.stages.callbacks import PAUSE_AFTER_CHECKPOINT_ENV
+from medgpt_ray.stages.callbacks import PAUSE_AT_STEP_ENV
 
 pytestmark = pytest.mark.ray
 
 
 def kill_when_paused(marker, killed: list[int], timeout_s: float = 120.0) -> threading.Thread:
-    """SIGKILL the worker whose pid appears in `marker` (the pause hook writes it after its checkpoint)."""
+    """SIGKILL the worker whose pid appears in `marker` (the pause hook writes it once its step is logged)."""
 
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
@@ -38,21 +38,22 @@ def kill_when_paused(marker, killed: list[int], timeout_s: float = 120.0) -> thr
 def test_a_killed_worker_restarts_the_stage_from_its_checkpoint_with_the_same_result(tiny_run, tmp_path,
                                                                                      monkeypatch):
     """The shared tiny run's config (1 worker, 12 steps of sft) with a checkpoint every 4 steps; the worker is
-    killed right after checkpoint-4. Saving checkpoints changes no update (nor the RNG: HF saves its state, and a
-    resume restores it), so the uninterrupted reference is the shared tiny run itself.
+    killed once step 6 is logged (between checkpoint-4 and the next). Saving checkpoints changes no update (nor
+    the RNG: HF saves its state, and a resume restores it), so the uninterrupted reference is the shared tiny run
+    itself.
     Measured on the shared 2-core box: 40 s (load 7-14) to 59 s (load 9), the shared tiny run not counted; nearly
     all of it is two Ray Train start-ups (~17-22 s each here: the killed attempt's and the restart's)."""
     cfg = tiny_run.cfg.model_copy(deep=True)
     cfg.name, cfg.output_dir = "killed", str(tmp_path)
     cfg.stages.get("sft").save_steps = 4
-    monkeypatch.setenv(PAUSE_AFTER_CHECKPOINT_ENV, "4")
+    monkeypatch.setenv(PAUSE_AT_STEP_ENV, "6")
     stage_dir = tmp_path / "killed" / "sft"
     killed: list[int] = []
     watcher = kill_when_paused(stage_dir / ".paused_worker", killed)
     lines: list[str] = []
     summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
     watcher.join(timeout=1)
-    assert len(killed) == 1, "the worker never paused after checkpoint-4"
+    assert len(killed) == 1, "the worker never paused at step 6"
     assert summary["stages"]["sft"]["status"] == "done"
     assert f"[sft] worker died (rank 0, pid {killed[0]}): restarting from checkpoint-4 (restart 1 of 2)" in lines
     result = json.loads((stage_dir / "result.json").read_text())

@@ -79,3 +79,16 @@ def test_an_exception_in_the_training_code_is_not_retried(inputs, failure):
     with pytest.raises(WorkerGroupError):
         run_with_backoff(inputs, attempt, "r", False, lines.append, worker_restarts=2)
     assert seen == [0] and lines == []
+
+
+def test_oom_at_micro_batch_one_with_full_checkpointing_gives_up_clearly(tmp_path):
+    # The back-off itself, through Ray's wrapping of a real worker's OOM, is tests/ray/test_memory_plan.py's.
+    cfg = StageConfig(method="lora", max_steps=4, seq_len=64, effective_batch=2, micro_batch=1, grad_ckpt=True)
+    inp = StageInputs("sft", cfg, plan_stage("sft", cfg, 1, False), "model", "chatml", "t", "e", str(tmp_path))
+    assert (inp.plan.micro_batch, inp.plan.ckpt_fraction) == (1, 1.0)
+    oom = WorkerGroupError("failed", {0: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")})
+    seen, attempt = attempts_failing_with(oom, oom)
+    with pytest.raises(backoff.OutOfMemoryGiveUp, match="out of GPU memory at micro-batch 1 with full "
+                                                        "checkpointing.*shorten stages.sft.seq_len") as err:
+        run_with_backoff(inp, attempt, "r", True, lambda _: None, worker_restarts=2)
+    assert seen == [0] and err.value.__cause__ is oom
