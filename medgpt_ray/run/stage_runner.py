@@ -45,6 +45,8 @@ def start_worker() -> None:
     """First thing in every stage worker, before CUDA is touched."""
     from medgpt_ray.tiny import cache_root
 
+    # What a worker writes (checkpoints, the model, metrics.jsonl) was trained on or holds medical records: owner-only.
+    os.umask(0o077)
     # Each report's INFO line ("Reporting training result ...") would interleave with the progress lines.
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.

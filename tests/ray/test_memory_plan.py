@@ -32,6 +32,9 @@ def test_the_plan_chosen_for_a_budget_is_what_runs(tiny_run):
     assert plan["micro_batch"] < 8 and plan["micro_batch"] * plan["grad_accum"] == 8
     result = json.loads((tiny_run.run_dir / "sft" / "result.json").read_text())
     assert result["steps"] == tiny_run.max_steps
+    # Training workers run with umask 077: what they write is the owner's alone.
+    for written in ("result.json", "metrics.jsonl", "model/config.json", "adapter"):
+        assert (tiny_run.run_dir / "sft" / written).stat().st_mode & 0o077 == 0, written
     assert any(line.startswith("[sft] plan: lora, micro-batch") and "predicted peak" in line
                for line in tiny_run.lines)
 
