@@ -19,7 +19,7 @@ Target distribution (content tokens: the turns' text; the chat template adds ~5 
     consultation   35 %   200-800       a patient's message and a doctor's answer; 20 % add a second round
     multi_turn     10 %   1,000-3,000   3-8 rounds of patient and doctor
     preference    100 %   200-1,500     per answer (chosen and rejected drawn independently); the prompt is one
-                                        patient message of ~30-150 tokens
+                                        patient message of ~30-100 tokens
 
 Why: real medical SFT sets (Huatuo/knowledge-graph QA, MedicalGPT's medical finetune data) are dominated by
 short factual QA, then single consultations of a few hundred tokens, with a tail of long multi-turn dialogues;
@@ -288,7 +288,7 @@ def make_corpus(out: Path, n_sft: int, n_pref: int, seed: int = 0, tokenizer_dir
     write_jsonl(files["sft"], sft)
     write_jsonl(files["preference"], pref)
     write_jsonl(files["pretrain"], [{"text": "\n".join(t["value"] for t in r["conversations"])} for r in sft])
-    return {"seed": seed, "files": {k: str(v) for k, v in files.items()},
+    return {"seed": seed, "tokenizer": tokenizer_dir, "files": {k: str(v) for k, v in files.items()},
             "counts": {"sft": {b.name: kinds.count(b.name) for b in SFT_MIX}, "preference": len(pref),
                        "pretrain": len(sft)},
             "targets": targets(), "measured": measure(kinds, sft, pref, tokenizer_dir)}
