@@ -174,6 +174,15 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
 # --- one configuration (child process) -----------------------------------------------------------------------
 
 
+def cap_allocator(cap_gib: float) -> None:
+    """Cap this process's CUDA allocator at `cap_gib` (a 24 GiB card on a larger GPU). The CUDA context, NCCL and
+    cuBLAS workspaces sit outside the cap (FIELD-NOTES)."""
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+
+
 def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
                 after_build: Any = None) -> dict[str, Any]:
     import torch
@@ -187,8 +196,7 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
         os.environ.setdefault(k, v)
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total))
+    cap_allocator(cap_gib)
 
     accum = int(c.get("grad_accum", 1))
     cls = DPOStageConfig if c["stage"] == "dpo" else StageConfig
