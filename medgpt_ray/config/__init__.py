@@ -28,6 +28,7 @@ from medgpt_ray.config.stages import (
     STAGE_KINDS,
     DPOStageConfig,
     LoraConfig,
+    SFTStageConfig,
     StageConfig,
     StageKind,
     StagesConfig,
@@ -37,9 +38,9 @@ from medgpt_ray.config.stages import (
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "PIIConfig", "PipelineConfig",
-           "QualityConfig", "ResourcesConfig", "SignoffConfig", "StageConfig", "StageKind", "StagesConfig",
-           "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict",
-           "stage_kind"]
+           "QualityConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "StageConfig", "StageKind",
+           "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind",
+           "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):

@@ -53,10 +53,11 @@ class StageConfig(_Strict):
     seq_len: Annotated[int, Field(ge=8)] = 1024
     """Tokens per sequence (pretraining block size; longer conversations and pairs are left out and counted)."""
     micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
-    """Examples per worker per forward pass; auto: the planner's choice. A memory knob (not in the fingerprint)."""
+    """Examples per worker per forward pass (packed SFT: at most this many packed rows); auto: the planner's choice.
+    A memory knob (not in the fingerprint)."""
     effective_batch: Annotated[int, Field(ge=1)] = 16
     """Examples (blocks, conversations, pairs) per optimizer step, over all workers: micro x accumulation x
-    workers."""
+    workers (packed SFT: the packed rows that hold about this many conversations)."""
     grad_ckpt: Auto | bool | Annotated[float, Field(gt=0, lt=1)] = "auto"
     """Activation checkpointing: true every decoder layer recomputes its activations, false none, a fraction in
     (0, 1) that share of the layers (the first ones). A memory knob."""
@@ -106,11 +107,22 @@ class StageConfig(_Strict):
         return self.model_dump(mode="json", exclude={"enabled", *MEMORY_KNOBS, *PLAN_RESOLVED_KNOBS})
 
 
-# Planner knobs that change only how the same updates are laid out in memory, and where they run.
+# Planner knobs that change only how the same updates are laid out in memory, and where they run. SFT's `packing` is
+# not one (it changes which conversations share a step): it stays in the fingerprint.
 MEMORY_KNOBS: frozenset[str] = frozenset(
     {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
 # Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.
 PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
+
+
+class SFTStageConfig(StageConfig):
+    packing: Auto | bool = "auto"
+    """Pack the conversations into rows of `seq_len` tokens (best-fit decreasing), each conversation attending
+    only to itself (position ids restart at every conversation); labels unchanged. auto: on where the model's
+    attention keeps a row's conversations apart (SDPA and eager, checked on the loaded model; FlashAttention), off
+    elsewhere; true there is an error. `effective_batch` still counts conversations: a step takes as many packed
+    rows as hold about that many (the real count is logged as conversations_per_step). Not a memory knob: it
+    changes which conversations share a step, so it is in the fingerprint."""
 
 
 class DPOStageConfig(StageConfig):
@@ -159,7 +171,7 @@ def stage_kind(name: str) -> StageKind:
 
 
 register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
-register_stage_kind(StageKind("sft", StageConfig, "sft", "pt"))
+register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
 register_stage_kind(StageKind("rm", StageConfig, "preference", "sft", {"lr": 1e-5}))
 register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6}))
 

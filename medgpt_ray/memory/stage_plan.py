@@ -150,6 +150,17 @@ def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int 
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 
+def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int) -> StagePlan:
+    """SFT packing: the plan with each worker's step in `rows_per_step` packed rows of seq_len tokens
+    (stages/packing.py sizes it so a step holds about the planned conversations). The micro-batch is the largest
+    divisor of rows_per_step up to the planned one: at most that many sequences of seq_len tokens is what the
+    estimate was made for. The rows per step do not depend on the split, so an OOM back-off (half the planned
+    micro-batch) trains the same rows in each step."""
+    micro = max(d for d in range(1, min(rows_per_step, plan.micro_batch) + 1) if rows_per_step % d == 0)
+    new = replace(plan, micro_batch=micro, grad_accum=rows_per_step // micro)
+    return replace(new, deepspeed=deepspeed_config(new, cfg))
+
+
 def keep_backoffs(plan: StagePlan, previous: StagePlan, cfg: StageConfig) -> StagePlan:
     """The plan an interrupted attempt resumes with: where its OOM back-offs left it (same per-worker batch only)."""
     if not previous.backoffs or previous.micro_batch * previous.grad_accum != plan.micro_batch * plan.grad_accum:

@@ -2,20 +2,25 @@
 
 The conversations are tokenized by templates.encode_sft, so every assistant turn
 (not only the last) is trained and the labels are exact by construction; TRL
-receives `input_ids` + `labels` and leaves them as they are.
+receives `input_ids` + `labels` and leaves them as they are. With `packing` on
+(the default where the model's attention allows it), the train split is packed
+into rows of seq_len tokens first (stages/packing.py); evaluation stays unpacked.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
-from medgpt_ray.stages import sync_free
+from medgpt_ray.data.shards import read_records
+from medgpt_ray.memory.stage_plan import packed_rows
+from medgpt_ray.stages import packing, sync_free
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
@@ -66,8 +71,13 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    train_inp, train_ds, collator, packed = pack_train_split(inp, model, tok, template, train_ds, shard)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
-    args = SFTConfig(**training_kwargs(inp), max_length=None, packing=False, dataset_num_proc=None)
+    kwargs = training_kwargs(train_inp)
+    if collator is not None:
+        kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
+    # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see stages/packing.py).
+    args = SFTConfig(**kwargs, max_length=None, packing=False, dataset_num_proc=None)
     trainer = SFTTrainer(
         model=model,
         args=args,
@@ -79,10 +89,39 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     )
     sync_free.install(trainer)
     install_shard(trainer, shard)
+    if collator is not None:
+        packing.install(trainer, collator)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_records": len(train_ds), "skipped_too_long": skipped["too_long"],
-                              "skipped_tools_unsupported": skipped["tools_unsupported"]},
+                      extras={"train_records": packed.get("conversations", len(train_ds)),
+                              "skipped_too_long": skipped["too_long"],
+                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed},
                       save_kwargs={"template": template})
+
+
+def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, train_ds: Any, shard: dict[str, Any]
+                     ) -> tuple[StageInputs, Any, packing.PackedCollator | None, dict[str, Any]]:
+    """(inputs to train with, train dataset, train collator or None, the packing report) for the stage's `packing`
+    and this model: the shard packed into rows, each step sized in rows to hold about the planned conversations.
+    A config class without the key (a kind registered on this module with the base StageConfig) stays unpacked."""
+    mode, why = packing.resolve(getattr(inp.cfg, "packing", False), model, inp.stage)
+    if mode is None:
+        return inp, train_ds, None, {"mode": None, "why": why}
+    seq_len = inp.cfg.seq_len
+    rows = packing.pack(train_ds, seq_len)
+    shape = packing.PackedShape.of(rows, seq_len)
+    sample = shape
+    if shard["rows"] != [0, shard["split_rows"]] or shard["split_rows"] > packing.SAMPLE_RECORDS:
+        # The split's first records size the step: the same on every worker, so all take the same accumulation.
+        head = encode_conversations(read_records(inp.train_file, 0, packing.SAMPLE_RECORDS), tok, template, seq_len)
+        sample = packing.PackedShape.of(packing.pack(head[0], seq_len), seq_len)
+    per_step = packing.rows_per_step(inp.plan.micro_batch * inp.plan.grad_accum, sample.conversations_per_row)
+    plan = packed_rows(inp.plan, inp.cfg, per_step)
+    shard["packed"] = shape.report()
+    report = {"mode": mode, "why": why, **shape.report(), "rows_per_step": per_step,
+              "micro_batch_rows": plan.micro_batch, "grad_accum": plan.grad_accum,
+              "sampled_conversations_per_row": round(sample.conversations_per_row, 3),
+              "conversations_per_step_expected": round(per_step * sample.conversations_per_row * plan.num_workers, 1)}
+    return replace(inp, plan=plan), rows, packing.PackedCollator(mode, tok.pad_token_id, seq_len), report
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:

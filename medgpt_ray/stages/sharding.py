@@ -10,10 +10,10 @@ after an OOM back-off (half the micro-batch, twice the accumulation: the same ex
 order). A different number of workers is a different plan identity, so a stage is never resumed across it.
 
 Every rank must take the same number of batches per epoch (the gradient all-reduce is collective), but shards
-differ by a record, and pt's packing or sft's too-long filter make the examples per shard differ more: the
-sampler pads each epoch to the largest shard's example count by repeating the epoch's first examples, as
-torch's DistributedSampler and accelerate's `even_batches` do. `micro_batch x grad_accum x N` examples per
-optimizer step, as before.
+differ by a record, and packing (pt's blocks, sft's rows) or sft's too-long filter make the examples per shard
+differ more: the sampler pads each epoch to the largest shard's example count by repeating the epoch's first
+examples, as torch's DistributedSampler and accelerate's `even_batches` do. `micro_batch x grad_accum x N` examples
+per optimizer step, as before; a packed SFT stage's examples are its packed rows (stages/packing.py).
 """
 
 from __future__ import annotations
@@ -81,13 +81,17 @@ def _examples_on_every_rank(trainer, n: int) -> int:
 
 
 class _CountingCollator:
-    """The trainer's collator, counting the examples it collates (what this worker trained on, for the result)."""
+    """The train collator, counting the examples it collates (what this worker trained on, for the result), and
+    for packed rows (stages/packing.py) the conversations in them."""
 
     def __init__(self, collate, info: dict[str, Any]):
         self.collate, self.info = collate, info
 
     def __call__(self, examples):
         self.info["trained_examples"] = self.info.get("trained_examples", 0) + len(examples)
+        if examples and "seq_lengths" in examples[0]:
+            self.info["trained_conversations"] = (self.info.get("trained_conversations", 0)
+                                                  + sum(len(e["seq_lengths"]) for e in examples))
         return self.collate(examples)
 
 
@@ -107,7 +111,9 @@ def shard_dataloader(trainer):
     info = trainer.medgpt_shard
     info.update(examples=n, epoch_examples=_examples_on_every_rank(trainer, n))
     sampler = ShardBatchSampler(n, info["epoch_examples"], trainer._train_batch_size, seed, args.dataloader_drop_last)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_CountingCollator(trainer.data_collator, info),
+    # A packed stage collates its train rows itself (stages/packing.py); evaluation keeps the trainer's collator.
+    collate = getattr(trainer, "medgpt_collate", None) or trainer.data_collator
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_CountingCollator(collate, info),
                         num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
                         persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
                         prefetch_factor=args.dataloader_prefetch_factor)

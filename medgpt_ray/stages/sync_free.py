@@ -47,8 +47,10 @@ def _compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=
     loss = (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
     if self.args.average_tokens_across_devices and num_items_in_batch is not None:
         loss = loss * (self.accelerator.num_processes // self.get_tp_size())
-    seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].new_tensor(
-        inputs["position_ids"].size(1))
+    seen = self.__dict__.pop("_medgpt_batch_tokens", None)  # packed rows' real tokens (stages/packing.py)
+    if seen is None:
+        seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].new_tensor(
+            inputs["position_ids"].size(1))
     self._medgpt_pending.append(torch.stack([
         outputs.label_mask.sum().float(), outputs.entropy.detach().sum().float(),
         outputs.is_top1.sum().float(), seen.float()]))

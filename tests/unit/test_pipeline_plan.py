@@ -75,6 +75,10 @@ def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_d
     assert _sft_fingerprint(tmp_path, lr=1e-3) != planned
     assert _sft_fingerprint(tmp_path, effective_batch=16) != planned
     assert _sft_fingerprint(tmp_path, method="full") != planned
+    # Packing is no memory knob: it changes which conversations share a step (the default is auto).
+    assert _sft_fingerprint(tmp_path, packing="auto") == planned
+    assert _sft_fingerprint(tmp_path, packing=False) != planned
+    assert _sft_fingerprint(tmp_path, packing=False, micro_batch=1) == _sft_fingerprint(tmp_path, packing=False)
 
 
 def test_only_stage_is_checked_against_the_manifest_before_ray_starts(tmp_path):

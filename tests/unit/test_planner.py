@@ -14,7 +14,7 @@ from medgpt_ray.config import ConfigError, LoraConfig, StageConfig, load_config
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
-from medgpt_ray.memory.stage_plan import halve_micro_batch, keep_backoffs
+from medgpt_ray.memory.stage_plan import halve_micro_batch, keep_backoffs, packed_rows
 from medgpt_ray.run.backoff import is_cuda_oom
 
 Q7 = PRESETS["qwen2.5-7b"]
@@ -116,6 +116,21 @@ def test_resumed_attempt_keeps_its_backoffs_and_fingerprint_identity_ignores_mem
     assert previous.identity() == planned.identity()
     planned = keep_backoffs(planned, previous, sft_7b())
     assert (planned.micro_batch, planned.grad_accum, len(planned.backoffs)) == (4, 8, 1)
+
+
+def test_a_packed_step_is_its_rows_in_micro_batches_of_at_most_the_planned_size():
+    """SFT packing (stages/packing.py) sizes a step in packed rows of seq_len; the micro-batch is the largest
+    divisor of it up to the planned one (the estimate's sequences), also after an OOM back-off halved that."""
+    budget = make_budget(200, 2, "h200", True, "t")
+    plan = plan_stage("sft", sft_7b(micro_batch=4, zero_stage=2), 2, True, Q7, budget)
+    for rows, layout in ((1, (1, 1)), (3, (3, 1)), (6, (3, 2)), (8, (4, 2)), (7, (1, 7))):
+        packed = packed_rows(plan, sft_7b(), rows)
+        assert (packed.micro_batch, packed.grad_accum) == layout
+        ds = packed.deepspeed
+        assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == layout
+        assert ds["train_batch_size"] == rows * 2
+    backed_off = halve_micro_batch(plan, sft_7b(), "oom", 3)
+    assert (packed_rows(backed_off, sft_7b(), 8).micro_batch, packed_rows(backed_off, sft_7b(), 8).grad_accum) == (2, 4)
 
 
 def test_oom_is_recognised_through_ray_train_wrappers():
