@@ -12,8 +12,9 @@ from transformers import TrainerCallback
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
-from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
+from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.sharding import install_shard
+from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -43,19 +44,14 @@ def preference_texts(records: list[dict], tokenizer, template):
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import DPOConfig, DPOTrainer
 
-    quiet_libraries()
+    data = open_stage_data(inp)
+    tok, template, shard = data.tokenizer, data.template, data.shard
     model_path = Path(inp.model_path)
-    tok = models.load_tokenizer(model_path)
-    template = templates.get_template(inp.template)
-    templates.check_template(template, tok)
-    records, shard = read_train_shard(inp.train_file)
     if inp.cfg.precompute_ref_log_probs and shard["shards"] > 1:
         # TRL precomputes over the train set as if every rank held all of it (it splits it across ranks again and
         # shares rank 0's cache file): with a shard per worker that would pair pairs with other pairs' log-probs.
         raise ValueError("dpo: precompute_ref_log_probs needs num_workers: 1 (each worker trains on its own shard)")
-    train_ds, skipped_tools = preference_texts(records, tok, template)
-    eval_records = read_eval(inp.eval_file)
-    eval_ds = preference_texts(eval_records, tok, template)[0] if eval_records else None
+    train_ds, skipped_tools, eval_ds = data.encoded(preference_texts)
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None

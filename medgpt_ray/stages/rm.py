@@ -12,8 +12,9 @@ from transformers import TrainerCallback
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
-from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
+from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.sharding import install_shard
+from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -45,17 +46,11 @@ def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import RewardConfig, RewardTrainer
 
-    quiet_libraries()
-    model_path = Path(inp.model_path)
-    tok = models.load_tokenizer(model_path)
-    template = templates.get_template(inp.template)
-    templates.check_template(template, tok)
-    records, shard = read_train_shard(inp.train_file)
-    train_ds, skipped = encode_pairs(records, tok, template, inp.cfg.seq_len)
-    eval_records = read_eval(inp.eval_file)
-    eval_ds = encode_pairs(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
+    data = open_stage_data(inp)
+    tok, shard = data.tokenizer, data.shard
+    train_ds, skipped, eval_ds = data.encoded(encode_pairs, inp.cfg.seq_len)
 
-    model = models.load_reward_model(model_path, inp.plan.precision, inp.plan.method, tok.pad_token_id)
+    model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
     args = RewardConfig(**training_kwargs(inp), max_length=None, dataset_num_proc=None)
     trainer = RewardTrainer(

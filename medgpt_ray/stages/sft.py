@@ -23,8 +23,9 @@ from medgpt_ray.memory.stage_plan import packed_rows
 from medgpt_ray.stages import packing, sync_free
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
-from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
+from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.sharding import install_shard
+from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 
 
@@ -60,17 +61,11 @@ def encode_conversations(records: list[dict], tokenizer, template, seq_len: int)
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import SFTConfig, SFTTrainer
 
-    quiet_libraries()
-    model_path = Path(inp.model_path)
-    tok = models.load_tokenizer(model_path)
-    template = templates.get_template(inp.template)
-    templates.check_template(template, tok)
-    records, shard = read_train_shard(inp.train_file)
-    train_ds, skipped = encode_conversations(records, tok, template, inp.cfg.seq_len)
-    eval_records = read_eval(inp.eval_file)
-    eval_ds = encode_conversations(eval_records, tok, template, inp.cfg.seq_len)[0] if eval_records else None
+    data = open_stage_data(inp)
+    tok, template, shard = data.tokenizer, data.template, data.shard
+    train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len)
 
-    model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     train_inp, train_ds, collator, packed = pack_train_split(inp, model, tok, template, train_ds, shard)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)

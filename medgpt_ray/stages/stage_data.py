@@ -1,0 +1,39 @@
+"""What every conversation stage (sft, rm, dpo) reads before it encodes: the tokenizer checked against the chat
+template, this worker's shard of the train split, and the held-out split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray import models, templates
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import quiet_libraries
+from medgpt_ray.stages.sharding import read_eval, read_train_shard
+
+
+@dataclass
+class StageData:
+    tokenizer: Any
+    template: Any
+    records: list[dict]  # this worker's shard of the train split
+    shard: dict[str, Any]  # which shard (stages/sharding.py)
+    eval_records: list[dict]  # the whole held-out split
+
+    def encoded(self, encode: Callable[..., tuple[Any, Any]], *args: Any) -> tuple[Any, Any, Any]:
+        """(train dataset, what `encode` counted as skipped, held-out dataset or None) of `encode(records,
+        tokenizer, template, *args)`."""
+        train, skipped = encode(self.records, self.tokenizer, self.template, *args)
+        held_out = encode(self.eval_records, self.tokenizer, self.template, *args)[0] if self.eval_records else None
+        return train, skipped, held_out
+
+
+def open_stage_data(inp: StageInputs) -> StageData:
+    quiet_libraries()
+    tok = models.load_tokenizer(Path(inp.model_path))
+    template = templates.get_template(inp.template)
+    templates.check_template(template, tok)
+    records, shard = read_train_shard(inp.train_file)
+    return StageData(tok, template, records, shard, read_eval(inp.eval_file))
