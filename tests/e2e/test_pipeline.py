@@ -97,7 +97,9 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` runs (cwd=repo)
     out = tmp_path / "runs"
     sft = ["--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
-           "--set", "stages.sft.logging_steps=1"]
+           "--set", "stages.sft.logging_steps=1",
+           # One worker each: rm and dpo (both from sft) fit the 2 CPUs side by side, as a wave of the stage graph.
+           "--set", "stages.rm.num_workers=1", "--set", "stages.dpo.num_workers=1"]
     proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), cwd=repo, start_new_session=True)
     ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
@@ -129,9 +131,10 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     s = summary(out)
     assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped", "done", "done", "done"]
     assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
-    for stage in ("pt", "sft", "rm", "dpo"):
+    assert "running rm and dpo side by side" in second
+    for stage, workers in (("pt", 2), ("sft", 2), ("rm", 1), ("dpo", 1)):
         plan = json.loads((out / "tiny-cpu" / stage / "plan.json").read_text())
-        assert plan["num_workers"] == 2
+        assert plan["num_workers"] == workers
         assert (out / "tiny-cpu" / stage / "metrics.jsonl").is_file()
     assert "summary of run 'tiny-cpu'" in second
     manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
