@@ -17,6 +17,12 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-build-isolation deepspeed==0.19.8
 	$(VPY) -m pip install -q -e '.[dev]'
+	# DeepSpeed builds its CPU shared-memory comm op on first use in a stage worker (~30-45 s on 2 cores, again for
+	# every new venv): build it here, into the directory the workers use (stages' start_worker). Without a compiler
+	# the workers build nothing and DeepSpeed falls back to plain torch.distributed.
+	TORCH_EXTENSIONS_DIR="$$($(VPY) -c 'from medgpt_ray.tiny import cache_root; print(cache_root() / "torch_extensions")')" \
+	  $(VPY) -c 'from deepspeed.accelerator import get_accelerator; b = get_accelerator().create_op_builder("ShareMemCommBuilder"); b is None or b.load(verbose=False)' >/dev/null 2>&1 \
+	  || echo "note: DeepSpeed's CPU comm op was not built now (no compiler?); a CPU stage with DeepSpeed builds or skips it"
 	touch $(STAMP)
 
 demo: venv
