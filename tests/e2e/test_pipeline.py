@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,10 +90,29 @@ def in_process(repo: Path, out: Path, *sets: str, only_stage: str | None = None)
     return Pipeline(cfg, RunOptions(only_stage=only_stage, echo=lines.append)).run(), lines
 
 
+def kill_when_paused(marker: Path, killed: list[int], timeout_s: float = 300.0) -> threading.Thread:
+    """SIGKILL the training worker whose pid the pause hook writes to `marker` once its step is logged."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if marker.exists():
+            pid = int(marker.read_text())
+            if pid != os.getpid():  # a Ray worker's process, never this one
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    t = threading.Thread(target=watch, name="kill-worker", daemon=True)
+    t.start()
+    return t
+
+
 def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path, ray_cluster, monkeypatch):
     # Over 60 s (2-4 min on 2 cores, by load), on purpose: two runs of `jobs/pipeline.py` as a user runs them, each
-    # starting its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own),
-    # then the all-skipped re-run and --only-stage in this process, on the shared session cluster.
+    # starting its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own; the
+    # second also loses a worker and restarts the stage), then the all-skipped re-run and --only-stage in this
+    # process, on the shared session cluster.
     # SFT gets 16 steps: the Ctrl-C lands after its first checkpoint (step 4; within a few steps of it in every run
     # seen) and before it ends.
     monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` runs (cwd=repo)
@@ -122,7 +143,15 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     cut = summary(out)["stages"]
     assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "interrupted"
 
-    second = run(pipeline_cmd(repo, out, *sft), cwd=repo).stdout
+    # The resuming run loses a training worker too (SIGKILLed once step 10 is logged, as the host's OOM killer
+    # would): the pipeline restarts sft from its newest checkpoint by itself.
+    killed: list[int] = []
+    watcher = kill_when_paused(out / "tiny-cpu" / "sft" / ".paused_worker", killed)
+    second = run(pipeline_cmd(repo, out, *sft), cwd=repo, env={**env(), PAUSE_AT_STEP_ENV: "10"}).stdout
+    watcher.join(timeout=1)
+    assert len(killed) == 1, "the sft worker never paused at step 10"
+    assert re.search(rf"\[sft\] worker died \(rank 0, pid {killed[0]}\): restarting from checkpoint-\d+ "
+                     r"\(restart 1 of 2\)", second), second[-3000:]
     assert "[ pt] done in manifest" in second
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
     assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
@@ -143,7 +172,8 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
 
     # The same config again, from another driver: everything is done (the fingerprints do not depend on which
     # driver or cluster ran a stage), then --only-stage retrains sft alone, uninterrupted: the reference for the
-    # resumed run, which must have trained exactly the same (loss within 1e-6 at every step).
+    # run that was interrupted, resumed and restarted, which must have trained exactly the same (loss within 1e-6
+    # at every step).
     third, lines = in_process(repo, out, *sft)
     for stage in ("pt", "sft", "rm", "dpo"):
         assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage

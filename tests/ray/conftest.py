@@ -25,7 +25,7 @@ class TinyRun:
     budget_gib: float
     max_steps: int
     prom: PromServer  # a real Prometheus that scraped the shared cluster while the run went on
-    cfg: object  # the PipelineConfig, for a run of the same config (tests/ray/test_worker_death.py)
+    cfg: object  # the PipelineConfig, for a run of the same config
 
 
 @pytest.fixture(scope="session")

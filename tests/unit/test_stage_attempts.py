@@ -1,6 +1,6 @@
 """Which failures restart a stage (no cluster): a training worker's process that died, in the shape Ray Train V2's
-controller reports it (tests/ray/test_worker_death.py kills a real one), up to `resources.worker_restarts` times;
-never an exception the training code raised, nor the controller's own failure."""
+controller reports it (the e2e resume test in tests/e2e/test_pipeline.py kills a real one), up to
+`resources.worker_restarts` times; never an exception the training code raised, nor the controller's own failure."""
 
 from __future__ import annotations
 
