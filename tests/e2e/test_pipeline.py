@@ -119,6 +119,8 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     out = tmp_path / "runs"
     sft = ["--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
            "--set", "stages.sft.logging_steps=1",
+           # pt is off here: skipping a finished pt after a killed driver is the job test's; sft starts from the base.
+           "--set", "stages.pt.enabled=false",
            # One worker each: rm and dpo (both from sft) fit the 2 CPUs side by side, as a wave of the stage graph.
            "--set", "stages.rm.num_workers=1", "--set", "stages.dpo.num_workers=1"]
     proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -134,14 +136,14 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
         # Ctrl-C, as a user would: the driver shuts its local Ray cluster down.
         os.killpg(proc.pid, signal.SIGINT)
         first_log = proc.communicate(timeout=120)[0]
-    assert "[ pt] done" in first_log
-    manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
-    assert set(manifest["stages"]) == {"pt"}, "an interrupted stage must not be in the manifest"
+    manifest_file = out / "tiny-cpu" / "manifest.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {"stages": {}}
+    assert "sft" not in manifest["stages"], "an interrupted stage must not be in the manifest"
     # Ctrl-C is a sentence, not a traceback, and summary.json says what this run did (issue 16 item 8).
     assert "interrupted: finished stages and the last checkpoint are kept" in first_log
     assert "KeyboardInterrupt" not in first_log
     cut = summary(out)["stages"]
-    assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "interrupted"
+    assert cut["pt"]["status"] == "disabled" and cut["sft"]["status"] == "interrupted"
 
     # The resuming run loses a training worker too (SIGKILLed once step 10 is logged, as the host's OOM killer
     # would): the pipeline restarts sft from its newest checkpoint by itself.
@@ -152,16 +154,15 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert len(killed) == 1, "the sft worker never paused at step 10"
     assert re.search(rf"\[sft\] worker died \(rank 0, pid {killed[0]}\): restarting from checkpoint-\d+ "
                      r"\(restart 1 of 2\)", second), second[-3000:]
-    assert "[ pt] done in manifest" in second
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
     assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
     assert sft_result["steps"] == SFT_STEPS
     assert logged_steps(out / "tiny-cpu" / "sft") == list(range(1, SFT_STEPS + 1))  # each step once
     s = summary(out)
-    assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped", "done", "done", "done"]
+    assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled", "done", "done", "done"]
     assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
     assert "running rm and dpo side by side" in second
-    for stage, workers in (("pt", 2), ("sft", 2), ("rm", 1), ("dpo", 1)):
+    for stage, workers in (("sft", 2), ("rm", 1), ("dpo", 1)):
         plan = json.loads((out / "tiny-cpu" / stage / "plan.json").read_text())
         assert plan["num_workers"] == workers
         assert (out / "tiny-cpu" / stage / "metrics.jsonl").is_file()
@@ -175,10 +176,10 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     # run that was interrupted, resumed and restarted, which must have trained exactly the same (loss within 1e-6
     # at every step).
     third, lines = in_process(repo, out, *sft)
-    for stage in ("pt", "sft", "rm", "dpo"):
+    for stage in ("sft", "rm", "dpo"):
         assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage
-    assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped"] * 4
-    assert [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["skipped"] * 4
+    assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled"] + ["skipped"] * 3
+    assert [summary(out)["stages"][k]["status"] for k in ("sft", "rm", "dpo")] == ["skipped"] * 3
 
     resumed = logged_losses(out / "tiny-cpu" / "sft")
     before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
@@ -188,7 +189,7 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert uninterrupted["resumed_from"] is None and after["sft"]["finished_at"] >= before["sft"]["finished_at"]
     assert logged_losses(out / "tiny-cpu" / "sft") == pytest.approx(resumed, abs=1e-6)
     assert uninterrupted["eval"]["eval_loss"] == pytest.approx(sft_result["eval"]["eval_loss"], abs=1e-6)
-    for stage in ("pt", "rm", "dpo"):
+    for stage in ("rm", "dpo"):
         assert after[stage] == before[stage]
 
 
