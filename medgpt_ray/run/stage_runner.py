@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from transformers import TrainerCallback
 
-from medgpt_ray.placement.device import bind_worker_device, ray_train_resources
+from medgpt_ray.placement.device import ray_train_resources
 from medgpt_ray.run.placed_torch import torch_config_for
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.stages.inputs import StageInputs
@@ -51,7 +51,7 @@ def start_worker() -> None:
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
-    bind_worker_device()  # the GPU the placement chose for this local rank
+    # The GPU the placement chose is bound before this runs, by the placed backend's train-function context.
 
 
 def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:
