@@ -22,7 +22,13 @@ def plan_line(p: StagePlan) -> str:
     ck = {0.0: "no ckpt", 1.0: "full ckpt"}.get(p.ckpt_fraction, f"ckpt {p.ckpt_fraction:.0%} of layers")
     budget = pred.budget_gib if pred else None
     fit = f"predicted peak {pred.peak_gib if pred else 0:.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
-    return (f"{p.method}, micro-batch {p.micro_batch} x accum {p.grad_accum} x {p.num_workers} worker(s), {ck}, "
+    if p.packing is not None:
+        layout = (f"packed: {p.micro_batch} rows x accum {p.grad_accum} x {p.num_workers} worker(s) "
+                  f"(~{p.packing['conversations_per_step']} conversations per worker step)")
+    else:
+        at = "" if p.seq_len_planned is None else f" at {p.seq_len_planned} tokens"
+        layout = f"micro-batch {p.micro_batch}{at} x accum {p.grad_accum} x {p.num_workers} worker(s)"
+    return (f"{p.method}, {layout}, {ck}, "
             f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"

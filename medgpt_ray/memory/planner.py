@@ -19,6 +19,7 @@ from typing import Any
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve_budget
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
+from medgpt_ray.memory.lengths import LengthProfile, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
 from medgpt_ray.memory.throughput import tokens_per_second
@@ -88,8 +89,25 @@ def _divisors(n: int, cap: int) -> list[int]:
     return [d for d in range(1, min(n, cap) + 1) if n % d == 0]
 
 
+def _micro_options(stage: str, cfg: StageConfig, per_worker: int, lengths: LengthProfile | None,
+                   reasons: list[str], note: Any) -> tuple[list[int], int]:
+    """(micro-batches searched, examples per worker step): divisors of the per-worker batch, or for packed SFT of
+    the packed rows that hold it (an explicit micro-batch caps the rows per micro-batch)."""
+    if not packs(stage, cfg, lengths):
+        return note("micro_batch", cfg.micro_batch, _divisors(per_worker, MAX_MICRO_BATCH),
+                    f"divisors of the per-worker batch {per_worker}"), per_worker
+    assert lengths is not None and lengths.conversations_per_row is not None
+    rows = rows_per_step(per_worker, lengths.conversations_per_row)
+    reasons.append(f"packing: {per_worker} conversations per worker step in {rows} rows of {cfg.seq_len} "
+                   f"tokens ({lengths.conversations_per_row:.1f} conversations per row in the sample)")
+    searched = _divisors(rows, MAX_MICRO_BATCH)
+    if cfg.micro_batch != "auto":
+        searched = [max(d for d in searched if d <= cfg.micro_batch)]
+    return note("micro_batch", "auto", searched, f"rows: divisors of the {rows} packed rows per step"), rows
+
+
 def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, use_gpu: bool,
-             reasons: list[str]) -> dict[str, list[Any]]:
+             reasons: list[str], lengths: LengthProfile | None = None) -> dict[str, list[Any]]:
     """The values each knob may take: the explicit one, or the searched set, each with its reason."""
     where = f"stages.{stage}"
     model = stage_kind(stage).memory_kind  # the built-in kind whose trainer and memory model it follows
@@ -115,9 +133,7 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
     if cfg.micro_batch != "auto" and per_worker % cfg.micro_batch:
         raise ConfigError(f"{where}.micro_batch: {cfg.micro_batch} does not divide the per-worker batch {per_worker} "
                           f"(effective_batch {cfg.effective_batch} / {num_workers} workers)")
-    micro = note("micro_batch", cfg.micro_batch, _divisors(per_worker, MAX_MICRO_BATCH),
-                 f"divisors of the per-worker batch {per_worker}")
-
+    micro, per_worker = _micro_options(stage, cfg, per_worker, lengths, reasons, note)
     step = max(1, shape.layers // CKPT_STEPS)
     fractions = sorted({k / shape.layers for k in [*range(0, shape.layers + 1, step), shape.layers]})
     if cfg.grad_ckpt == "auto":
@@ -196,7 +212,8 @@ def _zero_options(stage: str, cfg: StageConfig, methods: list[str], num_workers:
     return pairs
 
 
-def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool):
+def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool,
+            seq_len: int):
     per_worker = opts["per_worker"][0]
     for method, micro, ck, fused, kernels, optim, (zero, offload) in itertools.product(
             opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["kernels"], opts["optim"],
@@ -209,7 +226,7 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             continue  # nothing would fuse the layer ops this estimate assumes fused
         yield TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
-            seq_len=cfg.seq_len,
+            seq_len=seq_len,
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
             lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
@@ -264,13 +281,16 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
 
 
 def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, shape: ModelShape | None = None,
-               budget: Budget | None = None) -> StagePlan:
+               budget: Budget | None = None, lengths: LengthProfile | None = None) -> StagePlan:
+    """The fastest configuration predicted to fit; `lengths` (the train data's, stages/length_profile.py) plans
+    at the data's real lengths, without it at rows of seq_len."""
     shape = shape or load_shape("tiny")
     budget = budget or make_budget(None, 0.0, "auto", use_gpu, "none")
     reasons: list[str] = [f"budget: {budget.describe()}"]
-    opts = _options(stage, cfg, shape, num_workers, use_gpu, reasons)
+    opts = _options(stage, cfg, shape, num_workers, use_gpu, reasons, lengths)
+    seq_len = planned_seq_len(stage, cfg, lengths, reasons)
     cands = []
-    for setup in _setups(stage, cfg, opts, num_workers, use_gpu):
+    for setup in _setups(stage, cfg, opts, num_workers, use_gpu, seq_len):
         try:
             cands.append(_candidate(shape, setup, budget))
         except SetupError:
@@ -291,6 +311,13 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     plan = StagePlan(stage, s.method, s.precision, s.micro_batch, s.grad_accum, num_workers, use_gpu,
                      s.ckpt_fraction, s.fused_ce, s.optim, s.zero, s.offload, None, reasons)
     plan.fused_kernels = s.fused_kernels
+    plan.seq_len_planned = seq_len
+    if lengths is not None:
+        plan.lengths = lengths.to_dict()
+    if packs(stage, cfg, lengths):
+        plan.packing = {"rows_per_step": opts["per_worker"][0],
+                        "conversations_per_step": cfg.effective_batch // num_workers,
+                        "conversations_per_row": lengths.conversations_per_row if lengths else None}
     plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
     reasons.append(f"compile: {plan.compile} ("
                    + ("explicit" if cfg.compile != "auto" else
@@ -345,11 +372,11 @@ def model_shape(cfg: PipelineConfig) -> ModelShape:
                       f"preset (e.g. qwen2.5-7b) to plan on a machine without the model")
 
 
-def plan_all(cfg: PipelineConfig, probe: GpuProbe | None = None,
-             default_gpu_gib: float | None = None) -> tuple[dict[str, StagePlan], dict[str, str]]:
+def plan_all(cfg: PipelineConfig, probe: GpuProbe | None = None, default_gpu_gib: float | None = None,
+             budget: Budget | None = None) -> tuple[dict[str, StagePlan], dict[str, str]]:
     """Plans for the enabled stages, and for each stage that cannot be planned, the message why."""
     shape = model_shape(cfg)
-    budget = resolve_budget(cfg, probe, default_gpu_gib)
+    budget = budget or resolve_budget(cfg, probe, default_gpu_gib)
     plans: dict[str, StagePlan] = {}
     errors: dict[str, str] = {}
     for stage in cfg.enabled_stages():

@@ -57,6 +57,11 @@ class StagePlan:
     fused_kernels: bool = False  # fused RMSNorm/SwiGLU/RoPE: compiled layers when `compile`, else Liger's
     compile: bool = False  # decoder layers compiled in place (stages/speed.py)
     placement: StagePlacement | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
+    seq_len_planned: int | None = None  # the sequence length memory was planned at (memory/lengths.py)
+    lengths: dict[str, Any] | None = None  # the train data's LengthProfile the plan used; None: not read
+    # Packed SFT: micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
+    # conversations_per_row}. None: micro_batch and grad_accum count examples.
+    packing: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/manifest.write_plan writes it)."""
@@ -75,15 +80,23 @@ class StagePlan:
     def examples_per_step(self) -> int:
         """The global batch in examples (pretraining blocks, conversations, preference pairs): what
         `effective_batch` asks for, whatever the memory layout (micro-batch x accumulation x workers)."""
-        return self.micro_batch * self.grad_accum * self.num_workers
+        return self.per_worker_examples * self.num_workers
+
+    @property
+    def per_worker_examples(self) -> int:
+        """Examples per worker per step: conversations when packed (the rows hold about that many)."""
+        if self.packing is not None:
+            return int(self.packing["conversations_per_step"])
+        return self.micro_batch * self.grad_accum
 
     def train_setup(self, cfg: StageConfig) -> TrainSetup:
-        """The setup the estimator and the throughput model score: this plan's knobs with the stage's
-        sequence length and LoRA rank (the one way from a plan to a TrainSetup)."""
+        """The setup the estimator and the throughput model score: this plan's knobs with the sequence length it
+        was planned at (the data's, memory/lengths.py; else the stage's seq_len) and the stage's LoRA rank (the one
+        way from a plan to a TrainSetup)."""
         return TrainSetup(
             stage=stage_kind(self.stage).memory_kind, method=self.method, precision=self.precision,
-            micro_batch=self.micro_batch,
-            seq_len=cfg.seq_len, ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
+            micro_batch=self.micro_batch, seq_len=self.seq_len_planned or cfg.seq_len,
+            ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
@@ -94,7 +107,7 @@ class StagePlan:
         is not retrained because the planner (or an OOM back-off) chose another memory layout."""
         return {"stage": self.stage, "method": self.method, "precision": self.precision, "optim": self.optim,
                 "num_workers": self.num_workers, "use_gpu": self.use_gpu,
-                "per_worker_batch": self.micro_batch * self.grad_accum}
+                "per_worker_batch": self.per_worker_examples}
 
 
 def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None:
@@ -150,14 +163,29 @@ def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int 
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 
-def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int) -> StagePlan:
-    """SFT packing: the plan with each worker's step in `rows_per_step` packed rows of seq_len tokens
-    (stages/packing.py sizes it so a step holds about the planned conversations). The micro-batch is the largest
-    divisor of rows_per_step up to the planned one: at most that many sequences of seq_len tokens is what the
-    estimate was made for. The rows per step do not depend on the split, so an OOM back-off (half the planned
-    micro-batch) trains the same rows in each step."""
+def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int, conversations_per_row: float) -> StagePlan:
+    """SFT packing sized on the worker (a plan made without the data's lengths): the plan with each worker's step in
+    `rows_per_step` packed rows of seq_len tokens (stages/packing.py sizes it so a step holds about the planned
+    conversations). The micro-batch is the largest divisor of rows_per_step up to the planned one: at most that many
+    sequences of seq_len tokens is what the estimate was made for. The rows per step do not depend on the split, so
+    an OOM back-off (half the planned micro-batch) trains the same rows in each step."""
     micro = max(d for d in range(1, min(rows_per_step, plan.micro_batch) + 1) if rows_per_step % d == 0)
-    new = replace(plan, micro_batch=micro, grad_accum=rows_per_step // micro)
+    new = replace(plan, micro_batch=micro, grad_accum=rows_per_step // micro, packing={
+        "rows_per_step": rows_per_step, "conversations_per_step": plan.per_worker_examples,
+        "conversations_per_row": round(conversations_per_row, 3)})
+    return replace(new, deepspeed=deepspeed_config(new, cfg))
+
+
+def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
+    """A plan made in packed rows, for a worker whose model cannot pack (`packing: auto` and an attention path that
+    would let a row's conversations see each other): one conversation per micro-batch with every layer recomputing,
+    which needs less memory than any packed row the plan was checked for; the same conversations per step."""
+    if plan.packing is None:
+        return plan
+    per_worker = int(plan.packing["conversations_per_step"])
+    new = replace(plan, micro_batch=1, grad_accum=per_worker, ckpt_fraction=1.0, packing=None,
+                  reasons=[*plan.reasons, "packing: unavailable on the worker; 1 conversation per micro-batch, "
+                           "full checkpointing"])
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 

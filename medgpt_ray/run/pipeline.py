@@ -21,8 +21,6 @@ from medgpt_ray import models
 from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
 from medgpt_ray.data import prepare
 from medgpt_ray.data.kinds import KINDS, DataFileError
-from medgpt_ray.memory.format import plan_line
-from medgpt_ray.memory.planner import plan_all
 from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
@@ -30,9 +28,10 @@ from medgpt_ray.run import dag
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
+from medgpt_ray.run.planning import plan_before_data, plan_by_lengths
 from medgpt_ray.run.preflight import check_cpus, check_gpus
 from medgpt_ray.run.progress import LiveProgress, ProgressActor, ProgressPrinter, format_summary, result_brief
-from medgpt_ray.run.ray_env import echo, probe_cluster_gpu
+from medgpt_ray.run.ray_env import echo
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
@@ -160,16 +159,6 @@ class Pipeline:
         except DataFileError as e:
             raise ConfigError(f"data.{kind}: {e}") from None
 
-    def _plans(self) -> dict[str, StagePlan]:
-        """Every stage planned to fit the GPUs before any of them is touched; a config that does not fit
-        is refused here, with the numbers."""
-        plans, errors = plan_all(self.cfg, probe=probe_cluster_gpu)
-        if errors:
-            raise ConfigError("\n".join(errors.values()))
-        for s, p in plans.items():
-            self.echo(f"[{s:>3}] plan: {plan_line(p)}")
-        return plans
-
     def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
                      base_config: dict[str, Any], prov: dict[str, Any],
                      needs_fps: dict[str, str] | None = None) -> str:
@@ -188,7 +177,7 @@ class Pipeline:
         resources = ray.cluster_resources()  # a joined cluster's, known only now
         check_cpus(self.cfg, resources.get("CPU", 0), "the Ray cluster")
         check_gpus(self.cfg, resources.get("GPU", 0), "the Ray cluster")
-        plans = self._plans()
+        plans, budget = plan_before_data(self.cfg)
         if self.cfg.data.raw:
             self._clean_raw(prov)
         order = self.cfg.enabled_stages()
@@ -215,6 +204,7 @@ class Pipeline:
             if s not in to_run:
                 self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
         prepared = self._prepare_data() if to_run else {}
+        plans = plan_by_lengths(self.cfg, plans, budget, base_path, to_run, prepared, self.echo)
 
         namespace = ray.get_runtime_context().namespace
         actor_name = f"medgpt-progress-{self.cfg.name}-{os.getpid()}"

@@ -43,7 +43,6 @@ import torch
 
 from medgpt_ray.config import ConfigError
 
-SAMPLE_RECORDS = 2048  # records of the train split that size a packed step (conversations per row)
 ROWS, FLAT = "rows", "flat"  # [rows, seq_len] with per-row masks (SDPA/eager); one flattened sequence (flash)
 TOKENS_KEY, CONVERSATIONS_KEY = "medgpt_real_tokens", "medgpt_conversations"  # taken out before the model
 
@@ -171,11 +170,6 @@ class PackedShape:
         return {"rows": self.rows, "conversations": self.conversations,
                 "conversations_per_row": round(self.conversations_per_row, 3),
                 "fill": round(self.tokens / max(self.rows * self.seq_len, 1), 4)}
-
-
-def rows_per_step(conversations_per_step: int, conversations_per_row: float) -> int:
-    """Packed rows per worker per step holding about `conversations_per_step` conversations (at least one row)."""
-    return max(1, round(conversations_per_step / max(conversations_per_row, 1e-9)))
 
 
 # ---- batches --------------------------------------------------------------------------------------------------

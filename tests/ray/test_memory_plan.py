@@ -29,14 +29,18 @@ def test_the_plan_chosen_for_a_budget_is_what_runs(tiny_run):
     assert tiny_run.summary["stages"]["sft"]["status"] == "done"
     plan = json.loads((tiny_run.run_dir / "sft" / "plan.json").read_text())
     assert plan["prediction"]["peak_gib"] <= tiny_run.budget_gib < plan["alternatives"][0]["peak_gib"]
-    assert plan["micro_batch"] < 8 and plan["micro_batch"] * plan["grad_accum"] == 8
+    # Planned at the data's lengths: packed rows of seq_len holding the 8 conversations a step asks for.
+    assert plan["packing"]["conversations_per_step"] == 8 and plan["lengths"]["records"] > 0
+    rows = plan["packing"]["rows_per_step"]
+    assert plan["micro_batch"] < rows and plan["micro_batch"] * plan["grad_accum"] == rows
     result = json.loads((tiny_run.run_dir / "sft" / "result.json").read_text())
     assert result["steps"] == tiny_run.max_steps
     # Training workers run with umask 077: what they write is the owner's alone.
     for written in ("result.json", "metrics.jsonl", "model/config.json", "adapter"):
         assert (tiny_run.run_dir / "sft" / written).stat().st_mode & 0o077 == 0, written
-    assert any(line.startswith("[sft] plan: lora, micro-batch") and "predicted peak" in line
+    assert any(line.startswith("[sft] plan: lora, packed:") and "predicted peak" in line
                for line in tiny_run.lines)
+    assert any(line.startswith("[sft] lengths: ") for line in tiny_run.lines)
 
 
 def test_a_config_predicted_not_to_fit_is_refused_before_anything_runs(ray_cluster, repo, tmp_path, monkeypatch):

@@ -124,13 +124,15 @@ def test_a_packed_step_is_its_rows_in_micro_batches_of_at_most_the_planned_size(
     budget = make_budget(200, 2, "h200", True, "t")
     plan = plan_stage("sft", sft_7b(micro_batch=4, zero_stage=2), 2, True, Q7, budget)
     for rows, layout in ((1, (1, 1)), (3, (3, 1)), (6, (3, 2)), (8, (4, 2)), (7, (1, 7))):
-        packed = packed_rows(plan, sft_7b(), rows)
+        packed = packed_rows(plan, sft_7b(), rows, 3.0)
         assert (packed.micro_batch, packed.grad_accum) == layout
+        assert packed.identity() == plan.identity() and packed.packing["rows_per_step"] == rows
         ds = packed.deepspeed
         assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == layout
         assert ds["train_batch_size"] == rows * 2
     backed_off = halve_micro_batch(plan, sft_7b(), "oom", 3)
-    assert (packed_rows(backed_off, sft_7b(), 8).micro_batch, packed_rows(backed_off, sft_7b(), 8).grad_accum) == (2, 4)
+    again = packed_rows(backed_off, sft_7b(), 8, 3.0)
+    assert (again.micro_batch, again.grad_accum) == (2, 4)
 
 
 def test_oom_is_recognised_through_ray_train_wrappers():

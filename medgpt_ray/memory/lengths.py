@@ -1,0 +1,113 @@
+"""The length distribution of a stage's training data, and the sequence length its memory is planned for.
+
+A stage's `seq_len` is a cap, not the length its batches have: real medical SFT data is mostly a few dozen tokens,
+with consultations of hundreds and a tail of long multi-turn conversations. The pipeline tokenizes a sample of
+each stage's train split (stages/length_profile.py, on the driver, after data preparation) and plans with it:
+
+- packed SFT: rows are always seq_len long; what the data decides is how many conversations a row holds, hence
+  how many rows a step of `effective_batch` conversations needs (the micro-batch is searched among its divisors);
+- padded batches (rm, dpo, unpacked sft): a micro-batch is as long as its longest row, so memory is planned at the
+  sample's longest row (with a guard when the sample is not the whole split, rounded up to the padding bucket),
+  never above seq_len.
+
+Where the data cannot be read (planning a cluster config on a laptop, `medgpt-ray memory`) the plan assumes rows of
+seq_len and says so. The OOM back-off stays the safety net for a row longer than any the sample held.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from medgpt_ray.config import StageConfig, stage_kind
+
+SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash order: a uniform sample)
+PAD_MULTIPLE = 64  # padded batches are planned at a multiple of this many tokens (the collators' bucket)
+UNSAMPLED_GUARD = 1.15  # a sample's longest row times this, when the split has rows the sample did not see
+
+
+def percentile(sorted_values: list[int], q: float) -> int:
+    """The nearest-rank q-th percentile of sorted values (0 for none)."""
+    if not sorted_values:
+        return 0
+    k = max(0, math.ceil(q / 100 * len(sorted_values)) - 1)
+    return int(sorted_values[k])
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """Tokens per training example (a conversation, or the longer side of a preference pair) as the stage
+    encodes it, over a sample of its train split; with packing, how many conversations a packed row held."""
+
+    records: int  # the train split's records
+    sampled: int  # of which read here (the lengths are of those the stage trains on)
+    p50: int
+    p95: int
+    p99: int
+    max: int
+    seq_len: int
+    over_seq_len: int  # sampled examples that reached seq_len (cut to it, or left out by the stage)
+    conversations_per_row: float | None = None  # packed SFT: the sample packed into rows of seq_len
+    unit: str = "tokens"
+
+    @classmethod
+    def of(cls, lengths: list[int], records: int, seq_len: int, conversations_per_row: float | None = None,
+           over_seq_len: int = 0, sampled: int | None = None) -> LengthProfile:
+        """`sampled`: the records read (default: one per length; more where the stage left some out)."""
+        s = sorted(lengths)
+        return cls(records=records, sampled=len(s) if sampled is None else sampled, p50=percentile(s, 50),
+                   p95=percentile(s, 95), p99=percentile(s, 99), max=s[-1] if s else 0, seq_len=seq_len,
+                   over_seq_len=over_seq_len, conversations_per_row=conversations_per_row)
+
+    @property
+    def whole_split(self) -> bool:
+        return self.sampled >= self.records
+
+    def padded_len(self) -> int:
+        """The sequence length a padded micro-batch is planned at: the longest sampled row (times the guard when
+        the split holds rows the sample did not see), rounded up to PAD_MULTIPLE, at most seq_len."""
+        longest = self.max if self.whole_split else math.ceil(self.max * UNSAMPLED_GUARD)
+        return max(1, min(self.seq_len, math.ceil(longest / PAD_MULTIPLE) * PAD_MULTIPLE))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        head = (f"{self.sampled:,} of {self.records:,} train examples: p50 {self.p50:,}, p95 {self.p95:,}, "
+                f"max {self.max:,} tokens")
+        if self.over_seq_len:
+            head += f" ({self.over_seq_len} reach seq_len {self.seq_len:,})"
+        if self.conversations_per_row is not None:
+            head += f"; packed {self.conversations_per_row:.1f} conversations per {self.seq_len:,}-token row"
+        return head
+
+
+def rows_per_step(conversations_per_step: int, conversations_per_row: float) -> int:
+    """Packed rows per worker per step holding about `conversations_per_step` conversations (at least one row)."""
+    return max(1, round(conversations_per_step / max(conversations_per_row, 1e-9)))
+
+
+def packs(stage: str, cfg: StageConfig, lengths: LengthProfile | None) -> bool:
+    """Whether the stage is planned in packed rows: an SFT-kind stage with `packing` not false whose data was
+    packed on the driver (the worker checks the attention path; stages/sft.py falls back safely where it fails)."""
+    return (lengths is not None and lengths.conversations_per_row is not None
+            and stage_kind(stage).memory_kind == "sft" and getattr(cfg, "packing", False) is not False)
+
+
+def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None, reasons: list[str]) -> int:
+    """The sequence length memory is planned at, with its reason."""
+    if stage_kind(stage).memory_kind == "pt":
+        reasons.append(f"lengths: pretraining packs its text into blocks of seq_len {cfg.seq_len}")
+        return cfg.seq_len
+    if lengths is None:
+        reasons.append(f"lengths: the train data was not read here; planned for rows of seq_len {cfg.seq_len}")
+        return cfg.seq_len
+    if packs(stage, cfg, lengths):
+        reasons.append(f"lengths: {lengths.describe()}; packed rows are seq_len {cfg.seq_len} long")
+        return cfg.seq_len
+    planned = lengths.padded_len()
+    guard = "" if lengths.whole_split else " with a guard for rows the sample did not see"
+    reasons.append(f"lengths: {lengths.describe()}; padded micro-batches planned at {planned} tokens (the longest "
+                   f"sampled row{guard}, at most seq_len {cfg.seq_len})")
+    return planned

@@ -1,0 +1,74 @@
+"""Measure a stage's training lengths before it is planned (memory/lengths.py says how the plan uses them).
+
+Runs on the driver, after data preparation: the first SAMPLE_RECORDS records of the stage's train split (hash
+order, so a uniform sample; the records the packed worker sized its step from before) tokenized exactly as the
+stage encodes them — sft by encode_sft with the template and seq_len cut, rm and dpo by encode_preference, each
+pair's longer side — and, for SFT with packing not off, packed by the same best-fit decreasing as the workers.
+The tokenizer is the base model's: every stage saves the tokenizer it started from unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from medgpt_ray import models, templates
+from medgpt_ray.config import StageConfig, stage_kind
+from medgpt_ray.data.shards import num_rows, read_records
+from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile
+
+
+def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
+            ) -> LengthProfile | None:
+    """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long)."""
+    kind = stage_kind(stage).memory_kind
+    if kind == "pt":
+        return None
+    tok = models.load_tokenizer(base_model)
+    template = templates.get_template(template_name)
+    templates.check_template(template, tok)
+    records = read_records(train_file, 0, SAMPLE_RECORDS)
+    total = num_rows(train_file)
+    if kind == "sft":
+        return _sft_profile(records, total, tok, template, cfg)
+    lengths, over = [], 0
+    for r in records:
+        try:
+            enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)
+        except templates.TemplateTokenizerMismatch:
+            raise
+        except templates.TemplateError:
+            over += 1  # the prompt alone fills seq_len (or tools the template cannot render): not trained
+            continue
+        prompt = len(enc["prompt_ids"])
+        lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
+    return LengthProfile.of(lengths, total, cfg.seq_len, over_seq_len=over + sum(x >= cfg.seq_len for x in lengths),
+                             sampled=len(records))
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    import datasets
+
+    was_on = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
+
+
+def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
+    from medgpt_ray.stages import packing
+    from medgpt_ray.stages.sft import encode_conversations
+
+    encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len)
+    lengths = [len(x) for x in encoded["input_ids"]]
+    per_row = None
+    if getattr(cfg, "packing", False) is not False:
+        with _no_progress_bars():  # the driver's terminal shows our lines only
+            per_row = packing.PackedShape.of(packing.pack(encoded, cfg.seq_len), cfg.seq_len).conversations_per_row
+    over = skipped["too_long"] + sum(x >= cfg.seq_len for x in lengths)
+    return LengthProfile.of(lengths, total, cfg.seq_len, per_row, over_seq_len=over, sampled=len(records))
