@@ -101,6 +101,11 @@ def matrix() -> list[dict[str, Any]]:
         run_cfg(q05, "dpo", "lora", "bf16", 4, 1024, 1, kernels=True, compiled=True),
         run_cfg(q05, "sft", "full", "amp-bf16", 4, 1024, 0, zero=2, kernels=True, compiled=True),
         run_cfg(q15, "sft", "lora", "bf16", 8, 1024, 0, kernels=True, compiled=True),
+        # Full fine-tuning with a fused CE at larger micro-batches (issue 15 item 6: over-predicted there)
+        run_cfg(q05, "pt", "full", "amp-bf16", 8, 1024, 0, fused=True),
+        run_cfg(q05, "pt", "full", "amp-bf16", 16, 1024, 0, fused=True),
+        run_cfg(q05, "sft", "full", "amp-bf16", 8, 1024, 0),
+        run_cfg(q05, "sft", "full", "amp-bf16", 16, 1024, 0),
     ]
 
 
@@ -327,7 +332,8 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=2, help="configurations measured at once (one process each)")
     ap.add_argument("--cap-gib", type=float, default=64.0, help="per-process allocator cap while measuring")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--only", default="", help="substring of the configuration ids to run")
+    ap.add_argument("--only", default="", help="comma-separated substrings: run the configurations whose id "
+                                               "contains any of them")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--repredict", help="a results JSON: recompute predictions with this checkout's estimator")
     a = ap.parse_args()
@@ -347,7 +353,7 @@ def main() -> None:
     from medgpt_ray.tiny import ensure_tiny
 
     work = Path(a.workdir)
-    configs = [c for c in matrix() if a.only in cfg_id(c)]
+    configs = [c for c in matrix() if any(part in cfg_id(c) for part in a.only.split(","))]
     t0 = time.time()
     tok_dir = ensure_tiny()
     for name in sorted({c["model"] for c in configs}):
