@@ -173,6 +173,13 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
                    "chosen": long_text(), "rejected": long_text()}
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
     files["empty"].write_text("")
+    # The stages read the pipeline's prepared Parquet splits (data/prepare.py), all records in train.
+    from medgpt_ray.data.prepare import prepare_kind
+
+    for kind in ("pretrain", "sft", "preference"):
+        prepared = prepare_kind(kind, [str(files[kind])], dest / "prepared" / kind, 0.0)
+        files[kind] = Path(prepared.train_file)
+        files["empty"] = Path(prepared.eval_file)
     return files
 
 
@@ -212,9 +219,10 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
                      c["fused_ce"], c["optim"], c["zero"], c["offload"], None,
                      fused_kernels=bool(c.get("fused_kernels")), compile=bool(c.get("compile")))
     plan.deepspeed = deepspeed_config(plan, cfg)
-    data = {"pt": "pretrain.jsonl", "sft": "sft.jsonl", "rm": "pref.jsonl", "dpo": "pref.jsonl"}[c["stage"]]
+    kind = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}[c["stage"]]
+    split = workdir / "data" / "prepared" / kind / f"{kind}.train.parquet"
     inp = StageInputs(c["stage"], cfg, plan, str(workdir / "models" / c["model"]), "chatml",
-                      str(workdir / "data" / data), str(workdir / "data" / "empty.jsonl"),
+                      str(split), str(split.with_name(f"{kind}.eval.parquet")),
                       str(workdir / "runs" / cfg_id(c)), resume=False)
 
     step_t: list[float] = []
