@@ -59,6 +59,24 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
     return kwargs
 
 
+# Compiled layers see each micro-batch's sequence length. Padded to its own longest row, that is a new length nearly
+# every step. bench/results/compile_shapes_probe_h200.jsonl (LoRA DPO's passes over 4 compiled Qwen2.5-1.5B-shaped
+# layers, 8 rows of a random 200-1,024-token length per step): unbucketed, steps after warm-up stalled for 5.1 and
+# 3.8 s at new lengths and the others took 0.25-0.4 s; padded up to multiples of 128, nothing compiled after step 1
+# but the first evaluation, a bucket seen before ran in 0.04-0.06 s and a new bucket's first step took ~0.3 s.
+# 128 bounds the lengths at seq_len / 128 and the padding at 127 tokens a row (little once steps are grouped by
+# length, stages/sharding.py), and is a multiple of the attention kernels' tiles.
+BUCKET = 128
+
+
+def bucket_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """TRL's `pad_to_multiple_of` for a stage whose micro-batches are padded to their longest row (rm, dpo, unpacked
+    sft): bucket lengths when the layers are compiled, else None. Uncompiled, a new length costs only its first call
+    (~0.3 s in the same probe), once per length in the whole run, and padding costs every step. Padding is masked,
+    so it changes no update beyond rounding: not part of the fingerprint."""
+    return {"pad_to_multiple_of": min(BUCKET, inp.cfg.seq_len) if inp.plan.compile else None}
+
+
 def optimizer_name(plan: StagePlan) -> str:
     if plan.optim == "adamw-8bit":
         return "adamw_bnb_8bit"
