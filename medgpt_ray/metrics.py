@@ -47,6 +47,8 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("medgpt_train_total_steps", "gauge", "Optimizer steps planned", TRAIN),
     MetricDef("medgpt_train_eta_seconds", "gauge", "Estimated seconds to the end of the stage", TRAIN),
     MetricDef("medgpt_train_nonfinite_loss", "gauge", "1 when the last logged loss was NaN or Inf", TRAIN),
+    MetricDef("medgpt_train_recompiles", "gauge",
+              "Graphs torch.compile compiled after the first optimizer step (compiled layers only)", TRAIN),
     MetricDef("medgpt_gpu_memory_allocated_bytes", "gauge", "torch.cuda.memory_allocated", TRAIN),
     MetricDef("medgpt_gpu_memory_reserved_bytes", "gauge", "torch.cuda.memory_reserved", TRAIN),
     MetricDef("medgpt_gpu_memory_peak_bytes", "gauge", "torch.cuda.max_memory_allocated", TRAIN),

@@ -27,7 +27,9 @@ from medgpt_ray.config.stages import (
     PLAN_RESOLVED_KNOBS,
     STAGE_KINDS,
     DPOStageConfig,
+    LengthGroupedStageConfig,
     LoraConfig,
+    RMStageConfig,
     SFTStageConfig,
     StageConfig,
     StageKind,
@@ -37,10 +39,10 @@ from medgpt_ray.config.stages import (
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
-           "DataConfig", "DedupConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "PIIConfig", "PipelineConfig",
-           "QualityConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "StageConfig", "StageKind",
-           "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind",
-           "resolved_dict", "stage_kind"]
+           "DataConfig", "DedupConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig",
+           "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
+           "SignoffConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override", "load_clean_config",
+           "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):

@@ -107,15 +107,25 @@ class StageConfig(_Strict):
         return self.model_dump(mode="json", exclude={"enabled", *MEMORY_KNOBS, *PLAN_RESOLVED_KNOBS})
 
 
-# Planner knobs that change only how the same updates are laid out in memory, and where they run. SFT's `packing` is
-# not one (it changes which conversations share a step): it stays in the fingerprint.
+# Planner knobs that change only how the same updates are laid out in memory, and where they run. SFT's `packing` and
+# `group_by_length` are not (they change which examples share a step): they stay in the fingerprint.
 MEMORY_KNOBS: frozenset[str] = frozenset(
     {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
 # Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.
 PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
 
 
-class SFTStageConfig(StageConfig):
+class LengthGroupedStageConfig(StageConfig):
+    """A stage whose examples vary in length (conversations, pairs): the keys of its batching."""
+
+    group_by_length: bool = True
+    """Group examples of similar length into the same optimizer step, so micro-batches pad little: windows of 50
+    steps of the shuffled epoch are sorted by length (a pair: prompt + its longer answer) and cut into steps, shuffled
+    again (stages/sharding.py). Any micro-batch x accumulation split (an OOM back-off) trains the same steps. In the
+    fingerprint: it changes which examples share a step. Packed SFT rows ignore it."""
+
+
+class SFTStageConfig(LengthGroupedStageConfig):
     packing: Auto | bool = "auto"
     """Pack the conversations into rows of `seq_len` tokens (best-fit decreasing), each conversation attending
     only to itself (position ids restart at every conversation); labels unchanged. auto: on where the model's
@@ -125,7 +135,11 @@ class SFTStageConfig(StageConfig):
     changes which conversations share a step, so it is in the fingerprint."""
 
 
-class DPOStageConfig(StageConfig):
+class RMStageConfig(LengthGroupedStageConfig):
+    """The reward model's keys: the shared ones and the length grouping."""
+
+
+class DPOStageConfig(LengthGroupedStageConfig):
     beta: Annotated[float, Field(gt=0)] = 0.1
     """DPO's beta: how far the policy may move from the reference."""
     loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
@@ -172,7 +186,7 @@ def stage_kind(name: str) -> StageKind:
 
 register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
-register_stage_kind(StageKind("rm", StageConfig, "preference", "sft", {"lr": 1e-5}))
+register_stage_kind(StageKind("rm", RMStageConfig, "preference", "sft", {"lr": 1e-5}))
 register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6}))
 
 

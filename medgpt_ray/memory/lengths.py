@@ -23,7 +23,15 @@ from typing import Any
 from medgpt_ray.config import StageConfig, stage_kind
 
 SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash order: a uniform sample)
-PAD_MULTIPLE = 64  # padded batches are planned at a multiple of this many tokens (the collators' bucket)
+# Compiled layers see each micro-batch's sequence length. Padded to its own longest row, that is a new length nearly
+# every step. bench/results/compile_shapes_probe_h200.jsonl (LoRA DPO's passes over 4 compiled Qwen2.5-1.5B-shaped
+# layers, 8 rows of a random 200-1,024-token length per step): unbucketed, steps after warm-up stalled for 5.1 and
+# 3.8 s at new lengths and the others took 0.25-0.4 s; padded up to multiples of 128, nothing compiled after step 1
+# but the first evaluation, a bucket seen before ran in 0.04-0.06 s and a new bucket's first step took ~0.3 s.
+# 128 bounds the lengths at seq_len / 128 and the padding at 127 tokens a row (little once steps are grouped by
+# length, stages/sharding.py), and is a multiple of the attention kernels' tiles.
+BUCKET = 128
+PAD_MULTIPLE = BUCKET  # padded batches are planned at a multiple of this (the bucket, when compiled)
 UNSAMPLED_GUARD = 1.15  # a sample's longest row times this, when the split has rows the sample did not see
 
 

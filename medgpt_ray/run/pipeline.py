@@ -30,7 +30,14 @@ from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
 from medgpt_ray.run.planning import plan_before_data, plan_by_lengths
 from medgpt_ray.run.preflight import check_cpus, check_gpus
-from medgpt_ray.run.progress import LiveProgress, ProgressActor, ProgressPrinter, format_summary, result_brief
+from medgpt_ray.run.progress import (
+    LiveProgress,
+    ProgressActor,
+    ProgressPrinter,
+    format_summary,
+    result_brief,
+    summary_entry,
+)
 from medgpt_ray.run.ray_env import echo
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
 from medgpt_ray.stages.inputs import StageInputs
@@ -372,16 +379,8 @@ class Pipeline:
         for s in self.cfg.stages.kinds():
             o = outcomes[s]
             r = o.result.get("result", o.result) if o.status in ("skipped", "not-run") else o.result
-            stages[s] = {
-                "status": o.status,
-                "steps": r.get("steps"),
-                "wall_s": round(o.wall_s, 2) if o.status in ("done", "failed") else r.get("wall_s"),
-                "train_loss_first": r.get("train_loss_first"),
-                "train_loss_last": r.get("train_loss_last"),
-                "eval": r.get("eval", {}),
-                "output_model": r.get("output_model"),
-                "error": o.error,
-            }
+            wall = round(o.wall_s, 2) if o.status in ("done", "failed") else r.get("wall_s")
+            stages[s] = summary_entry(o.status, r, wall, o.error)
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
                    "stages": stages}
         write_json_atomic(self.run_dir / "summary.json", summary)

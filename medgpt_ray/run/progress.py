@@ -57,11 +57,26 @@ def result_brief(r: dict[str, Any]) -> str:
     if r.get("train_loss_first") is not None:
         parts.append(f"loss {r['train_loss_first']:.3f} -> {r['train_loss_last']:.3f}")
     parts += [f"{k} {v:.3f}" for k, v in r.get("eval", {}).items() if isinstance(v, float)]
+    if r.get("recompiles") is not None:  # compiled layers only
+        parts.append(f"{r['recompiles']} recompiles after step 1")
     return ", ".join(parts)
 
 
+def summary_entry(status: str, r: dict[str, Any], wall_s: float | None, error: str | None) -> dict[str, Any]:
+    """A stage's row of summary.json, from its result (this run's, or the manifest's for a skipped stage)."""
+    entry = {"status": status, "steps": r.get("steps"), "wall_s": wall_s, "train_loss_first": r.get("train_loss_first"),
+             "train_loss_last": r.get("train_loss_last"), "eval": r.get("eval", {}),
+             "output_model": r.get("output_model"), "error": error}
+    if r.get("recompiles") is not None:  # compiled layers: graphs compiled after the first step
+        entry["recompiles"] = r["recompiles"]
+    return entry
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    head = f"{'stage':<6}{'status':<10}{'steps':>6}{'wall s':>9}  {'loss first -> last':<20}  eval"
+    # The recompiles column only when some stage ran compiled layers (stages/speed.py RecompileCount).
+    compiled = any(st.get("recompiles") is not None for st in summary["stages"].values())
+    recompiles = f"{'recomp':>7}" if compiled else ""
+    head = f"{'stage':<6}{'status':<10}{'steps':>6}{'wall s':>9}{recompiles}  {'loss first -> last':<20}  eval"
     lines = [f"summary of run '{summary['name']}' ({summary['wall_s']:.0f}s)", head, "-" * len(head)]
     for s, st in summary["stages"].items():
         loss = (f"{st['train_loss_first']:.3f} -> {st['train_loss_last']:.3f}"
@@ -69,7 +84,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get("eval") or {}).items()
                        if isinstance(v, float))
         wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
-        lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}  {loss:<20}  {ev}")
+        rc = f"{st['recompiles'] if st.get('recompiles') is not None else '':>7}" if compiled else ""
+        lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}{rc}  {loss:<20}  {ev}")
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
     return "\n".join(lines)
 

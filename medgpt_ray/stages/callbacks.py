@@ -23,8 +23,11 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
     from medgpt_ray.stages.telemetry import stage_metrics_callback
 
     budget = inp.plan.prediction.budget_gib if inp.plan.prediction else None
-    callbacks: list[TrainerCallback] = [StageProgress(inp.stage, inp.out / "metrics.jsonl", sink, budget),
-                                        stage_metrics_callback(inp)]
+    # First, so that its step-end (the first step's graph count) comes before the others read it.
+    watch = speed.RecompileCount() if inp.plan.compile else None
+    callbacks: list[TrainerCallback] = [*([watch] if watch else []),
+                                        StageProgress(inp.stage, inp.out / "metrics.jsonl", sink, budget, watch),
+                                        stage_metrics_callback(inp, watch)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
     if inp.plan.method != "full":
@@ -87,8 +90,10 @@ class StageProgress(TrainerCallback):
     travels through this callback instead (ARCHITECTURE.md).
     """
 
-    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None, budget_gib: float | None = None):
+    def __init__(self, stage: str, metrics_path: Path, sink: Sink | None, budget_gib: float | None = None,
+                 compiles: speed.RecompileCount | None = None):
         self.stage = stage
+        self.compiles = compiles  # compiled layers: every record says how many graphs were compiled after step 1
         self.budget_gib = budget_gib
         self.metrics_path = metrics_path
         self.sink = sink
@@ -115,6 +120,8 @@ class StageProgress(TrainerCallback):
             "time_s": round(now - self._t0, 3),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }
+        if self.compiles is not None and self.compiles.recompiles is not None:
+            record["recompiles"] = self.compiles.recompiles
         gpu = _gpu_peak_gib()
         if gpu is not None:
             record["gpu_peak_gib"] = round(gpu, 3)

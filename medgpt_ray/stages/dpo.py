@@ -15,7 +15,7 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
 def preference_texts(records: list[dict], tokenizer, template):
@@ -59,7 +59,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
     args = DPOConfig(**training_kwargs(inp), beta=inp.cfg.beta, loss_type=[inp.cfg.loss_type],
                      max_length=inp.cfg.seq_len, dataset_num_proc=None,
-                     precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs)
+                     precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs, **bucket_kwargs(inp))
     trainer = DPOTrainer(
         model=model,
         ref_model=ref_model,
@@ -70,7 +70,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
-    install_shard(trainer, shard)
+    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
                       save_kwargs={"template": template})

@@ -130,14 +130,17 @@ def _this_worker() -> dict[str, Any]:
     return me
 
 
-def worker_placement(shard: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance, and the shard of the train
-    split it read and trained on."""
+def worker_placement(shard: dict[str, Any] | None = None,
+                     compiled: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Where every rank ran (host, GPU, PCI bus id), for the manifest's provenance, the shard of the train
+    split it read and trained on, and with compiled layers the graphs it compiled (speed.RecompileCount)."""
     import torch.distributed as dist
 
     me = _this_worker()
     if shard is not None:
         me["shard"] = shard
+    if compiled is not None:
+        me["compile"] = compiled
     if not (dist.is_available() and dist.is_initialized()):
         return [me]
     everyone: list[Any] = [None] * dist.get_world_size()
@@ -145,9 +148,25 @@ def worker_placement(shard: dict[str, Any] | None = None) -> list[dict[str, Any]
     return sorted(everyone, key=lambda w: w["rank"])
 
 
+def compile_report(trainer) -> dict[str, Any] | None:
+    """This worker's compiled graphs (speed.RecompileCount's report); None when the layers were not compiled."""
+    from medgpt_ray.stages.speed import RecompileCount
+
+    watch = next((c for c in trainer.callback_handler.callbacks if isinstance(c, RecompileCount)), None)
+    return watch.report() if watch is not None else None
+
+
+def most_recompiles(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stage's recompiles: the most any worker compiled after its first step (a stall on one rank holds every
+    rank at the next all-reduce). Empty without compiled layers: the summary then shows no column."""
+    counts = [w["compile"]["recompiles"] for w in workers if "compile" in w]
+    return {"recompiles": max((c for c in counts if c is not None), default=None)} if counts else {}
+
+
 def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | None, t0: float) -> dict[str, Any]:
+    workers = worker_placement(shard_report(trainer), compile_report(trainer))
     return {
-        "workers": worker_placement(shard_report(trainer)),
+        "workers": workers,
         "stage": inp.stage,
         "steps": trainer.state.global_step,
         "max_steps": trainer.state.max_steps,
@@ -157,4 +176,5 @@ def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | Non
         "world_size": trainer.args.world_size,
         "deepspeed": bool(getattr(trainer, "is_deepspeed_enabled", False)),
         **loss_summary(trainer.state.log_history),
+        **most_recompiles(workers),
     }

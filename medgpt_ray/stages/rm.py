@@ -15,7 +15,7 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
@@ -52,7 +52,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
-    args = RewardConfig(**training_kwargs(inp), max_length=None, dataset_num_proc=None)
+    args = RewardConfig(**training_kwargs(inp), max_length=None, dataset_num_proc=None, **bucket_kwargs(inp))
     trainer = RewardTrainer(
         model=model,
         args=args,
@@ -62,7 +62,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
-    install_shard(trainer, shard)
+    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_too_long": skipped["too_long"],
                               "skipped_tools_unsupported": skipped["tools_unsupported"]},

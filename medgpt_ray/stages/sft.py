@@ -27,7 +27,7 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
 def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
@@ -73,7 +73,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
     # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see stages/packing.py).
-    args = SFTConfig(**kwargs, max_length=None, packing=False, dataset_num_proc=None)
+    args = SFTConfig(**kwargs, max_length=None, packing=False, dataset_num_proc=None, **bucket_kwargs(inp))
     trainer = SFTTrainer(
         model=model,
         args=args,
@@ -84,7 +84,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
     sync_free.install(trainer)
-    install_shard(trainer, shard)
+    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
     if collator is not None:
         packing.install(trainer, collator)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,

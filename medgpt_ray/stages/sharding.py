@@ -14,11 +14,24 @@ differ by a record, and packing (pt's blocks, sft's rows) or sft's too-long filt
 differ more: the sampler pads each epoch to the largest shard's example count by repeating the epoch's first
 examples, as torch's DistributedSampler and accelerate's `even_batches` do. `micro_batch x grad_accum x N` examples
 per optimizer step, as before; a packed SFT stage's examples are its packed rows (stages/packing.py).
+
+Grouped by length (`group_by_length`, rm, dpo and unpacked sft): a micro-batch is padded to its longest example, so
+random batches of 200-1,500-token pairs spend about a fifth of their slots on padding. The grouping works on whole
+optimizer steps, never on micro-batches, because an OOM back-off changes the micro-batch but must keep every step's
+examples and their order: the epoch's order (as above) is cut into windows of WINDOW_STEPS steps (`micro_batch x
+grad_accum` examples each, a product the back-off keeps); each window is sorted by length, longest first, and cut
+into steps, and the window's steps are shuffled by the (seed, epoch) generator. A step is a run of similar lengths,
+sorted within, so its micro-batches pad little at any split. Every rank has the same example count, so the same
+windows and the same shuffle: step k of every rank is the same length quantile of its window, and ranks wait little
+for each other at the all-reduce. The first step of an epoch is the first window's longest, so a plan that is too
+tight fails in its first step (HF's LengthGroupedSampler does the same). The epoch's last, partial step stays last
+(HF counts micro-batches into steps, so a short step in the middle would shift every step after it).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -49,11 +62,38 @@ def epoch_order(n: int, length: int, seed: int, epoch: int) -> list[int]:
     return np.resize(perm, length).tolist() if n else []
 
 
-class ShardBatchSampler:
-    """Micro-batches of one shard's examples for one epoch, padded to `length` examples (every rank's count)."""
+WINDOW_STEPS = 50  # steps sorted together: HF's LengthGroupedSampler sorts 50 micro-batches at a time
 
-    def __init__(self, n: int, length: int, batch_size: int, seed: int, drop_last: bool = False):
+
+def grouped_order(order: list[int], lengths: np.ndarray, step: int, seed: int, epoch: int) -> list[int]:
+    """`order` regrouped by length at the optimizer-step level: windows of WINDOW_STEPS steps of `step` examples,
+    each sorted longest first and cut into steps, the steps shuffled by (seed, epoch); the first window's longest
+    step first, the epoch's partial step last. Depends on `order`, the lengths and `step` only, never on how a step
+    is split into micro-batches."""
+    rng = np.random.default_rng([seed, epoch, 1])  # its own stream: the epoch's permutation is epoch_order's
+    idx = np.asarray(order, dtype=np.int64)
+    out: list[np.ndarray] = []
+    window = step * WINDOW_STEPS
+    for start in range(0, len(idx), window):
+        chunk = idx[start : start + window]
+        chunk = chunk[np.argsort(-lengths[chunk], kind="stable")]  # ties keep the shuffled order
+        full = len(chunk) // step
+        perm = rng.permutation(full)
+        if start == 0 and full:
+            perm = np.concatenate([[0], perm[perm != 0]])  # the longest step first
+        out.extend(chunk[p * step : (p + 1) * step] for p in perm)
+        out.append(chunk[full * step :])  # the partial step: only the last window has one
+    return np.concatenate(out).tolist() if out else []
+
+
+class ShardBatchSampler:
+    """Micro-batches of one shard's examples for one epoch, padded to `length` examples (every rank's count);
+    grouped by length per optimizer step of `step` examples when `lengths` are given."""
+
+    def __init__(self, n: int, length: int, batch_size: int, seed: int, drop_last: bool = False,
+                 lengths: np.ndarray | None = None, step: int | None = None):
         self.n, self.length, self.batch_size, self.seed, self.drop_last = n, length, batch_size, seed, drop_last
+        self.lengths, self.step = lengths, step or batch_size
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -61,6 +101,8 @@ class ShardBatchSampler:
 
     def __iter__(self):
         order = epoch_order(self.n, self.length, self.seed, self.epoch)
+        if self.lengths is not None:
+            order = grouped_order(order, self.lengths, self.step, self.seed, self.epoch)
         stop = len(order) - len(order) % self.batch_size if self.drop_last else len(order)
         for i in range(0, stop, self.batch_size):
             yield order[i : i + self.batch_size]
@@ -80,19 +122,47 @@ def _examples_on_every_rank(trainer, n: int) -> int:
     return int(counts.max().item())
 
 
+def example_lengths(dataset) -> np.ndarray | None:
+    """Each example's length in tokens as its micro-batch pads it, from the tokenized columns (Arrow list lengths,
+    no row is decoded): a DPO pair (TRL's prompt_ids/chosen_ids/rejected_ids) the prompt and its longer answer, a
+    reward pair (chosen_ids/rejected_ids, prompt included) its longer side, an SFT conversation its input_ids.
+    None for a dataset with none of these."""
+    import pyarrow.compute as pc
+
+    columns = set(dataset.column_names)
+    table = dataset.with_format("arrow")  # column reads honour a filter's indices mapping
+
+    def n(column: str) -> np.ndarray:
+        return pc.list_value_length(table[column]).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    if {"chosen_ids", "rejected_ids"} <= columns:
+        longer = np.maximum(n("chosen_ids"), n("rejected_ids"))
+        return longer + n("prompt_ids") if "prompt_ids" in columns else longer
+    return n("input_ids") if "input_ids" in columns else None
+
+
 class _CountingCollator:
-    """The train collator, counting the examples it collates (what this worker trained on, for the result), and
-    for packed rows (stages/packing.py) the conversations in them."""
+    """The train collator, counting the examples it collates (what this worker trained on, for the result), for
+    packed rows (stages/packing.py) the conversations in them, and for padded batches the real tokens against the
+    padded slots (`fill`) and how many sequence lengths the model saw (`padded_lengths`; bucket padding bounds it)."""
 
     def __init__(self, collate, info: dict[str, Any]):
         self.collate, self.info = collate, info
+        self.lengths: set[int] = set()
+        self.real = self.slots = 0
 
     def __call__(self, examples):
         self.info["trained_examples"] = self.info.get("trained_examples", 0) + len(examples)
         if examples and "seq_lengths" in examples[0]:
             self.info["trained_conversations"] = (self.info.get("trained_conversations", 0)
                                                   + sum(len(e["seq_lengths"]) for e in examples))
-        return self.collate(examples)
+        batch = self.collate(examples)
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        if mask is not None and mask.dim() == 2:
+            self.real, self.slots = self.real + int(mask.sum()), self.slots + mask.numel()
+            self.lengths.add(int(mask.shape[1]))
+            self.info.update(fill=round(self.real / max(self.slots, 1), 4), padded_lengths=len(self.lengths))
+        return batch
 
 
 def shard_dataloader(trainer):
@@ -110,9 +180,15 @@ def shard_dataloader(trainer):
     seed = args.data_seed if args.data_seed is not None else args.seed
     info = trainer.medgpt_shard
     info.update(examples=n, epoch_examples=_examples_on_every_rank(trainer, n))
-    sampler = ShardBatchSampler(n, info["epoch_examples"], trainer._train_batch_size, seed, args.dataloader_drop_last)
     # A packed stage collates its train rows itself (stages/packing.py); evaluation keeps the trainer's collator.
-    collate = getattr(trainer, "medgpt_collate", None) or trainer.data_collator
+    packed = getattr(trainer, "medgpt_collate", None)
+    collate = packed or trainer.data_collator
+    # Packed rows are all seq_len wide: nothing to group.
+    lengths = example_lengths(dataset) if getattr(trainer, "medgpt_group_by_length", False) and not packed else None
+    info["group_by_length"] = lengths is not None
+    micro = trainer._train_batch_size
+    sampler = ShardBatchSampler(n, info["epoch_examples"], micro, seed, args.dataloader_drop_last, lengths=lengths,
+                                step=micro * args.gradient_accumulation_steps)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_CountingCollator(collate, info),
                         num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
                         persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
@@ -125,10 +201,12 @@ def shard_dataloader(trainer):
 _CLASSES: dict[type, type] = {}
 
 
-def install_shard(trainer, shard: dict[str, Any]) -> None:
+def install_shard(trainer, shard: dict[str, Any], group_by_length: bool = False) -> None:
     """Make this trainer train on its worker's shard as it is (its class swapped for a cached subclass that
-    overrides only get_train_dataloader). `shard` is what read_train_shard said; the loader adds its counts."""
+    overrides only get_train_dataloader), its steps grouped by length if asked. `shard` is what read_train_shard
+    said; the loader adds its counts."""
     trainer.medgpt_shard = shard
+    trainer.medgpt_group_by_length = group_by_length
     base = type(trainer)
     if base in _CLASSES.values():
         return

@@ -24,6 +24,15 @@ from transformers import TrainerCallback
 
 from medgpt_ray.stages.checkpointing import decoder_layers
 
+# Graphs dynamo keeps per compiled function (all decoder layers share one) before it runs new variants uncompiled,
+# silently: torch's default is 8. Each path a step takes is its own graph, and each turns dynamic at its second
+# length: on the H200 (transformers 5.17) LoRA DPO's paths (checkpointed and plain layers, the training pass and the
+# adapter-off reference pass) and the first evaluation came to exactly 8 with bucketed lengths
+# (bench/results/compile_shapes_probe_h200.jsonl); with transformers 5.24 (CPU) the same passes needed more than 8 by
+# their second step. Lengths are bounded (memory/lengths.BUCKET), so a higher
+# limit buys no stalls in steady state, only every path compiled.
+RECOMPILE_LIMIT = 32
+
 
 class CompileDecoderLayers(TrainerCallback):
     """Compile every decoder layer when training starts (after peft and DeepSpeed have wrapped the model)."""
@@ -32,12 +41,55 @@ class CompileDecoderLayers(TrainerCallback):
         self.compiled = 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        import torch
+
+        limit = torch._dynamo.config.recompile_limit
+        torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
         for layer in decoder_layers(model):
             layer.compile()
             self.compiled += 1
         if not self.compiled:
             raise RuntimeError("compile: the model has no transformers GradientCheckpointingLayer to compile; "
                                "set the stage's compile: false")
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process: dynamo counts one per graph it hands to the backend, for a
+    path's first call (training forward, DPO's no-grad reference pass, evaluation) and for every recompile (a new
+    input length, a dimension turned dynamic, a mask present or not)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+class RecompileCount(TrainerCallback):
+    """Graphs compiled after the attempt's first optimizer step: that step compiles every path it takes, so each
+    one after it is a stall of seconds (tens on a 7B layer) that bounded shapes should prevent; in steady state the
+    count stays flat. Per process (a resumed attempt counts afresh); None before the first step ends."""
+
+    def __init__(self):
+        self.start = compiled_graphs()  # graphs this process compiled before (an earlier stage in a plain process)
+        self.after_first_step: int | None = None
+        self.at_train_end: dict[str, int | None] | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.after_first_step is None:
+            self.after_first_step = compiled_graphs()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.at_train_end = self._counts()
+
+    @property
+    def recompiles(self) -> int | None:
+        return None if self.after_first_step is None else compiled_graphs() - self.after_first_step
+
+    def _counts(self) -> dict[str, int | None]:
+        return {"compiled_graphs": compiled_graphs() - self.start, "recompiles": self.recompiles}
+
+    def report(self) -> dict[str, int | None]:
+        """For the stage's result: graphs compiled in the attempt's training, and how many after its first step (as
+        training ended: the final evaluation's first pass compiles too, and stalls no step)."""
+        return self.at_train_end if self.at_train_end is not None else self._counts()
 
 
 class Bf16LoraInputs(TrainerCallback):

@@ -11,6 +11,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray.metrics import metrics
+from medgpt_ray.stages.speed import RecompileCount
 
 GIB = 2**30
 # NVML clocks-event reasons that mean "slowed down" (not idle or app-clock settings): SW power cap, HW slowdown,
@@ -60,12 +61,14 @@ class NVMLReader:
 class StageMetrics(TrainerCallback):
     """Exports each worker's progress and health at every optimizer step and every log."""
 
-    def __init__(self, run: str, stage: str, plan, flops_per_token: float | None, peak_flops: float | None):
+    def __init__(self, run: str, stage: str, plan, flops_per_token: float | None, peak_flops: float | None,
+                 compiles: RecompileCount | None = None):
         self.tags = {"run": run, "stage": stage, "rank": os.environ.get("RANK", "0"), "node": socket.gethostname(),
                      "gpu": _gpu_tag()}
         self.plan = plan
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
+        self.compiles = compiles  # when the layers are compiled
         self.nvml = NVMLReader(None if self.tags["gpu"] == "cpu" else int(self.tags["gpu"]))
         self._t_last = time.monotonic()
         self._t0 = self._t_last
@@ -101,6 +104,8 @@ class StageMetrics(TrainerCallback):
         }
         if eta == eta:
             values["medgpt_train_eta_seconds"] = eta
+        if self.compiles is not None and self.compiles.recompiles is not None:
+            values["medgpt_train_recompiles"] = self.compiles.recompiles
         if self.flops_per_token and self.peak_flops and per_worker > 0:
             values["medgpt_train_mfu"] = per_worker * self.flops_per_token / self.peak_flops
         values.update(_cuda_memory())
@@ -147,8 +152,9 @@ def _cuda_memory() -> dict[str, float]:
             "medgpt_gpu_memory_peak_bytes": float(torch.cuda.max_memory_allocated())}
 
 
-def stage_metrics_callback(inp: Any) -> StageMetrics:
-    """The callback for a stage, with the FLOPs model for MFU when the GPU is one we know."""
+def stage_metrics_callback(inp: Any, compiles: RecompileCount | None = None) -> StageMetrics:
+    """The callback for a stage, with the FLOPs model for MFU when the GPU is one we know, and the recompile count
+    when the layers are compiled."""
     flops = peak = None
     try:
         import torch
@@ -162,4 +168,4 @@ def stage_metrics_callback(inp: Any) -> StageMetrics:
     except (KeyError, ValueError, OSError):
         flops = peak = None  # an unknown GPU or shape: no MFU, every other metric still flows
     run = os.path.basename(os.path.dirname(os.path.abspath(inp.out_dir)))
-    return StageMetrics(run, inp.stage, inp.plan, flops, peak)
+    return StageMetrics(run, inp.stage, inp.plan, flops, peak, compiles)

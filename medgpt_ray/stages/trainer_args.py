@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from medgpt_ray.memory.lengths import BUCKET
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.stages.checkpointing import checkpointing_kwargs
 from medgpt_ray.stages.inputs import StageInputs
@@ -57,6 +58,16 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
         kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": flce, "cross_entropy": False,
                                          "rope": liger_layers, "rms_norm": liger_layers, "swiglu": liger_layers}
     return kwargs
+
+
+
+
+def bucket_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """TRL's `pad_to_multiple_of` for a stage whose micro-batches are padded to their longest row (rm, dpo, unpacked
+    sft): bucket lengths when the layers are compiled, else None. Uncompiled, a new length costs only its first call
+    (~0.3 s in the same probe), once per length in the whole run, and padding costs every step. Padding is masked,
+    so it changes no update beyond rounding: not part of the fingerprint."""
+    return {"pad_to_multiple_of": min(BUCKET, inp.cfg.seq_len) if inp.plan.compile else None}
 
 
 def optimizer_name(plan: StagePlan) -> str:

@@ -194,6 +194,11 @@ def test_compiled_decoder_layers_train_like_eager_ones(data, tiny_model, tmp_pat
     layers = decoder_layers(compiled.trainer.model)
     assert cb.compiled == len(layers) == 2 and all(m._compiled_call_impl is not None for m in layers)
     assert [x["loss"] for x in a] == pytest.approx([x["loss"] for x in b], rel=1e-4)
+    # Compiled, every micro-batch is padded to the one bucket seq_len 128 allows: nothing recompiles after step 1,
+    # and metrics.jsonl says so; the eager stage's records carry no such field.
+    logged = [json.loads(x) for x in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["recompiles"] for r in logged if "loss" in r] == [0, 0]
+    assert not any("recompiles" in x for x in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines())
 
 
 def test_lora_inputs_stay_bf16_under_autocast_only(data, tiny_model, tmp_path):

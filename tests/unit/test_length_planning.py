@@ -39,10 +39,11 @@ def test_the_profile_is_percentiles_of_the_sample_and_pads_to_its_longest_row():
     lengths = list(range(1, 101))  # 1..100 tokens
     whole = LengthProfile.of(lengths, records=100, seq_len=1024)
     assert (whole.p50, whole.p95, whole.p99, whole.max) == (50, 95, 99, 100)
-    assert whole.whole_split and whole.padded_len() == 2 * PAD_MULTIPLE  # 100 -> 128
+    assert PAD_MULTIPLE == 128 and whole.whole_split and whole.padded_len() == 128  # 100 -> 128
     sampled = LengthProfile.of(lengths, records=10_000, seq_len=1024)
     assert not sampled.whole_split and sampled.padded_len() == 128  # 100 x 1.15 = 115 -> 128
-    assert LengthProfile.of([120], records=2, seq_len=1024).padded_len() == 192  # unseen rows: 138 -> 192
+    assert LengthProfile.of([120], records=2, seq_len=1024).padded_len() == 256  # unseen rows: 138 -> 256
+    assert LengthProfile.of([120], records=1, seq_len=1024).padded_len() == 128
     assert LengthProfile.of([5000], records=1, seq_len=1024).padded_len() == 1024  # never above seq_len
 
 
@@ -52,12 +53,12 @@ def test_padded_batches_are_planned_at_the_data_length_and_say_so():
     blind = plan_stage("dpo", dpo(), 1, True, Q7, CARD)
     profile = LengthProfile.of([80 + i % 220 for i in range(500)], records=500, seq_len=2048)
     seen = plan_stage("dpo", dpo(), 1, True, Q7, CARD, profile)
-    assert seen.seq_len_planned == 320 and blind.seq_len_planned == 2048
+    assert seen.seq_len_planned == 384 and blind.seq_len_planned == 2048
     assert seen.identity() == blind.identity() and seen.examples_per_step == 16
-    assert seen.train_setup(dpo()).seq_len == 320
+    assert seen.train_setup(dpo()).seq_len == 384
     assert (seen.micro_batch, -seen.ckpt_fraction) > (blind.micro_batch, -blind.ckpt_fraction)
     assert seen.prediction.tokens_per_s_per_gpu > blind.prediction.tokens_per_s_per_gpu
-    assert seen.lengths["max"] == 299 and any("planned at 320 tokens" in r for r in seen.reasons)
+    assert seen.lengths["max"] == 299 and any("planned at 384 tokens" in r for r in seen.reasons)
     assert any("not read" in r for r in blind.reasons)
 
 
@@ -79,7 +80,7 @@ def test_packed_sft_is_planned_in_rows_of_seq_len():
         plan_stage("sft", sft(), 1, True, q15, CARD).ckpt_fraction
     # packing: false plans the same data padded, at its longest conversation
     padded = plan_stage("sft", sft(packing=False), 1, True, Q7, CARD, profile)
-    assert padded.packing is None and padded.seq_len_planned == 448
+    assert padded.packing is None and padded.seq_len_planned == 512
 
 
 def test_a_packed_plan_falls_back_safely_where_the_worker_cannot_pack():

@@ -79,6 +79,9 @@ def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_d
     assert _sft_fingerprint(tmp_path, packing="auto") == planned
     assert _sft_fingerprint(tmp_path, packing=False) != planned
     assert _sft_fingerprint(tmp_path, packing=False, micro_batch=1) == _sft_fingerprint(tmp_path, packing=False)
+    # So is grouping by length (it decides which examples share a step; default true).
+    assert _sft_fingerprint(tmp_path, group_by_length=True) == planned
+    assert _sft_fingerprint(tmp_path, group_by_length=False) != planned
 
 
 def test_only_stage_is_checked_against_the_manifest_before_ray_starts(tmp_path):
