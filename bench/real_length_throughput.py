@@ -161,7 +161,7 @@ def step_records(metrics_file: Path) -> list[dict[str, Any]]:
     for r in logs:
         if "loss" not in r or "tokens_per_s" not in r:
             continue
-        rec = {k: r[k] for k in ("step", "tokens_per_s", "time_s", "gpu_peak_gib", "loss") if k in r}
+        rec = {k: r[k] for k in ("step", "tokens_per_s", "time_s", "gpu_peak_gib", "loss", "recompiles") if k in r}
         if "num_input_tokens_seen" in r:
             rec["tokens"] = int(r["num_input_tokens_seen"]) - seen
             seen = int(r["num_input_tokens_seen"])
