@@ -33,6 +33,18 @@ FUSED_HEAD_BYTES_PER_HIDDEN = 12
 # TRL's DPO and reward trainers keep less per decoder layer than the same model under SFT at equal token
 # counts (measured on 0.5B, 1.5B and 7B): DPO ~12%, reward ~10%; applied to their per-token activations.
 STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88}
+# Compiled decoder layers (stages/speed.py) under the reward model keep less per layer than eager ones: inductor's
+# partitioner recomputes cheap ops instead of saving them. Measured on the H200 (RM, LoRA r8, bf16, seq 1024):
+# 0.5B mb 8 no checkpointing 16.69 GiB vs 24.01 eager (bench/results/memory_calibration_compiled_h200.json), 1.5B
+# mb 16 with 24 of 28 layers checkpointed 17.99 GiB (real_length_throughput_1.5b_h200_length_planned_rm_dpo.json);
+# the layers' saved activations fit at 0.64 and 0.77 of the eager ones: the larger, plus a little, is used. The
+# causal-LM stages' compiled layers are estimated by the fused-layer terms (`fused_kernels`), which they match.
+COMPILED_RM_LAYER_SCALE = 0.8
+# Packed SFT rows (stages/packing.py) carry no attention mask; transformers builds a block-diagonal [rows, 1, L, L]
+# mask from the position ids, and SDPA's kernel for masked attention takes it as an additive bias that each layer
+# saves for backward. Measured on the H200 (Qwen2.5-1.5B LoRA, 3 packed rows of 2048, no checkpointing, compiled):
+# 21.70 GiB against 20.30 predicted without this term, 4.3 bytes per mask element per layer.
+PACKED_MASK_BYTES_PER_ELEMENT = 4.5
 # bitsandbytes' 4-bit layers keep ~15% less per token than bf16 LoRA layers (7B SFT/DPO, 1.5B SFT).
 QLORA_ACTIVATION_SCALE = 0.85
 LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
@@ -62,6 +74,8 @@ class TrainSetup:
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
+    compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
+    packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
 
     def sequences(self) -> int:
         """Sequences in one forward: rm and dpo score chosen and rejected together."""
@@ -190,6 +204,8 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     tokens = s.tokens()
     scale = STAGE_ACTIVATION_SCALE[s.stage] * (QLORA_ACTIVATION_SCALE if s.method == "qlora" else 1.0)
     per_layer = _layer_activation_bytes(shape, s)
+    if s.compiled and s.stage == "rm":
+        per_layer *= COMPILED_RM_LAYER_SCALE
     stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
     k = round(s.ckpt_fraction * shape.layers)
     saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
@@ -200,6 +216,9 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     # Around the layers: embedding output and final norm; the LM head input when the head trains.
     edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
     b["activations"] = tokens * (saved + edges) * scale
+    if s.packed:
+        b["packed_attention_mask"] = (PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * s.seq_len ** 2
+                                      * max(shape.layers - k, 1))
     b["recompute"] = tokens * recompute * scale
     # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
     e = 4 if s.precision == "fp32" else 2

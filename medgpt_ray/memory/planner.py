@@ -213,7 +213,7 @@ def _zero_options(stage: str, cfg: StageConfig, methods: list[str], num_workers:
 
 
 def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool,
-            seq_len: int):
+            seq_len: int, packed: bool):
     per_worker = opts["per_worker"][0]
     for method, micro, ck, fused, kernels, optim, (zero, offload) in itertools.product(
             opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["kernels"], opts["optim"],
@@ -230,7 +230,7 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
             lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            fused_kernels=kernels)
+            fused_kernels=kernels, compiled=compiles(cfg, use_gpu, method, zero), packed=packed)
 
 
 def _candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:
@@ -290,7 +290,7 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     opts = _options(stage, cfg, shape, num_workers, use_gpu, reasons, lengths)
     seq_len = planned_seq_len(stage, cfg, lengths, reasons)
     cands = []
-    for setup in _setups(stage, cfg, opts, num_workers, use_gpu, seq_len):
+    for setup in _setups(stage, cfg, opts, num_workers, use_gpu, seq_len, packs(stage, cfg, lengths)):
         try:
             cands.append(_candidate(shape, setup, budget))
         except SetupError:

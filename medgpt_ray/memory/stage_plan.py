@@ -98,7 +98,8 @@ class StagePlan:
             micro_batch=self.micro_batch, seq_len=self.seq_len_planned or cfg.seq_len,
             ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
-            grad_accum=self.grad_accum, fused_kernels=self.fused_kernels,
+            grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
+            packed=self.packing is not None,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
 
     def identity(self) -> dict[str, Any]:

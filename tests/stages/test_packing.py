@@ -109,6 +109,29 @@ def test_the_model_gets_a_block_diagonal_mask_per_row_and_a_conversation_sees_on
     torch.testing.assert_close(alone[1], logits[first : first + second], atol=1e-5, rtol=1e-5)
 
 
+def test_rows_filled_to_the_last_token_still_get_a_mask_and_the_same_loss(encoded, tiny_model):
+    """A micro-batch whose rows each hold one conversation cut to seq_len has no restart in its position ids:
+    transformers would give it no mask (another graph for compiled layers). Its last position restarts instead,
+    which changes neither the loss nor a gradient."""
+    tok, ds = encoded
+    width = min(len(x) for x in ds["input_ids"]) // 2  # every conversation cut to fill a row exactly
+    rows = [{"input_ids": list(i[:width]), "labels": list(la[:width]), "seq_lengths": [width]}
+            for i, la in zip(ds["input_ids"][:3], ds["labels"][:3], strict=True)]
+    batch = packing.collate_rows(rows, tok.pad_token_id, width)
+    assert batch["position_ids"][:, -1].tolist() == [0, 0, 0]
+    assert batch["labels"][:, -1].tolist() == [r["labels"][-1] for r in rows]  # the last target is kept
+    model = load(tiny_model)
+    assert packing.mask_the_model_builds(model, batch["position_ids"]) is not None
+    plain = {"input_ids": batch["input_ids"], "labels": batch["labels"],
+             "position_ids": torch.arange(width).expand(3, width)}
+    assert packing.mask_the_model_builds(model, plain["position_ids"]) is None  # what the restart prevents
+    loss_rows, grads_rows = loss_and_grads(model, batch)
+    loss_plain, grads_plain = loss_and_grads(model, plain)
+    assert loss_rows == pytest.approx(loss_plain, abs=1e-5)
+    for name, g in grads_plain.items():
+        torch.testing.assert_close(grads_rows[name], g, atol=1e-5, rtol=1e-5, msg=name)
+
+
 def test_packing_true_where_the_mask_would_cross_conversations_is_a_config_error(tiny_model, monkeypatch):
     """A transformers that did not read packed position ids (plain causal mask) is caught by the probe: auto
     trains unpacked and says why, true is an error naming the key."""

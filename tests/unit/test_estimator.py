@@ -153,3 +153,18 @@ def test_invalid_setups_are_named():
         estimate(Q05, setup(method="qlora", zero=3))
     with pytest.raises(SetupError, match="stage"):
         estimate(Q05, setup(stage="ppo"))
+
+
+def test_measured_peaks_of_packed_rows_and_compiled_reward_models_are_not_under_predicted():
+    """The two H200 measurements of issue 15's length-planned benchmark (bench/results/
+    real_length_throughput_1.5b_h200_length_planned*.json) against the estimate of the plan that ran them: the
+    packed rows' block-diagonal mask is counted, and compiled reward-model layers are credited, within 10 %."""
+    q15 = PRESETS["qwen2.5-1.5b"]
+    sft = setup(micro_batch=3, seq_len=2048, ckpt_fraction=0.0, fused_ce=True, fused_kernels=True, compiled=True,
+                packed=True, grad_accum=2)
+    rm = setup(stage="rm", micro_batch=16, seq_len=1024, ckpt_fraction=0.857, compiled=True)
+    for s, measured in ((sft, 21.704), (rm, 17.99)):
+        predicted = estimate(q15, s).peak_gib
+        assert measured <= predicted <= measured * 1.10, (s.stage, predicted)
+    assert estimate(q15, replace(sft, packed=False)).peak_gib < 21.704 - 0.5  # what the mask term adds
+    assert estimate(q15, replace(rm, compiled=False)).peak_gib > 17.99 * 1.10  # what the compile credit takes
