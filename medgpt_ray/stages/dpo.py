@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from transformers import TrainerCallback
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
@@ -57,7 +56,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
-    args = DPOConfig(**training_kwargs(inp), beta=inp.cfg.beta, loss_type=[inp.cfg.loss_type],
+    cfg = inp.cfg
+    args = DPOConfig(**training_kwargs(inp), beta=cfg.beta, loss_type=cfg.losses, loss_weights=cfg.loss_weights,
+                     label_smoothing=cfg.label_smoothing, discopop_tau=cfg.discopop_tau,
                      max_length=inp.cfg.seq_len, dataset_num_proc=None,
                      precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs, **bucket_kwargs(inp))
     trainer = DPOTrainer(
@@ -71,14 +72,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
     install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
-    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
-                      save_kwargs={"template": template})
+    return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped_tools, template)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
-    t0 = time.monotonic()
-    built = build(inp, sink, callbacks)
-    return finish_stage(inp, built, t0, lambda ev: {
-        "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
-        "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size})
+    return run_pairs(build, inp, sink, callbacks)
