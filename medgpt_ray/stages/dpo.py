@@ -17,27 +17,35 @@ from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
-def preference_texts(records: list[dict], tokenizer, template):
+def preference_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
     """Prompt rendered by our template (with the record's tools); responses closed by the template's end-of-turn
-    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Pairs with
-    tools are left out and counted when the template has no tool format. Returns (dataset, skipped)."""
+    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Left out and
+    counted: pairs with tools when the template has no tool format, and pairs whose prompt alone fills seq_len
+    (TRL would train them on an empty answer: no target, or a NaN loss under ORPO and CPO).
+    Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
     from datasets import Dataset
 
-    prompts, kept = [], []
+    prompts, kept, skipped = [], [], {"tools_unsupported": 0, "too_long": 0}
     for r in records:
         try:
-            prompts.append(templates.render_prompt(template, tokenizer, r["conversations"], tools=r.get("tools")))
+            prompt = templates.render_prompt(template, tokenizer, r["conversations"], tools=r.get("tools"))
         except templates.TemplateToolsUnsupported:
+            skipped["tools_unsupported"] += 1
             continue
+        if seq_len is not None and len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= seq_len:
+            skipped["too_long"] += 1
+            continue
+        prompts.append(prompt)
         kept.append(r)
     if records and not kept:
-        raise ValueError(f"dpo: none of the {len(records)} pairs can be rendered: template {template.name!r} "
-                         "has no tool format and every pair has tools or tool turns")
+        raise ValueError(f"none of the {len(records)} pairs can be trained: {skipped['tools_unsupported']} have "
+                         f"tools template {template.name!r} cannot render, {skipped['too_long']} have a prompt "
+                         f"that fills seq_len {seq_len}")
     return Dataset.from_dict({
         "prompt": prompts,
         "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in kept],
         "rejected": [templates.response_text(template, tokenizer, r["rejected"]) for r in kept],
-    }), len(records) - len(kept)
+    }), skipped
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
@@ -50,7 +58,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         # TRL precomputes over the train set as if every rank held all of it (it splits it across ranks again and
         # shares rank 0's cache file): with a shard per worker that would pair pairs with other pairs' log-probs.
         raise ValueError("dpo: precompute_ref_log_probs needs num_workers: 1 (each worker trains on its own shard)")
-    train_ds, skipped_tools, eval_ds = data.encoded(preference_texts)
+    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
@@ -72,7 +80,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
     install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
-    return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped_tools, template)
+    return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:

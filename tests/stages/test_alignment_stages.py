@@ -19,8 +19,9 @@ CLASSES = {"orpo": ORPOStageConfig, "simpo": SimPOStageConfig, "dpo": DPOStageCo
 
 @pytest.fixture(scope="module")
 def pairs(repo, tmp_path_factory):
-    return prepare_kind("preference", [str(repo / "data/sample/reward.jsonl")], tmp_path_factory.mktemp("pairs"), 0.1,
-                        max_records=32)
+    # Our pairs and MedicalGPT's ShareGPT ones, whose tool-calling prompts alone fill 128 tokens.
+    files = [str(repo / "data/sample/reward.jsonl"), str(repo / "data/sample/formats/preference_sharegpt.jsonl")]
+    return prepare_kind("preference", files, tmp_path_factory.mktemp("pairs"), 0.1, max_records=64)
 
 
 def inputs(stage: str, pairs, model: Path, out: Path, **keys) -> StageInputs:
@@ -34,11 +35,19 @@ def inputs(stage: str, pairs, model: Path, out: Path, **keys) -> StageInputs:
 
 @pytest.mark.parametrize("stage", ["orpo", "simpo"])
 def test_a_reference_free_stage_trains_from_the_base_model(stage, pairs, tiny_model, tmp_path):
+    """Loss down, weights moved, tokens counted; pairs whose prompt alone fills seq_len are left out and counted
+    (TRL would give them an empty answer: a NaN loss)."""
+    import json
+    import math
+
     from safetensors.torch import load_file
 
     r = run_stage(inputs(stage, pairs, tiny_model, tmp_path))
     assert r["steps"] == 4 and r["train_loss_last"] < r["train_loss_first"]
     assert 0.0 <= r["eval"]["eval_reward_accuracy"] <= 1.0 and r["eval"]["eval_pairs"] > 0
+    assert r["skipped_too_long"] > 0 and math.isfinite(r["eval"]["eval_loss"])
+    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(s["tokens_per_s"] > 0 for s in steps if "loss" in s and "tokens_per_s" in s)
     before, after = load_file(str(tiny_model / "model.safetensors")), load_file(
         str(Path(r["output_model"]) / "model.safetensors"))
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)

@@ -274,11 +274,15 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     assert with_tools and len(with_tools) < len(records)
     tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
     texts, skipped = preference_texts(with_tools, tok, chatml)
-    assert skipped == 0
+    assert skipped == {"tools_unsupported": 0, "too_long": 0}
     for prompt, record in zip(texts["prompt"], with_tools, strict=True):
         assert all(tool["name"] in prompt for tool in record["tools"]) and "# Tools" in prompt
     pairs, rm_skipped = encode_pairs(records, tok, chatml, 8192)
     assert len(pairs) == len(records) and rm_skipped["tools_unsupported"] == 0
     # A template with no tool format leaves such pairs out and counts them.
     _, vicuna_skipped = preference_texts(records, tok, templates.get_template("vicuna"))
-    assert vicuna_skipped == len(with_tools)
+    assert vicuna_skipped["tools_unsupported"] == len(with_tools)
+    # A prompt that alone fills seq_len leaves nothing to train on: left out and counted (ORPO/CPO would give NaN).
+    shortest = min(len(tok(p, add_special_tokens=False)["input_ids"]) for p in texts["prompt"])
+    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + 1)
+    assert cut["too_long"] == len(with_tools) - len(kept) >= 1
