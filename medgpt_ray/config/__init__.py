@@ -75,6 +75,10 @@ class DataConfig(_Strict):
     # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): read,
     # cleaned and split now; the RL and eval stages that train on them come later.
     prompt: list[str] = []
+    # Unpaired examples for KTO: prompt turns + one completion + a label (true: desirable, false: undesirable), as
+    # {"conversations", "completion", "label"} (ShareGPT or role/content turns) or TRL's {"prompt", "completion",
+    # "label"}. A kto stage also reads data.preference, each pair as two examples (chosen true, rejected false).
+    unpaired: list[str] = []
     # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
     raw: list[str] = []
     clean: CleanConfig = CleanConfig()
