@@ -27,6 +27,7 @@ from medgpt_ray.config.stages import (
     PLAN_RESOLVED_KNOBS,
     STAGE_KINDS,
     DPOStageConfig,
+    KTOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
     ORPOStageConfig,
@@ -41,11 +42,11 @@ from medgpt_ray.config.stages import (
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
-           "DataConfig", "DedupConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig",
-           "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig",
-           "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig",
-           "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict",
-           "stage_kind"]
+           "DataConfig", "DedupConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig",
+           "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig",
+           "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind",
+           "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind",
+           "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):
