@@ -27,6 +27,7 @@ from medgpt_ray.config.stages import (
     PLAN_RESOLVED_KNOBS,
     STAGE_KINDS,
     DPOStageConfig,
+    KTOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
     ORPOStageConfig,
@@ -41,11 +42,11 @@ from medgpt_ray.config.stages import (
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
-           "DataConfig", "DedupConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig",
-           "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig",
-           "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig",
-           "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict",
-           "stage_kind"]
+           "DataConfig", "DedupConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig",
+           "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig",
+           "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind",
+           "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind",
+           "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):
@@ -75,6 +76,10 @@ class DataConfig(_Strict):
     # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): read,
     # cleaned and split now; the RL and eval stages that train on them come later.
     prompt: list[str] = []
+    # Unpaired examples for KTO: prompt turns + one completion + a label (true: desirable, false: undesirable), as
+    # {"conversations", "completion", "label"} (ShareGPT or role/content turns) or TRL's {"prompt", "completion",
+    # "label"}. A kto stage also reads data.preference, each pair as two examples (chosen true, rejected false).
+    unpaired: list[str] = []
     # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
     raw: list[str] = []
     clean: CleanConfig = CleanConfig()

@@ -96,6 +96,11 @@ class StageConfig(_Strict):
     """GPUs by PCIe topology (medgpt_ray/placement/policy.py), or an explicit list of GPU indices on each node
     (PCI bus order, as nvidia-smi numbers them), checked against the node's topology."""
 
+    @property
+    def min_micro_batch(self) -> int:
+        """The smallest micro-batch the kind's trainer takes (the planner and the OOM back-off stop there)."""
+        return 1
+
     def training_identity(self) -> dict[str, Any]:
         """The config as a stage fingerprint sees it: what decides the updates the stage computes.
 
@@ -206,6 +211,42 @@ class SimPOStageConfig(ReferenceFreeStageConfig):
     """Weight of the NLL of the chosen answer: 0 is SimPO, > 0 is CPO-SimPO."""
 
 
+KTOLoss = Literal["kto", "apo_zero_unpaired"]
+
+
+class KTOStageConfig(LengthGroupedStageConfig):
+    """KTO on unpaired examples: data.unpaired's, and data.preference's pairs unpaired (chosen desirable, rejected
+    undesirable)."""
+
+    beta: Annotated[float, Field(gt=0)] = 0.1
+    """KTO's beta: how far the policy may move from the reference (the scale of the implicit reward)."""
+    loss_type: KTOLoss = "kto"
+    """TRL's KTO loss: kto (the paper's, against a KL reference point estimated from mismatched prompt-completion
+    pairs of each micro-batch, so a micro-batch holds at least 2 examples) or apo_zero_unpaired (no KL term)."""
+    desirable_weight: Annotated[float, Field(gt=0)] = 1.0
+    """Weight of the desirable examples' losses (to balance unequal numbers of desirable and undesirable ones)."""
+    undesirable_weight: Annotated[float, Field(gt=0)] = 1.0
+    """Weight of the undesirable examples' losses."""
+
+    @property
+    def kl_batch(self) -> bool:
+        """The kto loss's KL term: a forward of mismatched completions by policy and reference in every step."""
+        return self.loss_type == "kto"
+
+    @property
+    def min_micro_batch(self) -> int:
+        """TRL's KTO loss estimates its KL term within a micro-batch and refuses one of a single example."""
+        return 2 if self.kl_batch else 1
+
+    @model_validator(mode="after")
+    def _kl_needs_two(self) -> KTOStageConfig:
+        if self.micro_batch != "auto" and self.micro_batch < self.min_micro_batch:
+            raise ValueError(f"micro_batch: {self.micro_batch} is below 2: the kto loss estimates its KL term from "
+                             f"the other examples of a micro-batch (TRL refuses 1); use 2 or more, or loss_type "
+                             f"apo_zero_unpaired")
+        return self
+
+
 @dataclass(frozen=True)
 class StageKind:
     """A stage kind. A new one is a module (build and run, like medgpt_ray/stages/sft.py), a config class and
@@ -252,6 +293,8 @@ register_stage_kind(StageKind("orpo", ORPOStageConfig, "preference", "sft", REFE
                               memory_model="orpo"))
 register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
                               memory_model="orpo"))
+# KTO, off unless enabled: TRL's KTOTrainer on unpaired examples (data.unpaired, and data.preference unpaired).
+register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6}))
 
 
 class StagesConfig(BaseModel):

@@ -27,6 +27,7 @@ CANONICAL_TYPES = {
     "sft": [_TURNS, _TOOLS],
     "preference": [_TURNS, ("chosen", pa.string()), ("rejected", pa.string()), _TOOLS],
     "prompt": [_TURNS, ("answer", pa.string()), _TOOLS],
+    "unpaired": [_TURNS, ("completion", pa.string()), ("label", pa.bool_()), _TOOLS],
 }
 
 

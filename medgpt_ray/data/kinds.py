@@ -8,15 +8,24 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-Kind = Literal["pretrain", "sft", "preference", "prompt"]
+Kind = Literal["pretrain", "sft", "preference", "prompt", "unpaired"]
 
 KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "pretrain": ("text",),
     "sft": ("sharegpt", "canonical_sft", "alpaca", "huatuo", "toyhom"),
     "preference": ("reward", "sharegpt_preference", "canonical_preference"),
     "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
+    "unpaired": ("trl_unpaired", "sharegpt_unpaired", "canonical_unpaired"),
 }
 KINDS: tuple[str, ...] = tuple(KIND_FORMATS)
+# Kinds whose records are also read as another kind: a preference pair is two unpaired examples (chosen desirable,
+# rejected undesirable), as TRL's KTO unpairs them. The pipeline gives a kind's preparation these kinds' files too.
+ALSO_READ_AS: dict[str, tuple[str, ...]] = {"unpaired": ("preference",)}
+
+
+def source_kinds(kind: str) -> tuple[str, ...]:
+    """The data.<kind> lists whose files are read as `kind` data: its own, then the ones ALSO_READ_AS names."""
+    return (kind, *ALSO_READ_AS.get(kind, ()))
 
 
 class RecordError(ValueError):
@@ -71,18 +80,21 @@ def detect_format(row: dict) -> str:
     Detection looks at the distinguishing field of each format, not at the full set, so that a record
     missing a required field is reported as "missing field X" by `to_canonical` rather than as unknown:
 
-    - "conversations": with "chosen" or "rejected" a preference, else with "answer" a prompt, else sft; the
-      turn style (from/value or role/content) of the first turn picks sharegpt_* or canonical_*. A preference
-      or prompt whose turns are unreadable counts as canonical_*, whose converter then says why.
-    - otherwise, first match: "response_chosen"/"response_rejected" reward, "questions" huatuo, "instruction"
-      alpaca, "ask" toyhom, "question" grpo, "text" text, a single string field text.
+    - "conversations": with "chosen" or "rejected" a preference, else with "completion" or "label" an unpaired
+      example, else with "answer" a prompt, else sft; the turn style (from/value or role/content) of the first
+      turn picks sharegpt_* or canonical_*. A preference, unpaired or prompt record whose turns are unreadable
+      counts as canonical_*, whose converter then says why.
+    - otherwise, first match: "response_chosen"/"response_rejected" reward, "completion"/"label" trl_unpaired
+      (TRL's KTO {"prompt", "completion", "label"}), "questions" huatuo, "instruction" alpaca, "ask" toyhom,
+      "question" grpo, "text" text, a single string field text.
     """
     if not isinstance(row, dict):
         raise RecordError(f"record is a {type(row).__name__}, not an object")
     keys = set(row)
     if "conversations" in keys:
-        if "chosen" in keys or "rejected" in keys or "answer" in keys:
-            suffix = "preference" if "chosen" in keys or "rejected" in keys else "prompt"
+        if keys & {"chosen", "rejected", "completion", "label", "answer"}:
+            suffix = ("preference" if keys & {"chosen", "rejected"} else
+                      "unpaired" if keys & {"completion", "label"} else "prompt")
             try:
                 style = _conversation_style(row["conversations"])
             except RecordError:
@@ -91,6 +103,8 @@ def detect_format(row: dict) -> str:
         return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
     if "response_chosen" in keys or "response_rejected" in keys:
         return "reward"
+    if "completion" in keys or "label" in keys:
+        return "trl_unpaired"
     if "questions" in keys:
         return "huatuo"
     if "instruction" in keys:

@@ -27,6 +27,7 @@ import numpy as np
 
 from medgpt_ray.config import DataConfig
 from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
+from medgpt_ray.data.kinds import source_kinds
 from medgpt_ray.data.ops.pii import ORDER as PII_TYPES
 from medgpt_ray.data.ops.record import redact_record
 from medgpt_ray.data.private import open_private, private_dir
@@ -70,7 +71,17 @@ def not_redacted_line(sources: list[str]) -> str:
 
 
 def _record_key(record: dict) -> str:
+    """What decides a record's split: its hash, or for the halves of a preference pair read as unpaired data their
+    pair's id, so both land in the same split (next to each other)."""
+    if "pair" in record:
+        return hashlib.sha256(f"pair:{record['pair']}".encode()).hexdigest()
     return hashlib.sha256(json.dumps(record, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def kind_paths(data: DataConfig, kind: str) -> list[str]:
+    """The files read as `kind` data: data.<kind>'s, then those of the kinds also read as it (data/kinds.py
+    ALSO_READ_AS: a kto stage's unpaired examples include data.preference's pairs)."""
+    return [p for k in source_kinds(kind) for p in data.paths(k)]
 
 
 def split_positions(hashes: np.ndarray, eval_fraction: float, max_records: int | None = None
@@ -132,7 +143,8 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
     file; pass 2 writes the scratch records into the train and held-out Parquet files in hash order. The split
     hashes the redacted record, the text that is trained."""
     if not paths:
-        raise ValueError(f"data.{kind}: no files configured, but an enabled stage needs {kind} data")
+        keys = " or ".join(f"data.{k}" for k in source_kinds(kind))
+        raise ValueError(f"{keys}: no files configured, but an enabled stage needs {kind} data")
     private_dir(out_dir)  # record text: 0700, and its files 0600
     qpath, scratch = out_dir / f"quarantine-{kind}.jsonl", out_dir / f".{kind}.canonical.jsonl.tmp"
     hashes, offsets = array("Q"), array("Q")

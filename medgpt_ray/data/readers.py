@@ -6,6 +6,8 @@ Canonical records:
     sft:         {"conversations": [turn, ...], "tools": [schema, ...]}   ("tools" only when non-empty)
     preference:  {"conversations": [...prompt turns...], "chosen": str, "rejected": str, "tools": [...]}
     prompt:      {"conversations": [...prompt turns...], "answer": str | None, "tools": [...]}
+    unpaired:    {"conversations": [...prompt turns...], "completion": str, "label": bool, "tools": [...]}
+                 (+ "pair": an id shared by the two halves of a preference pair read as unpaired data)
 
 A turn is {"role": R, "content": str}, R one of system (first only), user, assistant, tool_call (the
 assistant's function call(s), content canonical JSON, see `canonical_tool_call`) and tool (a tool's result).
@@ -29,6 +31,14 @@ Source formats understood (`detect_format` names):
     grpo                   MedicalGPT GRPO {"question", "answer"} (+ optional "system")
     sharegpt_prompt        {"conversations": [{"from", "value"}], "answer", "tools"?}
     canonical_prompt       {"conversations": [{"role", "content"}], "answer", "tools"?}
+    sharegpt_unpaired      KTO {"conversations": [{"from", "value"}], "completion", "label", "tools"?}
+    canonical_unpaired     {"conversations": [{"role", "content"}], "completion", "label", "tools"?}
+    trl_unpaired           TRL's KTO {"prompt": str | [{"role", "content"}], "completion": str | [assistant turn],
+                           "label"} (+ optional "system")
+
+A preference pair read as unpaired data (data/kinds.py ALSO_READ_AS) is two records, chosen with label true and
+rejected with label false, as TRL unpairs them; both carry the pair's id in "pair", which keeps them in the same
+split and lets a KTO stage score its held-out pairs.
 
 Conversation formats also take an optional top-level "system" string (LLaMA-Factory's form); chosen/rejected
 may be given as an assistant turn object ({"from": "gpt", "value"} or {"role": "assistant", "content"}).
@@ -39,9 +49,28 @@ messages end up in reports and logs (ARCHITECTURE.md, data cleaning semantics).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
+from medgpt_ray.data.fields import (  # noqa: F401  (the public helpers: imported from here too)
+    SHAREGPT_ROLES,
+    _answer,
+    _completion,
+    _content,
+    _conversation,
+    _history_turns,
+    _label,
+    _optional,
+    _required,
+    _response,
+    _system_turns,
+    _turn,
+    _with_tools,
+    canonical_tool_call,
+    check_turn_order,
+    parse_tools,
+)
 from medgpt_ray.data.kinds import (  # noqa: F401  (RecordError, DataFileError: imported from here by the cleaner)
     KIND_FORMATS,
     DataFileError,
@@ -51,199 +80,9 @@ from medgpt_ray.data.kinds import (  # noqa: F401  (RecordError, DataFileError: 
     detect_format,
     safe_name,
 )
-from medgpt_ray.templates import ROLES, parse_tool_calls, turn_order_error
+from medgpt_ray.templates import turn_order_error  # noqa: F401  (tests import it from here)
 
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".txt")
-
-SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant",
-    "system": "system",
-    "function_call": "tool_call", "tool_call": "tool_call",
-    "observation": "tool", "tool": "tool", "function": "tool",
-}
-CANONICAL_ROLES = ROLES
-
-TOOLS_ERROR = "field 'tools' is not a JSON list of objects"
-
-
-# --------------------------------------------------------------------------------------------------
-# Field helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _content(value: object, where: str) -> str:
-    if value is None:
-        raise RecordError(f"missing {where}")
-    if not isinstance(value, str):
-        raise RecordError(f"{where} is a {type(value).__name__}, not a string")
-    text = value.strip()
-    if not text:
-        raise RecordError(f"empty {where}")
-    return text
-
-
-def _required(row: dict, key: str) -> str:
-    if key not in row:
-        raise RecordError(f"missing field '{key}'")
-    return _content(row[key], f"field '{key}'")
-
-
-def _optional(row: dict, key: str) -> str:
-    """An optional string field: absent, None or blank all mean "not given"."""
-    value = row.get(key)
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise RecordError(f"field '{key}' is a {type(value).__name__}, not a string")
-    return value.strip()
-
-
-def _turn(role: str, content: str) -> dict:
-    return {"role": role, "content": content}
-
-
-def _history_turns(row: dict) -> list[dict]:
-    """Alpaca/reward "history": [[question, answer], ...] earlier exchanges, placed before the last one."""
-    history = row.get("history")
-    if history is None:
-        return []
-    if not isinstance(history, list):
-        raise RecordError(f"field 'history' is a {type(history).__name__}, not a list")
-    turns = []
-    for i, pair in enumerate(history, 1):
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise RecordError(f"history item {i} is not a [question, answer] pair")
-        turns.append(_turn("user", _content(pair[0], f"history item {i} question")))
-        turns.append(_turn("assistant", _content(pair[1], f"history item {i} answer")))
-    return turns
-
-
-def _system_turns(row: dict) -> list[dict]:
-    system = _optional(row, "system")
-    return [_turn("system", system)] if system else []
-
-
-def parse_tools(value: object) -> list[dict]:
-    """`tools` as a list of function schemas (passed through unchanged). Sources give a list or the JSON text
-    of one (MedicalGPT; the cleaner's Parquet); None, "", "[]" and [] all mean no tools."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        if not value.strip():
-            return []
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise RecordError(TOOLS_ERROR) from None
-    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
-        raise RecordError(TOOLS_ERROR)
-    return value
-
-
-def canonical_tool_call(value: object) -> str | None:
-    """The canonical text of a function call (templates.parse_tool_calls reads it): json.dumps (ensure_ascii=False)
-    of {"name", "arguments": object}, or of a list of them. None when `value` is no such JSON. Idempotent."""
-    parsed = parse_tool_calls(value)
-    if parsed is None:
-        return None
-    calls, many = parsed
-    out = [{"name": name, "arguments": arguments} for name, arguments in calls]
-    return json.dumps(out if many else out[0], ensure_ascii=False)
-
-
-def check_turn_order(turns: Sequence[dict], last: str) -> None:
-    """RecordError when `turns` break the order rule (templates.turn_order_error)."""
-    error = turn_order_error([t["role"] for t in turns], last)
-    if error:
-        raise RecordError(error)
-
-
-def _turn_list(conv: object) -> list:
-    if not isinstance(conv, list):
-        raise RecordError(f"'conversations' is a {type(conv).__name__}, not a list")
-    if not conv:
-        raise RecordError("'conversations' is empty")
-    return conv
-
-
-STYLES = {  # turn style -> (role key, text key, source role -> canonical role)
-    "sharegpt": ("from", "value", SHAREGPT_ROLES),
-    "canonical": ("role", "content", {r: r for r in CANONICAL_ROLES}),
-}
-
-
-def _parse_turns(conv: object, style: str) -> list[dict]:
-    role_key, text_key, roles = STYLES[style]
-    turns = []
-    for i, t in enumerate(_turn_list(conv), 1):
-        if not isinstance(t, dict):
-            raise RecordError(f"turn {i} is not an object")
-        if role_key not in t:
-            raise RecordError(f"turn {i}: missing '{role_key}'")
-        source_role = t[role_key]
-        role = roles.get(source_role) if isinstance(source_role, str) else None
-        if role is None:
-            raise RecordError(f"turn {i}: unsupported role {safe_name(source_role)} "
-                              f"(expected one of {', '.join(roles)})")
-        if role == "tool_call":
-            value = t.get(text_key)
-            if not isinstance(value, (dict, list)):
-                _content(value, f"turn {i} {text_key}")  # missing / not a string / empty
-            content = canonical_tool_call(value)
-            if content is None:
-                raise RecordError(f"turn {i}: {source_role} is not a JSON {{name, arguments}} object")
-        else:
-            content = _content(t.get(text_key), f"turn {i} {text_key}")
-        turns.append(_turn(role, content))
-    return turns
-
-
-def _conversation(row: dict, style: str) -> tuple[list[dict], list[dict]]:
-    """(turns, tools) of a conversation record; a top-level "system" string becomes the first turn."""
-    turns = _parse_turns(row["conversations"], style)
-    system = _optional(row, "system")
-    if system:
-        if turns[0]["role"] == "system":
-            raise RecordError("both a 'system' field and a system turn")
-        turns.insert(0, _turn("system", system))
-    return turns, parse_tools(row.get("tools"))
-
-
-def _response(row: dict, key: str) -> str:
-    """chosen/rejected: a string, or an assistant turn object ({"from": "gpt", "value"} or {"role":
-    "assistant", "content"}, LLaMA-Factory's form) whose text is taken."""
-    if key not in row:
-        raise RecordError(f"missing field '{key}'")
-    value = row[key]
-    if not isinstance(value, dict):
-        return _content(value, f"field '{key}'")
-    for role_key, text_key, roles in STYLES.values():
-        if role_key in value:
-            source_role = value[role_key]
-            if (roles.get(source_role) if isinstance(source_role, str) else None) != "assistant":
-                raise RecordError(f"field '{key}': role {safe_name(source_role)} is not an assistant turn")
-            return _content(value.get(text_key), f"field '{key}' {text_key}")
-    raise RecordError(f"field '{key}' is an object with neither from/value nor role/content")
-
-
-def _answer(row: dict) -> str | None:
-    """The prompt kind's reference answer: a string (numbers are written as text) or null for none."""
-    if "answer" not in row:
-        raise RecordError("missing field 'answer'")
-    value = row["answer"]
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return _content(value, "field 'answer'")
-
-
-def _with_tools(record: dict, tools: list[dict]) -> dict:
-    if tools:
-        record["tools"] = tools
-    return record
-
 
 def _preference(prompt: list[dict], chosen: str, rejected: str, tools: list[dict] | None = None) -> dict:
     check_turn_order(prompt, last="user")
@@ -260,6 +99,24 @@ def _sft(turns: list[dict], tools: list[dict] | None = None) -> dict:
 def _prompt(prompt: list[dict], answer: str | None, tools: list[dict] | None = None) -> dict:
     check_turn_order(prompt, last="user")
     return _with_tools({"conversations": prompt, "answer": answer}, tools or [])
+
+
+def _unpaired(prompt: list[dict], completion: str, label: bool, tools: list[dict] | None = None) -> dict:
+    check_turn_order(prompt, last="user")
+    return _with_tools({"conversations": prompt, "completion": completion, "label": label}, tools or [])
+
+
+def pair_id(pair: dict) -> str:
+    """The id the two unpaired halves of a preference pair share: a hash of the canonical pair (no text)."""
+    return hashlib.blake2b(json.dumps(pair, sort_keys=True, ensure_ascii=False).encode("utf-8"),
+                           digest_size=8).hexdigest()
+
+
+def unpair(pair: dict) -> list[dict]:
+    """A canonical preference pair as two unpaired records (chosen desirable, rejected undesirable), as TRL's
+    unpair_preference_dataset does, each carrying the pair's id."""
+    prompt, tools, pid = pair["conversations"], pair.get("tools") or [], pair_id(pair)
+    return [{**_unpaired(prompt, pair[key], key == "chosen", tools), "pair": pid} for key in ("chosen", "rejected")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,6 +149,27 @@ def _prompt_converter(style: str) -> Callable[[dict], list[dict]]:
         prompt, tools = _conversation(row, style)
         return [_prompt(prompt, _answer(row), tools)]
     return convert
+
+
+def _unpaired_converter(style: str) -> Callable[[dict], list[dict]]:
+    def convert(row: dict) -> list[dict]:
+        prompt, tools = _conversation(row, style)
+        return [_unpaired(prompt, _completion(row), _label(row), tools)]
+    return convert
+
+
+def _from_trl_unpaired(row: dict) -> list[dict]:
+    """TRL's KTO rows: "prompt" a string (one user turn) or a list of role/content (or from/value) turns."""
+    if "prompt" not in row:
+        raise RecordError("missing field 'prompt'")
+    value = row["prompt"]
+    if isinstance(value, list):
+        turns, _ = _conversation({"conversations": value, "system": row.get("system")},
+                                 "sharegpt" if value and isinstance(value[0], dict) and "from" in value[0]
+                                 else "canonical")
+    else:
+        turns = _system_turns(row) + [_turn("user", _content(value, "field 'prompt'"))]
+    return [_unpaired(turns, _completion(row), _label(row), parse_tools(row.get("tools")))]
 
 
 def _from_alpaca(row: dict) -> list[dict]:
@@ -356,11 +234,18 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "grpo": _from_grpo,
     "sharegpt_prompt": _prompt_converter("sharegpt"),
     "canonical_prompt": _prompt_converter("canonical"),
+    "sharegpt_unpaired": _unpaired_converter("sharegpt"),
+    "canonical_unpaired": _unpaired_converter("canonical"),
+    "trl_unpaired": _from_trl_unpaired,
 }
 assert set(CONVERTERS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 
 
 def convert_as(row: dict, fmt: str, kind: str) -> list[dict]:
+    """`row` (of format `fmt`) as canonical `kind` records; a record of a kind ALSO_READ_AS `kind` is converted
+    to that kind first (a preference pair read as unpaired data: its two halves)."""
+    if kind == "unpaired" and fmt in KIND_FORMATS["preference"]:
+        return [half for pair in CONVERTERS[fmt](row) for half in unpair(pair)]
     if fmt not in KIND_FORMATS[kind]:
         raise RecordError(f"a {fmt} record cannot be used as {kind} data "
                           f"(accepted formats: {', '.join(KIND_FORMATS[kind])})")

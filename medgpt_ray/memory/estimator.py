@@ -33,7 +33,12 @@ FUSED_HEAD_BYTES_PER_HIDDEN = 12
 # TRL's DPO and reward trainers keep less per decoder layer than the same model under SFT at equal token
 # counts (measured on 0.5B, 1.5B and 7B): DPO ~12%, reward ~10%; applied to their per-token activations.
 # ORPO and SimPO (memory kind "orpo": TRL's ORPO/CPO trainers, no reference) are not calibrated yet: the SFT scale.
-STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo": 1.0}
+# KTO (memory kind "kto": TRL's KTOTrainer, one sequence per example, a reference, the same chunked LM head) is not
+# calibrated yet: DPO's scale. Its reference pass and the KL batch's forwards (policy and reference, mismatched
+# completions) run without grad: nothing saved for backward, their transients below the backward's working set.
+STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo": 1.0, "kto": 0.88}
+# Stages whose trainer scores against a reference model (adapter-off policy for LoRA, a frozen copy for full).
+REFERENCE_STAGES = ("dpo", "kto")
 # Compiled decoder layers (stages/speed.py) under the reward model keep less per layer than eager ones: inductor's
 # partitioner recomputes cheap ops instead of saving them. Measured on the H200 (RM, LoRA r8, bf16, seq 1024):
 # 0.5B mb 8 no checkpointing 16.69 GiB vs 24.01 eager (bench/results/memory_calibration_compiled_h200.json), 1.5B
@@ -74,12 +79,13 @@ class TrainSetup:
     lora_rank: int = 8
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
+    kl_batch: bool = False  # KTO's KL term: a no-grad forward of mismatched completions by policy and reference
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
 
     def sequences(self) -> int:
-        """Sequences in one forward: rm, dpo and orpo score chosen and rejected together."""
+        """Sequences in one forward: rm, dpo and orpo score chosen and rejected together; kto one per example."""
         return self.micro_batch * (2 if self.stage in ("rm", "dpo", "orpo") else 1)
 
     def tokens(self) -> int:
@@ -128,7 +134,7 @@ def check_setup(s: TrainSetup) -> None:
     if s.method == "qlora" and s.zero == 3:
         raise SetupError("ZeRO-3 cannot shard 4-bit QLoRA weights")
     if s.fused_kernels and s.stage == "rm":
-        raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo, orpo")
+        raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo, orpo, kto")
     if s.fused_ce and s.stage == "orpo":
         raise SetupError("orpo: TRL's ORPO and CPO trainers compute full logits (no fused cross-entropy)")
     if s.method == "qlora" and s.precision == "fp32":
@@ -194,7 +200,7 @@ def _loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float
     tokens = s.tokens()
     if s.stage == "rm":
         return 0.0  # the score head gives one number per sequence
-    if s.stage in ("sft", "dpo") or s.fused_ce:
+    if s.stage in ("sft", "dpo", "kto") or s.fused_ce:
         head_grad = 4 * shape.vocab * shape.hidden if (trainable_head and s.stage == "pt") else 0
         return FUSED_HEAD_BYTES_PER_HIDDEN * tokens * shape.hidden + head_grad
     return HF_LOSS_BYTES_PER_LOGIT * tokens * shape.vocab
@@ -270,7 +276,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     else:
         grads = grad_bytes * trainable
 
-    if s.stage == "dpo" and full and s.dpo_reference != "precomputed":
+    if s.stage in REFERENCE_STAGES and full and s.dpo_reference != "precomputed":
         b["reference_model"] = (2 if deepspeed or s.precision == "bf16" else 4) * total / (n if s.zero == 3 else 1)
 
     static = sum(b.values())

@@ -94,8 +94,14 @@ def _micro_options(stage: str, cfg: StageConfig, per_worker: int, lengths: Lengt
     """(micro-batches searched, examples per worker step): divisors of the per-worker batch, or for packed SFT of
     the packed rows that hold it (an explicit micro-batch caps the rows per micro-batch)."""
     if not packs(stage, cfg, lengths):
-        return note("micro_batch", cfg.micro_batch, _divisors(per_worker, MAX_MICRO_BATCH),
-                    f"divisors of the per-worker batch {per_worker}"), per_worker
+        floor = cfg.min_micro_batch
+        searched = [d for d in _divisors(per_worker, MAX_MICRO_BATCH) if d >= floor]
+        if not searched:
+            raise ConfigError(f"stages.{stage}.effective_batch: {cfg.effective_batch} leaves no micro-batch of at "
+                              f"least {floor} that divides the per-worker batch {per_worker} ({stage}'s trainer "
+                              f"needs {floor} or more examples per micro-batch)")
+        return note("micro_batch", cfg.micro_batch, searched, f"divisors of the per-worker batch {per_worker}"
+                    + (f", at least {floor}" if floor > 1 else "")), per_worker
     assert lengths is not None and lengths.conversations_per_row is not None
     rows = rows_per_step(per_worker, lengths.conversations_per_row)
     reasons.append(f"packing: {per_worker} conversations per worker step in {rows} rows of {cfg.seq_len} "
@@ -143,9 +149,9 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False], "orpo": [False]}[model]
+                  "dpo": [True], "rm": [False], "orpo": [False], "kto": [True]}[model]
     if cfg.fused_ce != "auto":
-        if model in ("sft", "dpo") and not cfg.fused_ce:
+        if model in ("sft", "dpo", "kto") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
         if model == "rm" and cfg.fused_ce:
@@ -229,11 +235,11 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             continue  # nothing would fuse the layer ops this estimate assumes fused
         yield TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
-            seq_len=seq_len,
-            ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers, optim=optim,
-            lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
+            seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
+            optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            fused_kernels=kernels, compiled=compiles(cfg, use_gpu, method, zero), packed=packed)
+            kl_batch=getattr(cfg, "kl_batch", False), fused_kernels=kernels,
+            compiled=compiles(cfg, use_gpu, method, zero), packed=packed)
 
 
 def _candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:
@@ -256,7 +262,8 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
                      f"more than was read")
     if explicit:
         lines.append(f"  fixed by the config: {', '.join(explicit)}")
-    s0 = replace(best.setup, micro_batch=1, ckpt_fraction=1.0)
+    smallest = 1 if cfg.min_micro_batch == 1 else min(c.setup.micro_batch for c in cands)  # kto: at least 2
+    s0 = replace(best.setup, micro_batch=smallest, ckpt_fraction=1.0)
     usable = budget.usable_gib
 
     def option(label: str, setup: TrainSetup) -> str:
@@ -279,7 +286,7 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
         if s0.method == "full":
             hints.append(option("ZeRO-3 with parameter+optimizer offload", replace(s0, zero=3, offload="all")))
     if hints:
-        lines.append("  other options at micro-batch 1 with full checkpointing: " + "; ".join(hints))
+        lines.append(f"  other options at micro-batch {s0.micro_batch} with full checkpointing: " + "; ".join(hints))
     return "\n".join(lines)
 
 

@@ -100,7 +100,8 @@ class StagePlan:
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None,
-            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto")
+            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
+            kl_batch=getattr(cfg, "kl_batch", False))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs
@@ -146,18 +147,20 @@ def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None
 
 
 def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int | None) -> StagePlan | None:
-    """OOM back-off: a new plan with half the micro-batch and twice the accumulation (same effective batch).
-    None when there is nothing left to give (micro-batch 1 with full checkpointing)."""
-    if plan.micro_batch == 1 and plan.ckpt_fraction >= 1:
+    """OOM back-off: a new plan with half the micro-batch and twice the accumulation (same effective batch), never
+    below the kind's smallest micro-batch (`cfg.min_micro_batch`: kto's is 2). None when there is nothing left to
+    give (the smallest micro-batch with full checkpointing)."""
+    floor = cfg.min_micro_batch
+    # The largest divisor of the micro-batch up to its half (and not below the floor) keeps micro x accumulation.
+    smaller = max((d for d in range(floor, plan.micro_batch // 2 + 1) if plan.micro_batch % d == 0), default=None)
+    if smaller is None and plan.ckpt_fraction >= 1:
         return None
     before = {"micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum, "ckpt_fraction": plan.ckpt_fraction}
     micro, accum, ckpt = plan.micro_batch, plan.grad_accum, plan.ckpt_fraction
-    if micro > 1:
-        # The largest divisor of the micro-batch up to its half keeps micro x accumulation unchanged.
-        smaller = max(d for d in range(1, micro // 2 + 1) if micro % d == 0)
+    if smaller is not None:
         micro, accum = smaller, accum * (micro // smaller)
     else:
-        ckpt = 1.0  # micro-batch 1 already: recompute every layer
+        ckpt = 1.0  # the smallest micro-batch already: recompute every layer
     after = {"micro_batch": micro, "grad_accum": accum, "ckpt_fraction": ckpt}
     new = replace(plan, **after, backoffs=[*plan.backoffs, {"after_step": step, "reason": reason, "before": before,
                                                             "after": after}])

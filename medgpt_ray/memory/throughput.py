@@ -76,8 +76,10 @@ def flops_per_token(shape: ModelShape, s: TrainSetup) -> float:
     total = forward + backward + recompute
     if s.method == "qlora":
         total += (QLORA_DEQUANT_FACTOR - 1) * (2 * forward + recompute - head)
-    if s.stage == "dpo" and s.dpo_reference != "precomputed":
+    if s.stage in ("dpo", "kto") and s.dpo_reference != "precomputed":
         total += forward  # the reference model's (or adapter-off policy's) forward
+    if s.kl_batch:
+        total += 2 * forward  # KTO's KL batch: the policy's and the reference's no-grad forwards
     return total
 
 

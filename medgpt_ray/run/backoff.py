@@ -84,13 +84,13 @@ class OutOfMemoryGiveUp(RuntimeError):
 def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callable[[str], None],
                 err: BaseException) -> StageInputs:
     """The inputs of the next attempt after a CUDA OOM: half the micro-batch (or more checkpointing), plan.json
-    rewritten; OutOfMemoryGiveUp when nothing is left to give."""
+    rewritten; OutOfMemoryGiveUp when nothing is left to give (kto stops at micro-batch 2: halve_micro_batch)."""
     step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
     old = inp.plan
     plan = halve_micro_batch(old, inp.cfg, "CUDA out of memory", step)
     if plan is None:
         raise OutOfMemoryGiveUp(
-            f"stage {inp.stage} ran out of GPU memory at micro-batch 1 with full checkpointing "
+            f"stage {inp.stage} ran out of GPU memory at micro-batch {old.micro_batch} with full checkpointing "
             f"(predicted peak {old.prediction.peak_gib if old.prediction else '?'} GiB); nothing left to give: "
             f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
         ) from err
@@ -105,8 +105,8 @@ def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callabl
 def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
                      echo: Callable[[str], None], worker_restarts: int = 0) -> StageInputs:
     """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan,
-    until micro-batch 1 with full checkpointing also fails (`enabled`); after a worker process died retry as is,
-    at most `worker_restarts` times. Anything else is raised. Every attempt resumes from the newest readable
+    until the smallest micro-batch with full checkpointing also fails (`enabled`); after a worker process died retry
+    as is, at most `worker_restarts` times. Anything else is raised. Every attempt resumes from the newest readable
     checkpoint. Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
     attempt = restarts = 0
     usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short

@@ -20,7 +20,7 @@ import ray
 from medgpt_ray import models
 from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
 from medgpt_ray.data import prepare
-from medgpt_ray.data.kinds import KINDS, DataFileError
+from medgpt_ray.data.kinds import KINDS, DataFileError, source_kinds
 from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
@@ -135,15 +135,19 @@ class Pipeline:
             raise PipelineError(f"cleaning of data.raw does not add up; see {clean_dir / 'report.json'}")
         write_json_atomic(stamp, {"fingerprint": fp})
 
-    def _data_paths(self, kind: str) -> list[str]:
+    def _own_paths(self, kind: str) -> list[str]:
         cleaned = self.run_dir / "clean" / "data" / kind
         return self.cfg.data.paths(kind) + ([str(cleaned)] if self.cfg.data.raw and cleaned.is_dir() else [])
+
+    def _data_paths(self, kind: str) -> list[str]:
+        """The files prepared as `kind` data: its own and those of the kinds also read as it (data/kinds.py)."""
+        return [p for k in source_kinds(kind) for p in self._own_paths(k)]
 
     def _data_kinds(self) -> list[str]:
         """The kinds an enabled stage trains on, and every other kind the config gives data for (read, cleaned
         and split now, so a bad file shows before the stage that needs it exists or is enabled)."""
         needed = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
-        return sorted(needed | {k for k in KINDS if k not in needed and self._data_paths(k)})
+        return sorted(needed | {k for k in KINDS if k not in needed and self._own_paths(k)})
 
     def _prepare_data(self) -> dict[str, prepare.PreparedData]:
         prepared: dict[str, prepare.PreparedData] = {}

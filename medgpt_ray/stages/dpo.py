@@ -17,14 +17,11 @@ from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
-def preference_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
-    """Prompt rendered by our template (with the record's tools); responses closed by the template's end-of-turn
-    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Left out and
-    counted: pairs with tools when the template has no tool format, and pairs whose prompt alone fills seq_len
-    (TRL would train them on an empty answer: no target, or a NaN loss under ORPO and CPO).
-    Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
-    from datasets import Dataset
-
+def rendered_prompts(records: list[dict], tokenizer, template, seq_len: int | None,
+                     what: str) -> tuple[list[str], list[dict], dict[str, int]]:
+    """(prompts, the records they belong to, {"tools_unsupported": n, "too_long": n}): each record's prompt turns
+    rendered by our template, records with tools the template cannot render or whose prompt alone fills seq_len
+    left out and counted; ValueError naming `what` (pairs, examples) when none is left."""
     prompts, kept, skipped = [], [], {"tools_unsupported": 0, "too_long": 0}
     for r in records:
         try:
@@ -38,9 +35,21 @@ def preference_texts(records: list[dict], tokenizer, template, seq_len: int | No
         prompts.append(prompt)
         kept.append(r)
     if records and not kept:
-        raise ValueError(f"none of the {len(records)} pairs can be trained: {skipped['tools_unsupported']} have "
+        raise ValueError(f"none of the {len(records)} {what} can be trained: {skipped['tools_unsupported']} have "
                          f"tools template {template.name!r} cannot render, {skipped['too_long']} have a prompt "
                          f"that fills seq_len {seq_len}")
+    return prompts, kept, skipped
+
+
+def preference_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
+    """Prompt rendered by our template (with the record's tools); responses closed by the template's end-of-turn
+    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Left out and
+    counted: pairs with tools when the template has no tool format, and pairs whose prompt alone fills seq_len
+    (TRL would train them on an empty answer: no target, or a NaN loss under ORPO and CPO).
+    Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
+    from datasets import Dataset
+
+    prompts, kept, skipped = rendered_prompts(records, tokenizer, template, seq_len, "pairs")
     return Dataset.from_dict({
         "prompt": prompts,
         "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in kept],

@@ -3,7 +3,8 @@
 Runs on the driver, after data preparation: the first SAMPLE_RECORDS records of the stage's train split (hash
 order, so a uniform sample; the records the packed worker sized its step from before) tokenized exactly as the
 stage encodes them — sft by encode_sft with the template and seq_len cut, rm and dpo by encode_preference, each
-pair's longer side — and, for SFT with packing not off, packed by the same best-fit decreasing as the workers.
+pair's longer side, kto each example's prompt and completion — and, for SFT with packing not off, packed by the
+same best-fit decreasing as the workers.
 The tokenizer is the base model's: every stage saves the tokenizer it started from unchanged.
 """
 
@@ -34,6 +35,8 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
         return _sft_profile(records, total, tok, template, cfg)
     lengths, over = [], 0
     for r in records:
+        if kind == "kto":  # one completion per example: measured as a pair of it with itself
+            r = {**r, "chosen": r["completion"], "rejected": r["completion"]}
         try:
             enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)
         except templates.TemplateTokenizerMismatch:

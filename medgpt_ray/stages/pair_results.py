@@ -1,5 +1,6 @@
-"""What the trainers on preference pairs (dpo, orpo, simpo) hand back alike: the built stage, and the held-out
-numbers of its result (TRL logs each method's own chosen-first accuracy as rewards/accuracies)."""
+"""What the trainers on preference pairs (dpo, orpo, simpo; kto on their unpaired halves) hand back alike: the
+built stage, and the held-out numbers of its result (TRL logs each method's own chosen-first accuracy as
+rewards/accuracies)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ def built_pairs(trainer: Any, tok: Any, lora: bool, train_ds: Any, eval_ds: Any,
 
 
 def run_pairs(build: Callable[..., BuiltStage], inp: StageInputs, sink: Sink | None,
-              callbacks: Sequence[TrainerCallback]) -> dict[str, Any]:
+              callbacks: Sequence[TrainerCallback],
+              held_out: Callable[[BuiltStage], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Build, train, evaluate, save. The held-out accuracy is TRL's rewards/accuracies, or what `held_out` scores
+    after training (kto: its pairs' implicit rewards; TRL logs no pair accuracy for unpaired examples)."""
     t0 = time.monotonic()
     built = build(inp, sink, callbacks)
     return finish_stage(inp, built, t0, lambda ev: {
         "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
-        "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size})
+        "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size,
+        **(held_out(built) if held_out else {})})
 
 
 def count_pair_tokens(trainer: Any) -> None:

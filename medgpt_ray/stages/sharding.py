@@ -125,8 +125,8 @@ def _examples_on_every_rank(trainer, n: int) -> int:
 def example_lengths(dataset) -> np.ndarray | None:
     """Each example's length in tokens as its micro-batch pads it, from the tokenized columns (Arrow list lengths,
     no row is decoded): a DPO pair (TRL's prompt_ids/chosen_ids/rejected_ids) the prompt and its longer answer, a
-    reward or ORPO/CPO pair (chosen and rejected ids, prompt included) its longer side, an SFT conversation its
-    input_ids.
+    reward or ORPO/CPO pair (chosen and rejected ids, prompt included) its longer side, a KTO example its prompt
+    and completion, an SFT conversation its input_ids.
     None for a dataset with none of these."""
     import pyarrow.compute as pc
 
@@ -141,6 +141,8 @@ def example_lengths(dataset) -> np.ndarray | None:
     if {"chosen_ids", "rejected_ids"} <= columns:
         longer = np.maximum(n("chosen_ids"), n("rejected_ids"))
         return longer + n("prompt_ids") if "prompt_ids" in columns else longer
+    if {"prompt_ids", "completion_ids"} <= columns:  # TRL's KTO rows: one completion per example
+        return n("prompt_ids") + n("completion_ids")
     return n("input_ids") if "input_ids" in columns else None
 
 

@@ -16,7 +16,7 @@ import yaml
 
 from medgpt_ray import models
 from medgpt_ray.config import ConfigError, PipelineConfig, load_config, resolved_dict, stage_kind
-from medgpt_ray.data.prepare import PreparedData, not_redacted_line, prepare_kind, prepared_line
+from medgpt_ray.data.prepare import PreparedData, kind_paths, not_redacted_line, prepare_kind, prepared_line
 from medgpt_ray.memory.planner import PlanError, model_shape, plan_stage, resolve_budget
 from medgpt_ray.placement.policy import PlacementError, place_stage
 from medgpt_ray.placement.topology import load_topology_file
@@ -191,7 +191,7 @@ def _prepare(cfg: PipelineConfig, kind: str, out: Path, echo: Callable[[str], No
     """The sweep's train/held-out split, PII-redacted as the pipeline's is (the opt-out said, the counts shown)."""
     if not cfg.data.redact_pii:
         echo(not_redacted_line([kind]))
-    data = prepare_kind(kind, cfg.data.paths(kind), out, cfg.data.eval_fraction, cfg.data.max_records,
+    data = prepare_kind(kind, kind_paths(cfg.data, kind), out, cfg.data.eval_fraction, cfg.data.max_records,
                         cfg.data.pii_types())
     echo(prepared_line(data))
     return data

@@ -55,8 +55,8 @@ def test_every_format_is_read_and_the_report_adds_up(cleaned):
     expected = malformed_lines()
     assert sorted(Path(f).name for f in report["files"]) == sorted(expected)
     assert report["adds_up"]
-    assert set(report["per_kind"]) == {"pretrain", "sft", "preference", "prompt"}
-    for kind in ("pretrain", "sft", "preference", "prompt"):
+    assert set(report["per_kind"]) == {"pretrain", "sft", "preference", "prompt", "unpaired"}
+    for kind in ("pretrain", "sft", "preference", "prompt", "unpaired"):
         assert report["per_kind"][kind]["emitted"] > 0
         assert list((out / "data" / kind).glob("part-*.parquet"))
 

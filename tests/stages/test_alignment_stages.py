@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from medgpt_ray.config import DPOStageConfig, LoraConfig, ORPOStageConfig, SimPOStageConfig
+from medgpt_ray.config import DPOStageConfig, KTOStageConfig, LoraConfig, ORPOStageConfig, SimPOStageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import build_stage, run_stage
@@ -69,3 +69,56 @@ def test_the_trainers_get_the_methods_parameters(pairs, tiny_model, tmp_path):
 def test_a_dpo_loss_of_the_family_trains(pairs, tiny_model, tmp_path):
     r = run_stage(inputs("dpo", pairs, tiny_model, tmp_path, loss_type="ipo", beta=0.5))
     assert r["steps"] == 4 and r["train_loss_last"] < r["train_loss_first"]
+
+
+# ---- kto (TRL's KTOTrainer on unpaired examples) --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unpaired(repo, tmp_path_factory):
+    # KTO's own examples and the preference pairs above, each pair two examples (chosen true, rejected false).
+    files = [str(repo / "data/sample/formats/unpaired_kto.jsonl"), str(repo / "data/sample/reward.jsonl"),
+             str(repo / "data/sample/formats/preference_sharegpt.jsonl")]
+    return prepare_kind("unpaired", files, tmp_path_factory.mktemp("unpaired"), 0.25, max_records=64)
+
+
+def kto_inputs(unpaired, model: Path, out: Path, **keys) -> StageInputs:
+    # No warmup: the first step (policy = reference, loss 0.5 exactly) updates the adapter, the second sees it.
+    kw = dict(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=2, seq_len=128,
+              effective_batch=4, logging_steps=1, save_steps=100, warmup_ratio=0.0)
+    cfg = KTOStageConfig(**{**kw, **keys})
+    out.mkdir(parents=True, exist_ok=True)
+    return StageInputs("kto", cfg, plan_stage("kto", cfg, 1, False), str(model), "chatml", unpaired.train_file,
+                       unpaired.eval_file, str(out))
+
+
+def test_kto_trains_on_unpaired_examples_and_scores_held_out_pairs(unpaired, tiny_model, tmp_path):
+    """Two steps from the tiny model: a finite loss that changes, both labels trained, the held-out pairs ranked by
+    the implicit reward (an accuracy in [0, 1] over the pairs held out), the adapter saved and merged."""
+    import math
+
+    from safetensors.torch import load_file
+
+    inp = kto_inputs(unpaired, tiny_model, tmp_path)
+    assert inp.plan.micro_batch >= 2  # TRL's KL term
+    r = run_stage(inp)
+    assert r["steps"] == 2 and math.isfinite(r["train_loss_first"]) and math.isfinite(r["train_loss_last"])
+    assert r["train_loss_first"] == pytest.approx(0.5) and r["train_loss_last"] != r["train_loss_first"]
+    assert r["train_desirable"] > 0 and r["train_undesirable"] > 0
+    assert r["workers"][0]["shard"]["trained_examples"] >= 2 * 4  # steps x effective batch (+ a batch prefetched)
+    ev = r["eval"]
+    assert ev["eval_pairs"] > 0 and 0.0 <= ev["eval_reward_accuracy"] <= 1.0 and math.isfinite(ev["eval_loss"])
+    assert ev["eval_reward_margin"] != 0.0  # the adapter moved the policy away from its reference
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    before, after = load_file(str(tiny_model / "model.safetensors")), load_file(
+        str(Path(r["output_model"]) / "model.safetensors"))
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_kto_trainer_gets_the_methods_parameters(unpaired, tiny_model, tmp_path):
+    built = build_stage(kto_inputs(unpaired, tiny_model, tmp_path, beta=0.3, desirable_weight=1.5,
+                                   undesirable_weight=0.7, loss_type="apo_zero_unpaired", micro_batch=1))
+    t = built.trainer
+    assert (t.beta, t.desirable_weight, t.undesirable_weight, t.loss_type) == (0.3, 1.5, 0.7, "apo_zero_unpaired")
+    assert not t.calculate_KL and t.args.per_device_train_batch_size == 1 and t.ref_model is None  # LoRA: adapter off
+    assert len(t.medgpt_held_out_pairs) > 0

@@ -202,7 +202,7 @@ def test_raw_corpus_every_row_converted_or_quarantined(truth: dict) -> None:
 FORMATS_DIR = SAMPLE / "formats"
 FORMAT_KINDS = {"pretrain_medical.txt": "pretrain", "pretrain_gb18030.txt": "pretrain",
                 "sft_sharegpt_tools.jsonl": "sft", "preference_sharegpt.jsonl": "preference",
-                "grpo_qa.jsonl": "prompt"}
+                "grpo_qa.jsonl": "prompt", "unpaired_kto.jsonl": "unpaired"}
 
 
 @pytest.fixture(scope="module")

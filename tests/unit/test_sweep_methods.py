@@ -41,3 +41,20 @@ def test_a_dpo_loss_sweep_checks_each_trials_loss_parameters(repo, tmp_path):
     assert trial_config(base, "dpo", {"loss_type": "robust", "label_smoothing": 0.1}).stages.dpo.label_smoothing == 0.1
     with pytest.raises(ConfigError, match=r"label_smoothing: 0.1 applies only to the robust"):
         trial_config(base, "dpo", {"loss_type": "ipo", "label_smoothing": 0.1})
+
+
+def test_a_kto_sweep_searches_beta_the_weights_and_the_loss(repo, tmp_path):
+    cfg = load_config(repo / ALIGNMENT)
+    sweep = load_sweep(sweep_file(tmp_path, "stage: kto\nmetric: eval_reward_accuracy\nmode: max\nscheduler: none\n"
+                                            "space:\n  beta: {loguniform: [0.02, 0.5]}\n"
+                                            "  desirable_weight: {uniform: [0.8, 1.5]}\n"
+                                            "  loss_type: {choice: [kto, apo_zero_unpaired]}\n"), cfg)
+    assert sweep.stage == "kto" and set(sweep.space) == {"beta", "desirable_weight", "loss_type"}
+    base = resolved_dict(cfg)
+    trial = trial_config(base, "kto", {"beta": 0.3, "desirable_weight": 1.33, "loss_type": "apo_zero_unpaired"})
+    assert (trial.stages.kto.beta, trial.stages.kto.desirable_weight, trial.stages.kto.loss_type) == \
+        (0.3, 1.33, "apo_zero_unpaired")
+    plan = plan_stage("kto", trial.stages.kto, trial.workers_for("kto"), False)
+    assert plan.examples_per_step == trial.stages.kto.effective_batch and plan.micro_batch >= 1
+    with pytest.raises(ConfigError, match=r"micro_batch: 1 is below 2"):
+        trial_config(base, "kto", {"loss_type": "kto", "micro_batch": 1})

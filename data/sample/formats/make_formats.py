@@ -507,6 +507,66 @@ def preference_lines() -> list[Line]:
 
 
 # --------------------------------------------------------------------------------------------------
+# Unpaired (KTO: one completion per prompt, labelled desirable or not)
+# --------------------------------------------------------------------------------------------------
+
+UNPAIRED_EXTRA = [  # (question, completion, label): answers judged on their own, not against a pair
+    ("感冒了需要吃抗生素吗？",
+     "普通感冒多由病毒引起，抗生素无效，以休息、多喝水和对症处理为主；出现高热不退或咳脓痰时再就医评估。", True),
+    ("感冒了需要吃抗生素吗？", "感冒就要吃头孢，好得快。", False),
+    ("晚上总是睡不着怎么办？",
+     "保持规律作息，睡前一小时不看手机，避免咖啡和浓茶；失眠持续超过一个月或影响白天工作，请到睡眠门诊就诊。", True),
+    ("晚上总是睡不着怎么办？", "每晚喝点酒就能睡着了。", False),
+    ("小孩发烧38.5度，怎么处理？",
+     "可按体重给予对乙酰氨基酚或布洛芬退热，多喝水、减少衣物；"
+     "若精神差、抽搐、持续高热超过三天或不足三个月的婴儿发热，应立即就医。", True),
+    ("小孩发烧38.5度，怎么处理？", "用酒精给孩子全身擦浴降温最快。", False),
+]
+
+
+def unpaired_lines() -> list[Line]:
+    """ShareGPT prompt turns + completion + label (most records), TRL's {prompt, completion, label} with a string
+    or conversational prompt, and a label given as 1/0."""
+    out: list[Line] = []
+    for i, (q, chosen, rejected) in enumerate(PREFERENCE):
+        desirable = i % 2 == 0
+        prompt = sharegpt(("human", q))
+        if i % 4 == 1:
+            prompt = sharegpt(("system", SYSTEM_DOCTOR)) + prompt
+        out.append(Line({"conversations": prompt, "completion": chosen if desirable else rejected,
+                         "label": desirable}))
+    for q1, a1, q2, chosen, _ in PREFERENCE_MULTI:
+        out.append(Line({"conversations": sharegpt(("human", q1), ("gpt", a1), ("human", q2)),
+                         "completion": chosen, "label": True}))
+    for i, (q, completion, label) in enumerate(UNPAIRED_EXTRA):
+        if i % 3 == 0:  # TRL's conversational form
+            out.append(Line({"prompt": [{"role": "user", "content": q}],
+                             "completion": [{"role": "assistant", "content": completion}], "label": label}))
+        elif i % 3 == 1:  # TRL's plain form, the label as 1/0
+            out.append(Line({"prompt": q, "completion": completion, "label": int(label)}))
+        else:
+            out.append(Line({"conversations": [{"role": "user", "content": q}], "completion": completion,
+                             "label": label}))
+    bad = [
+        Line({"conversations": sharegpt(("human", "手脚冰凉是怎么回事？")),
+              "completion": "多与末梢循环差有关，注意保暖。"},
+             "missing field 'label'"),
+        Line({"conversations": sharegpt(("human", "口腔溃疡反复发作怎么办？")),
+              "completion": "多吃蔬菜水果，必要时就医。", "label": "yes"},
+             "field 'label' is a str, not a boolean"),
+        Line({"conversations": sharegpt(("human", "咳嗽两周了怎么办？"), ("gpt", "建议拍胸片。")),
+              "completion": "咳嗽超过两周应到呼吸科就诊。", "label": True},
+             "prompt must end with a user turn, ends with assistant"),
+        Line({"prompt": "眼睛干涩怎么办？", "completion": "  ", "label": False}, "empty field 'completion'"),
+        Line('{"conversations": [{"from": "human", "value": "腰疼怎么办？"}], "completion": "先休息", "label": ',
+             "invalid JSON"),
+    ]
+    for position, line in zip([3, 8, 12, 17, 21], bad, strict=True):
+        out.insert(position, line)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
 # GRPO (MedicalGPT {"question", "answer"}, short reference answers)
 # --------------------------------------------------------------------------------------------------
 
@@ -573,6 +633,8 @@ FILES = {  # file -> (builder, encoding, description, used by)
     "preference_sharegpt.jsonl": (preference_lines, "utf-8", "MedicalGPT DPO: ShareGPT prompt turns, `chosen`/"
                                   "`rejected` (some with a system turn, some with tools)", "rm, dpo, orpo"),
     "grpo_qa.jsonl": (grpo_lines, "utf-8", "MedicalGPT GRPO `{question, answer}`, short answers", "grpo"),
+    "unpaired_kto.jsonl": (unpaired_lines, "utf-8", "KTO unpaired examples: ShareGPT prompt turns + `completion` + "
+                           "`label`, and TRL's `{prompt, completion, label}`", "kto"),
 }
 
 
@@ -642,6 +704,8 @@ def sample_readme_section(facts: dict) -> str:
         "  `{\"conversations\": [...], \"chosen\", \"rejected\"}`,",
         "  with system turns, multi-turn prompts, tool calls and LLaMA-Factory's turn-object answers.",
         "- `grpo_qa.jsonl`: GRPO `{\"question\", \"answer\"}` with short reference answers (kind `prompt`).",
+        "- `unpaired_kto.jsonl`: KTO's unpaired examples (kind `unpaired`), `{\"conversations\", \"completion\",",
+        "  \"label\"}` and TRL's `{\"prompt\", \"completion\", \"label\"}` (string or conversational prompt).",
         "",
         "`formats/README.md` lists the malformed line of each file and why the readers reject it.",
         "",

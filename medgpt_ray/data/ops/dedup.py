@@ -2,8 +2,9 @@
 
 What identifies a record for dedup (`dedup_text`): all its text fields joined with "\\n", each turn prefixed by
 its role (tool_call and tool turns included: a call's JSON and a tool's result are part of the text), the
-preference answers by "chosen"/"rejected" and a prompt record's reference answer (when not None) by "answer",
-so the same texts under other roles differ; a record's `tools` schemas are not part of it;
+preference answers by "chosen"/"rejected", a prompt record's reference answer (when not None) by "answer" and an
+unpaired record's completion by "completion" and its label (the same text as desirable and as undesirable is two
+records), so the same texts under other roles differ; a record's `tools` schemas are not part of it;
 then NFKC, lowercase, and every character that is not a letter or a digit (whitespace, CJK and ASCII
 punctuation, symbols) removed. Records that differ only in spacing, punctuation, full/half width or case
 have the same dedup text, hence the same `exact_hash`.
@@ -87,6 +88,11 @@ def _joined(record: dict, kind: str) -> str:
                 raise ValueError("prompt record: 'answer' is not a string or null")
             parts.append(f"answer\n{answer}")
         return "\n".join(parts)
+    if kind == "unpaired":
+        completion, label = _field(record, "completion", kind), _field(record, "label", kind)
+        if not isinstance(completion, str) or not isinstance(label, bool):
+            raise ValueError("unpaired record: 'completion' is not a string or 'label' not a boolean")
+        return "\n".join([*_turns(record, kind), f"completion {label}\n{completion}"])
     raise ValueError(f"unknown record kind {kind!r}; expected one of {', '.join(KINDS)}")
 
 

@@ -2,11 +2,12 @@
 
 `quality_reason(record, kind, cfg)` returns None for a record that passes, else a short machine-readable
 reason "<check>:<field>" where field is text | system | user | assistant | chosen | rejected | tool_call |
-tool | answer, e.g. "non_answer:assistant". Reasons never contain record text.
+tool | answer | completion, e.g. "non_answer:assistant". Reasons never contain record text.
 
 Fields and what is checked on them:
 
-    text, system, user, rejected   too_long, too_short (min_chars), repetitive, special_chars
+    text, system, user, rejected,  too_long, too_short (min_chars), repetitive, special_chars
+    completion                     (an unpaired completion may be the undesirable example: judged as rejected)
     assistant, chosen (responses)  too_long, the low-information checks below, too_short (min_response_chars),
                                    repetitive, special_chars
     tool_call, tool, answer        too_long only: tool calls/results are JSON or machine output, and a prompt
@@ -261,7 +262,7 @@ def special_char_ratio(text: str) -> float:
 
 def field_texts(record: dict, kind: str) -> list[tuple[str, str]]:
     """(role, text) of every text field: role is text | system | user | assistant | tool_call | tool | chosen |
-    rejected | answer. A record's `tools` (function schemas) is not a text field."""
+    rejected | answer | completion. A record's `tools` (function schemas) is not a text field."""
     if kind not in KINDS:
         raise ValueError(f"unknown data kind {kind!r} (expected one of {', '.join(KINDS)})")
     if kind == "pretrain":
@@ -271,6 +272,8 @@ def field_texts(record: dict, kind: str) -> list[tuple[str, str]]:
         out += [("chosen", record["chosen"]), ("rejected", record["rejected"])]
     elif kind == "prompt" and record.get("answer") is not None:
         out.append(("answer", record["answer"]))
+    elif kind == "unpaired":
+        out.append(("completion", record["completion"]))
     return out
 
 

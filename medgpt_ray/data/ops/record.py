@@ -1,11 +1,12 @@
 """The per-record cleaning pipeline and its pyarrow batch adapter (wired into Ray Data by data/clean.py).
 
 Order for one canonical record: normalize (every field) -> strip sign-offs (responses: assistant turns,
-chosen, rejected) -> PII redaction (every field) -> quality. A record dropped by quality comes back
+chosen, rejected, completion) -> PII redaction (every field) -> quality. A record dropped by quality comes back
 PII-redacted (so quarantine never stores personal data) with dropped_by="quality".
 
 Text fields: a pretrain record's "text"; every turn's content (system, user, assistant, tool_call, tool); a
-preference record's "chosen"/"rejected"; a prompt record's "answer" when it is not None. A record's `tools`
+preference record's "chosen"/"rejected"; a prompt record's "answer" when it is not None; an unpaired record's
+"completion". A record's `tools`
 (function schemas) is not a text field: normalization, sign-offs and quality pass it through unchanged, but PII
 redaction maps its string values too (the chat template renders the schemas into the prompt, so they are a
 path into training like any turn). The content of a tool_call turn (and of a tool turn that is a JSON object or
@@ -29,7 +30,7 @@ from medgpt_ray.data.ops.pii import redact
 from medgpt_ray.data.ops.quality import KINDS, quality_reason
 from medgpt_ray.data.ops.signoff import compile_signoffs, strip_signoff
 
-SIGNOFF_ROLES = frozenset({"assistant", "chosen", "rejected"})
+SIGNOFF_ROLES = frozenset({"assistant", "chosen", "rejected", "completion"})
 # Turn roles whose content is (or may be) JSON: mapped value by value so that it stays valid JSON.
 JSON_ROLES = frozenset({"tool_call", "tool"})
 OUTPUT_COLUMNS = ("dropped_by", "reason", "redactions", "signoffs")
@@ -51,7 +52,7 @@ def _check_kind(kind: str) -> None:
 
 def text_fields(record: dict, kind: str) -> list[tuple[str, str]]:
     """(label, text) of every text field: "text"; "conversations.<i>.content" (0-based); "chosen"; "rejected";
-    "answer" (prompt kind, when not None). `tools` is not a text field."""
+    "answer" (prompt kind, when not None); "completion" (unpaired kind). `tools` is not a text field."""
     _check_kind(kind)
     if kind == "pretrain":
         return [("text", record["text"])]
@@ -60,6 +61,8 @@ def text_fields(record: dict, kind: str) -> list[tuple[str, str]]:
         out += [("chosen", record["chosen"]), ("rejected", record["rejected"])]
     elif kind == "prompt" and record.get("answer") is not None:
         out.append(("answer", record["answer"]))
+    elif kind == "unpaired":
+        out.append(("completion", record["completion"]))
     return out
 
 
@@ -98,7 +101,7 @@ def _map_turn(role: str, content: str, fn: Callable[[str, str], str]) -> str:
 
 def map_texts(record: dict, kind: str, fn: Callable[[str, str], str]) -> dict:
     """A new record with fn(role, text) applied to every text field; role is text | system | user | assistant |
-    tool_call | tool | chosen | rejected | answer (JSON contents of tool_call/tool turns: see the module
+    tool_call | tool | chosen | rejected | answer | completion (JSON contents of tool_call/tool turns: see the module
     docstring). Other keys (of the record, `tools` included, and of each turn) are copied unchanged; `record` is
     not mutated."""
     _check_kind(kind)
@@ -113,6 +116,8 @@ def map_texts(record: dict, kind: str, fn: Callable[[str, str], str]) -> dict:
         out["rejected"] = fn("rejected", record["rejected"])
     elif kind == "prompt" and record.get("answer") is not None:
         out["answer"] = fn("answer", record["answer"])
+    elif kind == "unpaired":
+        out["completion"] = fn("completion", record["completion"])
     return out
 
 
