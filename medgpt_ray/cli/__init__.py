@@ -1,11 +1,12 @@
-"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune.
+"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune,
+generate.
 
 Front-ends only: each command parses, calls one library function and prints.
 """
 
 from __future__ import annotations
 
-from medgpt_ray.cli import clean, memory, run, topo, tune
+from medgpt_ray.cli import clean, generate, memory, run, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
 
@@ -19,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
         "plan": (memory.add_plan_args, memory.run_plan, "plan every stage of a config to fit the GPU memory"),
         "topo": (topo.add_topo_args, topo.run_topo, "GPU topology, the GPUs a job should use, and NCCL settings"),
         "tune": (tune.add_tune_args, tune.run_tune, "a Ray Tune sweep over one stage, planned before any trial runs"),
+        "generate": (generate.add_generate_args, generate.run_generate,
+                     "answer a file of prompts with a trained model (Ray Data actor pool)"),
     }
     for name, (add_args, _, help_) in commands.items():
         add_args(sub.add_parser(name, help=help_))

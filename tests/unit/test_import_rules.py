@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 LAYERS: list[list[str]] = [
     ["config", "templates", "tiny", "models", "metrics", "progress"],
     ["data", "placement", "memory", "stages"],
-    ["run"],
+    ["infer", "run"],
     ["tune"],
     ["cli"],
 ]
@@ -21,6 +21,7 @@ LAYERS: list[list[str]] = [
 RAY_ALLOWED = {
     "run": "the only package that drives Ray Train",
     "tune": "the Tune driver",
+    "infer": "batch generation on a Ray Data actor pool",
     "data.clean": "the Ray Data cleaning pipeline (the other modules of data/ are pure)",
     "metrics": "its ray.util.metrics backend",
 }
