@@ -34,12 +34,13 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     from medgpt_ray.infer.batch import GenerateOptions, generate
     from medgpt_ray.infer.generator import GenerationParams
-    from medgpt_ray.infer.source import ModelSourceError
+    from medgpt_ray.infer.source import ModelSourceError, resolve_model
     from medgpt_ray.run.ray_env import connect_ray, echo
 
     try:
         params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   top_p=args.top_p, num_samples=args.num_samples, seed=args.seed)
+        resolve_model(args.model, args.template)  # before Ray starts: a wrong --model is one line
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -53,13 +53,17 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
                                   "data.sft:"),
         "model path without config.json": (["run", "--config", CONFIG, "--set", f"model.path={tmp_path}"],
                                            "not a local Hugging Face checkpoint directory"),
+        "greedy samples": (["generate", "--model", str(tmp_path), "--input", "x.jsonl", "--out", str(tmp_path / "g"),
+                            "--num-samples", "3"], "greedy decoding gives every sample the same answer"),
+        "generate from no model": (["generate", "--model", str(tmp_path), "--input", "x.jsonl", "--out",
+                                    str(tmp_path / "g")], "neither a model directory"),
     }
 
 
 @pytest.mark.parametrize("case", ["negative GPU budget", "LoRA rank 0", "LoRA rank -5", "broken --set YAML",
                                   "binary --config", "config.json a list", "zero heads", "binary topology",
                                   "--explain -1", "--num-cpus 0", "8 workers on 2 CPUs", "missing data.sft file",
-                                  "model path without config.json"])
+                                  "model path without config.json", "greedy samples", "generate from no model"])
 def test_bad_input_is_one_line_and_rc_2(case, tmp_path, capsys, monkeypatch):
     import ray
 
