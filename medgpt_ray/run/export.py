@@ -1,0 +1,119 @@
+"""`medgpt-ray export`: a finished stage of a run as a clean model directory to hand on: the weights in the dtype
+asked for, the tokenizer with the chat template the run trained with, a model card (README.md) naming the stages
+that made it (each with its data's hashes, steps, losses and held-out results) and the same as medgpt_export.json.
+No record text goes into the card: the data are named by file and SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.run.dag import effective_from
+from medgpt_ray.run.manifest import write_json_atomic
+
+DTYPES = ("bf16", "fp16", "fp32")
+
+
+class ExportError(ValueError):
+    """The run, stage or output directory cannot be exported; the message says why and what would."""
+
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ExportError(f"{path} is missing: not a run directory of medgpt-ray (runs/<name>/)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lineage(cfg: PipelineConfig, stage: str) -> list[str]:
+    """The stages whose training the exported model carries, first to last (the base model's first `from`)."""
+    chain = [stage]
+    while (up := effective_from(cfg, chain[0])) is not None:
+        chain.insert(0, up)
+    return chain
+
+
+def _stage_card(run_dir: Path, cfg: PipelineConfig, stage: str, entry: dict[str, Any]) -> dict[str, Any]:
+    result = entry.get("result", {})
+    kind = stage_kind(stage).data_kind
+    splits = {p.name: file_sha256(p) for p in sorted((run_dir / "data").glob(f"{kind}.*.parquet"))}
+    plan = entry.get("plan", {})
+    return {"stage": stage, "from": effective_from(cfg, stage) or "base model", "data_kind": kind,
+            "data_sha256": splits, "steps": result.get("steps"), "train_loss_first": result.get("train_loss_first"),
+            "train_loss_last": result.get("train_loss_last"), "eval": result.get("eval", {}),
+            "method": plan.get("method"), "precision": plan.get("precision"), "finished_at": entry.get("finished_at"),
+            "fingerprint": entry.get("fingerprint")}
+
+
+def _card_markdown(info: dict[str, Any]) -> str:
+    lines = ["---", "library_name: transformers", "tags: [medical, medgpt-ray, " + ", ".join(info["lineage"]) + "]",
+             "---", "", f"# {info['run']} / {info['stage']}", "",
+             f"Trained by medgpt-ray (code {info['git_commit']}) from `{info['base_model']}`, through "
+             f"{' -> '.join(info['lineage'])}; chat template `{info['template']}`; weights in {info['dtype']}.", "",
+             "| stage | from | data | steps | loss first -> last | held-out |", "|---|---|---|---|---|---|"]
+    for s in info["stages"]:
+        data = "<br>".join(f"{name} `{h[:16]}`" for name, h in s["data_sha256"].items()) or "-"
+        loss = (f"{s['train_loss_first']:.3f} -> {s['train_loss_last']:.3f}"
+                if s["train_loss_first"] is not None and s["train_loss_last"] is not None else "-")
+        held = ", ".join(f"{k.removeprefix('eval_')}={v if isinstance(v, int) else f'{v:.3f}'}"
+                         for k, v in s["eval"].items() if isinstance(v, int | float) and not isinstance(v, bool)) or "-"
+        lines.append(f"| {s['stage']} ({s['method']}) | {s['from']} | {data} | {s['steps']} | {loss} | {held} |")
+    lines += ["", "Data hashes are SHA-256 of the prepared Parquet splits in the run's data/ directory (the "
+              "full values in medgpt_export.json). Held-out results are the run's own (its held-out split).", ""]
+    return "\n".join(lines)
+
+
+def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool) -> None:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from medgpt_ray import models
+
+    hf_logging.disable_progress_bar()  # our two lines say what happens
+
+    auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
+    model = auto.from_pretrained(model_dir, dtype=models.torch_dtype(dtype), local_files_only=True)
+    model.save_pretrained(out, safe_serialization=True)
+    models.load_tokenizer(model_dir).save_pretrained(out)  # with the run's chat template (stages/outputs.py)
+
+
+def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", overwrite: bool = False,
+                 echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Write `stage`'s model of the run at `run_dir` to `out`; returns what medgpt_export.json holds."""
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
+    run_dir, out = Path(run_dir), Path(out)
+    manifest = _read(run_dir / "manifest.json")
+    finished = manifest.get("stages", {})
+    if stage not in finished:
+        raise ExportError(f"--stage {stage}: not a finished stage of {run_dir} (finished: "
+                          f"{', '.join(sorted(finished)) or 'none'})")
+    model_dir = Path(finished[stage].get("output_model") or run_dir / stage / "model")
+    if not (model_dir / "config.json").is_file():
+        raise ExportError(f"{model_dir}: the stage's model is gone (moved or deleted after the run)")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"--out {out} is not empty; choose another directory or pass --overwrite")
+    cfg = PipelineConfig.model_validate(_read(run_dir / "config.resolved.json"))
+    chain = lineage(cfg, stage)
+    info = {"run": manifest["run"]["config"].get("name", run_dir.name), "stage": stage, "dtype": dtype,
+            "base_model": manifest["run"].get("base_model_path"), "git_commit": manifest["run"].get("git_commit"),
+            "template": cfg.template_for(stage), "lineage": chain,
+            "stages": [_stage_card(run_dir, cfg, s, finished[s]) for s in chain if s in finished]}
+    out.mkdir(parents=True, exist_ok=True)
+    echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
+    _save_model(model_dir, out, dtype, seq_cls=stage == "rm")
+    (out / "README.md").write_text(_card_markdown(info), encoding="utf-8")
+    write_json_atomic(out / "medgpt_export.json", info)
+    echo(f"[export] done: {out} (model card README.md, medgpt_export.json)")
+    return info
