@@ -1,12 +1,12 @@
 """`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune,
-generate, export.
+generate, chat, export.
 
 Front-ends only: each command parses, calls one library function and prints.
 """
 
 from __future__ import annotations
 
-from medgpt_ray.cli import clean, export, generate, memory, run, topo, tune
+from medgpt_ray.cli import chat, clean, export, generate, memory, run, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
 
@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         "tune": (tune.add_tune_args, tune.run_tune, "a Ray Tune sweep over one stage, planned before any trial runs"),
         "generate": (generate.add_generate_args, generate.run_generate,
                      "answer a file of prompts with a trained model (Ray Data actor pool)"),
+        "chat": (chat.add_chat_args, chat.run_chat, "talk to a trained model in the terminal (streamed answers)"),
         "export": (export.add_export_args, export.run_export,
                    "a finished stage of a run as a model directory with its model card"),
     }

@@ -48,9 +48,11 @@ class Generator:
 
     def __init__(self, model_path: str, template: str | None, params: dict[str, Any]):
         import torch
+        from transformers.utils import logging as hf_logging
 
         from medgpt_ray import models, templates
 
+        hf_logging.disable_progress_bar()  # our progress lines say what happens
         self.params = GenerationParams(**params)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tok = models.load_tokenizer(Path(model_path))
