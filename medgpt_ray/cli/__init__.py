@@ -1,12 +1,12 @@
 """`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune,
-generate, chat, export.
+generate, chat, serve, export.
 
 Front-ends only: each command parses, calls one library function and prints.
 """
 
 from __future__ import annotations
 
-from medgpt_ray.cli import chat, clean, export, generate, memory, run, topo, tune
+from medgpt_ray.cli import chat, clean, export, generate, memory, run, serve, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
 
@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         "generate": (generate.add_generate_args, generate.run_generate,
                      "answer a file of prompts with a trained model (Ray Data actor pool)"),
         "chat": (chat.add_chat_args, chat.run_chat, "talk to a trained model in the terminal (streamed answers)"),
+        "serve": (serve.add_serve_args, serve.run_serve, "an OpenAI-compatible chat endpoint on Ray Serve"),
         "export": (export.add_export_args, export.run_export,
                    "a finished stage of a run as a model directory with its model card"),
     }

@@ -1,0 +1,61 @@
+"""`medgpt-ray serve`: an OpenAI-compatible chat endpoint for a trained model on Ray Serve."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from medgpt_ray.cli.args import non_negative_float, positive_int
+
+API_KEY_ENV = "MEDGPT_RAY_API_KEY"
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="RUN_DIR/STAGE (a finished stage) or a model directory")
+    p.add_argument("--template", default=None,
+                   help="chat template (default: the run's for RUN_DIR/STAGE, else the tokenizer's own)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--port", type=positive_int, default=8000)
+    p.add_argument("--replicas", type=positive_int, default=1, help="model replicas, one model each")
+    p.add_argument("--gpus-per-replica", type=non_negative_float, default=None,
+                   help="default: 1 where the cluster has GPUs, else 0 (CPU)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
+    p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=512, help="when a request sets no max_tokens")
+    p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from medgpt_ray.infer.source import ModelSourceError, resolve_model
+
+    try:
+        source = resolve_model(args.model, args.template)
+    except ModelSourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import ray
+
+    from medgpt_ray.infer.serve import ServeOptions, serve_model
+    from medgpt_ray.run.ray_env import connect_ray, echo
+
+    connect_ray(args.num_cpus, worker_logs=False)
+    gpus = args.gpus_per_replica
+    if gpus is None:
+        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+    key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
+                        max_new_tokens=args.max_new_tokens)
+    url = serve_model(source, opts)
+    echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
+         f"{'API key required' if key else 'no API key'}); Ctrl-C stops")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+    return 0
