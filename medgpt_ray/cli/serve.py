@@ -36,15 +36,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except ModelSourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    import ray
-
-    from medgpt_ray.infer.serve import ServeOptions, serve_model
+    from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
     from medgpt_ray.run.ray_env import connect_ray, echo
 
     connect_ray(args.num_cpus, worker_logs=False)
-    gpus = args.gpus_per_replica
-    if gpus is None:
-        gpus = 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+    gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
                         max_new_tokens=args.max_new_tokens)
@@ -55,7 +51,5 @@ def run_serve(args: argparse.Namespace) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        from ray import serve
-
-        serve.shutdown()
+        stop_serving()
     return 0

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
@@ -128,3 +129,12 @@ def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.max_new_tokens),
               name="medgpt-ray", route_prefix="/")
     return f"http://{opts.host}:{opts.port}"
+
+
+def default_gpus_per_replica() -> float:
+    """1 where the connected cluster has a GPU, else 0 (CPU replicas)."""
+    return 1.0 if ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
+
+
+def stop_serving() -> None:
+    serve.shutdown()
