@@ -51,5 +51,9 @@ def run_serve(args: argparse.Namespace) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        stop_serving()
+        echo("[serve] stopping")
+        try:
+            stop_serving()
+        except KeyboardInterrupt:  # a second Ctrl-C: leave now, the local cluster goes with this process
+            pass
     return 0

@@ -6,6 +6,7 @@ Bound to loopback unless told otherwise; with an API key every request needs `Au
 
 import hmac
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class ServeOptions:
     api_key: str | None = None
     name: str | None = None  # the model's name in /v1/models (default: the stage, else the directory's name)
     max_new_tokens: int = 512  # when a request names no max_tokens
+    verbose: bool = False
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -123,6 +125,8 @@ class ChatModel:
 def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     """Start (or update) the app on the connected Ray cluster; returns its base URL."""
     name = opts.name or source.stage or source.path.name
+    if not opts.verbose:  # Serve's driver-side INFO lines ("Started Serve", "Application ... is ready")
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(http_options={"host": opts.host, "port": opts.port})
     deployment = ChatModel.options(num_replicas=opts.replicas, ray_actor_options={
         "num_gpus": opts.gpus_per_replica, "num_cpus": opts.cpus_per_replica})
