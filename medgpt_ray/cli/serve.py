@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from medgpt_ray.cli.args import non_negative_float, positive_int
 
@@ -26,6 +27,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
     p.add_argument("--max-new-tokens", type=positive_int, default=512, help="when a request sets no max_tokens")
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
+    p.add_argument("--log-file", default="medgpt-ray-serve.log", help="where Ray's and Serve's own lines go")
+    p.add_argument("--verbose", action="store_true", help="Ray's and Serve's own lines here instead")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -39,14 +42,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
     from medgpt_ray.run.ray_env import connect_ray, echo
 
-    connect_ray(args.num_cpus, worker_logs=False)
+    connect_ray(args.num_cpus, log_file=Path(args.log_file), verbose=args.verbose, worker_logs=args.verbose)
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
-                        max_new_tokens=args.max_new_tokens)
+                        max_new_tokens=args.max_new_tokens, verbose=args.verbose)
     url = serve_model(source, opts)
     echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
-         f"{'API key required' if key else 'no API key'}); Ctrl-C stops")
+         f"{'API key required' if key else 'no API key'}); Ray's own lines: {Path(args.log_file).resolve()}; "
+         "Ctrl-C stops")
     try:
         while True:
             time.sleep(3600)
