@@ -1,11 +1,12 @@
-"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune.
+"""`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune,
+report (a run's HTML report).
 
 Front-ends only: each command parses, calls one library function and prints.
 """
 
 from __future__ import annotations
 
-from medgpt_ray.cli import clean, memory, run, topo, tune
+from medgpt_ray.cli import clean, memory, report, run, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
 
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": (memory.add_plan_args, memory.run_plan, "plan every stage of a config to fit the GPU memory"),
         "topo": (topo.add_topo_args, topo.run_topo, "GPU topology, the GPUs a job should use, and NCCL settings"),
         "tune": (tune.add_tune_args, tune.run_tune, "a Ray Tune sweep over one stage, planned before any trial runs"),
+        "report": (report.add_report_args, report.run_report, "a run's self-contained HTML report, with plots"),
     }
     for name, (add_args, _, help_) in commands.items():
         add_args(sub.add_parser(name, help=help_))
