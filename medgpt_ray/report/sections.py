@@ -151,7 +151,8 @@ def stage_section(stage: StageData) -> str:
         return section(f"stage-{stage.name}", f"Stage {stage.name}", head + note(f"not run: {why}"))
     if stage.summary.get("error"):
         head += note(f"error: {stage.summary['error']}")
-    cpu = "no GPU memory recorded: a CPU run has no GPU allocator"
+    cpu = ("no GPU memory recorded: a CPU run has no GPU allocator" if stage.train_records else
+           "no training step logged")
     body = head + section(f"plan-{stage.name}", "Plan", _plan(stage), level=3)
     body += section(f"curves-{stage.name}", "Loss and learning rate",
                     figure(plots.loss_lr(stage), f"{stage.name} loss", "no training step logged"), level=3)
