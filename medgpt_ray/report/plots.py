@@ -116,7 +116,9 @@ def plan_memory(stage: StageData) -> str | None:
         bars.append(("chosen (measured)", stage.measured_peak_gib, "#0d47a1"))
     for i, alt in enumerate(plan.get("alternatives") or [], 1):
         if alt.get("peak_gib") is not None:
-            bars.append((f"alternative {i}", alt["peak_gib"], GREY))
+            label = (f"alt {i}: {alt.get('method', '')} mb {alt.get('micro_batch', '?')}, ckpt "
+                     f"{alt.get('ckpt_fraction', '?')}, ZeRO {alt.get('zero_stage', '?')}")
+            bars.append((label, alt["peak_gib"], GREY))
     fig, (ax,) = _panels(1, width=6, height=0.45 * len(bars) + 1.2)
     ax.barh([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars])
     ax.invert_yaxis()
