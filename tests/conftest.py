@@ -16,6 +16,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tests that are not about job submission run without Ray's token auth (FIELD-NOTES).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# A run's report that cannot be written fails the run here (a user gets a warning and keeps the finished run).
+os.environ.setdefault("MEDGPT_RAY_REPORT_STRICT", "1")
 # Ray Train's controller notices that the workers finished at its next poll, every 2 s by default: half a second
 # here saves ~1 s per Ray Train run (about twenty in the suite) and changes nothing a test asserts. Propagated to
 # every controller, also those of the `jobs/pipeline.py` runs the e2e tests start (they inherit this environment).

@@ -1,12 +1,12 @@
 """`medgpt-ray` command line: run (the pipeline), clean, estimate and plan (GPU memory), topo (placement), tune,
-generate, chat, serve, export.
+generate, chat, serve, export, report (a run's HTML report).
 
 Front-ends only: each command parses, calls one library function and prints.
 """
 
 from __future__ import annotations
 
-from medgpt_ray.cli import chat, clean, export, generate, memory, run, serve, topo, tune
+from medgpt_ray.cli import chat, clean, export, generate, memory, report, run, serve, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
 
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         "serve": (serve.add_serve_args, serve.run_serve, "an OpenAI-compatible chat endpoint on Ray Serve"),
         "export": (export.add_export_args, export.run_export,
                    "a finished stage of a run as a model directory with its model card"),
+        "report": (report.add_report_args, report.run_report, "a run's self-contained HTML report, with plots"),
     }
     for name, (add_args, _, help_) in commands.items():
         add_args(sub.add_parser(name, help=help_))

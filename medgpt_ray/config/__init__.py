@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -147,6 +147,8 @@ class PipelineConfig(_Strict):
     output_dir: str = "./runs"
     seed: int = 42
     progress_every: Annotated[int, Field(ge=1)] = 10
+    # TensorBoard event files under runs/<name>/<stage>/tb/ for every stage (`stages.<kind>.report_to` wins).
+    report_to: Literal["none", "tensorboard"] = "tensorboard"
     model: ModelConfig
     data: DataConfig = DataConfig()
     resources: ResourcesConfig = ResourcesConfig()
@@ -204,6 +206,9 @@ class PipelineConfig(_Strict):
 
     def template_for(self, stage: str) -> str:
         return self.stages.get(stage).template or self.model.template
+
+    def report_to_for(self, stage: str) -> str:
+        return self.stages.get(stage).report_to or self.report_to
 
 
 def parse_set(assignment: str) -> tuple[list[str], Any]:

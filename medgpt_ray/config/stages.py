@@ -88,6 +88,9 @@ class StageConfig(_Strict):
     """Evaluate the held-out split every this many steps; null: once at the end. A sweep's ASHA needs it."""
     logging_steps: Annotated[int, Field(ge=1)] = 10
     """Log (metrics.jsonl, progress, Prometheus) every this many steps."""
+    report_to: Literal["none", "tensorboard"] | None = None
+    """tensorboard: rank 0 also writes TensorBoard event files to runs/<name>/<stage>/tb/ (the Prometheus metric
+    names); none: it does not; null: the top-level `report_to`. Not in the fingerprint."""
     template: str | None = None
     """Chat template (chatml = qwen, llama3, vicuna, alpaca); null: model.template."""
     num_workers: Annotated[int, Field(ge=1)] | None = None
@@ -109,13 +112,16 @@ class StageConfig(_Strict):
         the GPUs it runs on compute the same updates in another memory layout. The knobs the planner resolves
         that do change the updates (method, precision, optimizer, per-worker batch) enter the fingerprint as
         the plan resolved them (StagePlan.identity), so `auto` and its explicit resolution hash the same."""
-        return self.model_dump(mode="json", exclude={"enabled", *MEMORY_KNOBS, *PLAN_RESOLVED_KNOBS})
+        return self.model_dump(mode="json", exclude={"enabled", *NOT_IN_FINGERPRINT, *MEMORY_KNOBS,
+                                                     *PLAN_RESOLVED_KNOBS})
 
 
 # Planner knobs that change only how the same updates are laid out in memory, and where they run. SFT's `packing` and
 # `group_by_length` are not (they change which examples share a step): they stay in the fingerprint.
 MEMORY_KNOBS: frozenset[str] = frozenset(
     {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
+# What only changes what is logged, not what is trained.
+NOT_IN_FINGERPRINT: frozenset[str] = frozenset({"report_to"})
 # Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.
 PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
 

@@ -24,6 +24,8 @@ from medgpt_ray.data.kinds import KINDS, DataFileError, source_kinds
 from medgpt_ray.memory.stage_plan import StagePlan, keep_backoffs
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
+from medgpt_ray.report import write_run_report
+from medgpt_ray.report.rundata import PREPARED_FILE, prepared_counts
 from medgpt_ray.run import dag
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
@@ -162,6 +164,7 @@ class Pipeline:
                 raise ConfigError(f"data.{kind}: {e}") from None
             self.echo(prepare.prepared_line(d))
             prepared[kind] = d
+        write_json_atomic(self.run_dir / "data" / PREPARED_FILE, prepared_counts(prepared), mode=0o600)
         return prepared
 
     def _data_fingerprint(self, kind: str) -> str:
@@ -388,6 +391,7 @@ class Pipeline:
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
                    "stages": stages}
         write_json_atomic(self.run_dir / "summary.json", summary)
-        if not quiet:
+        if not quiet:  # the run's end, also after a failed stage: the table, then runs/<name>/report.html
             self.echo(format_summary(summary))
+            write_run_report(self.run_dir, self.echo)
         return summary

@@ -29,13 +29,15 @@ class StageInputs:
     # The kind's module, resolved where the inputs are made: a Ray worker may not have a kind registered at run time
     # in the driver (config.STAGE_KINDS). None: looked up by `stage`.
     module: str | None = None
+    report_to: str = "none"  # "tensorboard": rank 0 writes event files under out_dir/tb (stages/tensorboard.py)
 
     @classmethod
     def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,
            out_dir: str, needs: dict[str, str] | None = None) -> StageInputs:
         """A stage's inputs as the pipeline and a Tune trial give them: its config, template and the run's seed."""
         return cls(stage, cfg.stages.get(stage), plan, model_path, cfg.template_for(stage), train_file, eval_file,
-                   out_dir, seed=cfg.seed, needs=dict(needs or {}), module=stage_kind(stage).module_name)
+                   out_dir, seed=cfg.seed, needs=dict(needs or {}), module=stage_kind(stage).module_name,
+                   report_to=cfg.report_to_for(stage))
 
     @property
     def out(self) -> Path:

@@ -11,7 +11,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray.metrics import metrics
+from medgpt_ray.stages.outputs import is_rank_zero
 from medgpt_ray.stages.speed import RecompileCount
+from medgpt_ray.stages.tensorboard import TensorBoardScalars, tensorboard_for
 
 GIB = 2**30
 # NVML clocks-event reasons that mean "slowed down" (not idle or app-clock settings): SW power cap, HW slowdown,
@@ -62,13 +64,15 @@ class StageMetrics(TrainerCallback):
     """Exports each worker's progress and health at every optimizer step and every log."""
 
     def __init__(self, run: str, stage: str, plan, flops_per_token: float | None, peak_flops: float | None,
-                 compiles: RecompileCount | None = None):
+                 compiles: RecompileCount | None = None, scalars: TensorBoardScalars | None = None):
         self.tags = {"run": run, "stage": stage, "rank": os.environ.get("RANK", "0"), "node": socket.gethostname(),
                      "gpu": _gpu_tag()}
         self.plan = plan
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.compiles = compiles  # when the layers are compiled
+        self.scalars = scalars  # rank 0 with report_to: tensorboard: every value also goes to the event files
+        self._step = 0
         self.nvml = NVMLReader(None if self.tags["gpu"] == "cpu" else int(self.tags["gpu"]))
         self._t_last = time.monotonic()
         self._t0 = self._t_last
@@ -77,6 +81,8 @@ class StageMetrics(TrainerCallback):
 
     def _set(self, name: str, value: float) -> None:
         metrics().set(name, value, self.tags)
+        if self.scalars is not None:
+            self.scalars.add(name, float(value), self._step)
 
     def on_train_begin(self, args, state, control, **kwargs):
         pred = self.plan.prediction
@@ -86,10 +92,11 @@ class StageMetrics(TrainerCallback):
             self._set("medgpt_gpu_memory_budget_bytes", pred.budget_gib * GIB)
         self._t_last = self._t0 = time.monotonic()
         self._tokens_last = int(getattr(state, "num_input_tokens_seen", 0) or 0)
-        self._steps_start = state.global_step  # a resumed run starts mid-way
+        self._steps_start = self._step = state.global_step  # a resumed run starts mid-way
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()
+        self._step = state.global_step
         dt = max(now - self._t_last, 1e-9)
         tokens = int(getattr(state, "num_input_tokens_seen", 0) or 0)
         # num_input_tokens_seen counts every rank's tokens: this worker's share is 1/world.
@@ -116,6 +123,9 @@ class StageMetrics(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
+        self._step = state.global_step
+        if self.scalars is not None:
+            self.scalars.add_eval(logs, state.global_step)
         if "loss" in logs:
             loss = float(logs["loss"])
             self._set("medgpt_train_nonfinite_loss", 0.0 if math.isfinite(loss) else 1.0)
@@ -124,6 +134,12 @@ class StageMetrics(TrainerCallback):
         for key, name in (("learning_rate", "medgpt_train_learning_rate"), ("grad_norm", "medgpt_train_grad_norm")):
             if isinstance(logs.get(key), int | float) and math.isfinite(logs[key]):
                 self._set(name, float(logs[key]))
+        if self.scalars is not None:
+            self.scalars.flush()  # at every log: a live `tensorboard --logdir` follows the stage
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.scalars is not None:
+            self.scalars.flush()  # not closed: the held-out evaluation after training still logs
 
 
 def _gpu_tag() -> str:
@@ -168,4 +184,5 @@ def stage_metrics_callback(inp: Any, compiles: RecompileCount | None = None) -> 
     except (KeyError, ValueError, OSError):
         flops = peak = None  # an unknown GPU or shape: no MFU, every other metric still flows
     run = os.path.basename(os.path.dirname(os.path.abspath(inp.out_dir)))
-    return StageMetrics(run, inp.stage, inp.plan, flops, peak, compiles)
+    scalars = tensorboard_for(inp.out, inp.report_to, is_rank_zero())
+    return StageMetrics(run, inp.stage, inp.plan, flops, peak, compiles, scalars)

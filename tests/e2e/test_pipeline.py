@@ -167,6 +167,9 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
         assert plan["num_workers"] == workers
         assert (out / "tiny-cpu" / stage / "metrics.jsonl").is_file()
     assert "summary of run 'tiny-cpu'" in second
+    # The run's last line names its report (`make demo` ends with it).
+    assert f"report: {out.resolve() / 'tiny-cpu' / 'report.html'} (open it in a browser)" in second.splitlines()[-4:]
+    assert (out / "tiny-cpu" / "sft" / "tb").is_dir()
     manifest = json.loads((out / "tiny-cpu" / "manifest.json").read_text())
     assert [w["rank"] for w in manifest["stages"]["sft"]["workers"]] == [0, 1]
     assert manifest["run"]["packages"]["ray"] == "2.60.0"
