@@ -149,9 +149,9 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False], "orpo": [False], "kto": [True]}[model]
+                  "dpo": [True], "rm": [False], "orpo": [False], "kto": [True], "grpo": [True]}[model]
     if cfg.fused_ce != "auto":
-        if model in ("sft", "dpo", "kto") and not cfg.fused_ce:
+        if model in ("sft", "dpo", "kto", "grpo") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
         if model == "rm" and cfg.fused_ce:

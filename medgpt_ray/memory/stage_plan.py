@@ -62,6 +62,9 @@ class StagePlan:
     # Packed SFT: micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
     # conversations_per_row}. None: micro_batch and grad_accum count examples.
     packing: dict[str, Any] | None = None
+    # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
+    # completions per worker). None: the kind does not generate, or one call per optimizer step.
+    steps_per_generation: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/manifest.write_plan writes it)."""
