@@ -68,3 +68,30 @@ def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="max_completion_length: 512 leaves no room"):
         GRPOStageConfig(seq_len=512, max_completion_length=512)
     assert GRPOStageConfig(reward_funcs=["reward_model"]).needs == ["rm"]
+
+
+def test_rl_metrics_are_exported_like_the_training_metrics(monkeypatch):
+    """TRL's GRPO logs (rewards per function, KL, lengths) and our generation rates become the medgpt_rl_* gauges,
+    with the reward function as a tag."""
+    from types import SimpleNamespace
+
+    from medgpt_ray.metrics import BY_NAME
+    from medgpt_ray.stages import telemetry
+
+    got: dict[tuple[str, str], float] = {}
+
+    class Recorder:
+        def set(self, name, value, tags):
+            assert set(BY_NAME[name].tags) <= set(tags)
+            got[(name, tags.get("reward", ""))] = value
+
+    monkeypatch.setattr(telemetry, "metrics", lambda: Recorder())
+    cb = telemetry.StageMetrics("run", "grpo", SimpleNamespace(prediction=None), None, None)
+    cb.on_log(None, None, None, logs={"loss": 0.1, "rewards/accuracy/mean": 0.4, "rewards/accuracy/std": 0.3,
+                                      "rewards/format/mean": 1.0, "kl": 0.02, "completions/mean_length": 5.5,
+                                      "generation/generations_per_s": 120.0, "generation/tokens_per_s": 600.0})
+    assert got[("medgpt_rl_reward_mean", "accuracy")] == 0.4 and got[("medgpt_rl_reward_std", "accuracy")] == 0.3
+    assert got[("medgpt_rl_reward_mean", "format")] == 1.0 and got[("medgpt_rl_kl", "")] == 0.02
+    assert got[("medgpt_rl_completion_length", "")] == 5.5
+    assert got[("medgpt_rl_generations_per_second", "")] == 120.0
+    assert got[("medgpt_rl_generation_tokens_per_second", "")] == 600.0
