@@ -85,6 +85,14 @@ class TrainSetup:
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
+    generations: int = 0  # GRPO: completions per prompt (0: the stage does not generate); memory/generation.py
+    completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
+    reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
+    reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
+
+    def generation_batch(self) -> int:
+        """Completions one generate call holds on one worker (TRL's default: one call per optimizer step)."""
+        return self.micro_batch * self.grad_accum
 
     def sequences(self) -> int:
         """Sequences in one forward: rm, dpo and orpo score chosen and rejected together; kto one per example."""
@@ -239,6 +247,10 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
 
 def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     check_setup(s)
+    if s.generations:  # GRPO: the larger of the generation and training phases
+        from medgpt_ray.memory.generation import estimate_grpo
+
+        return estimate_grpo(shape, s)
     n = s.gpus if s.zero > 0 else 1
     total, trainable = _params(shape, s)
     full = s.method == "full"

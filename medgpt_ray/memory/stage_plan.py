@@ -12,6 +12,7 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.memory.generation import setup_fields
 from medgpt_ray.placement.device import StagePlacement
 
 
@@ -104,7 +105,7 @@ class StagePlan:
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            kl_batch=getattr(cfg, "kl_batch", False))
+            **setup_fields(cfg))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs
