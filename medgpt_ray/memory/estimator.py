@@ -85,7 +85,7 @@ class TrainSetup:
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
-    generations: int = 0  # GRPO: completions per prompt (0: the stage does not generate); memory/generation.py
+    generations: int = 0  # GRPO: completions per prompt (0: no generation phase; memory/generation.peak adds it)
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
@@ -247,10 +247,6 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
 
 def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     check_setup(s)
-    if s.generations:  # GRPO: the larger of the generation and training phases
-        from medgpt_ray.memory.generation import estimate_grpo
-
-        return estimate_grpo(shape, s)
     n = s.gpus if s.zero > 0 else 1
     total, trainable = _params(shape, s)
     full = s.method == "full"

@@ -7,6 +7,7 @@
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
 
+`peak(shape, setup)` is the estimate the planner uses for every kind: estimator.estimate unless the setup generates.
 The generation batch per worker is micro_batch x steps_per_generation (TRL's default: grad_accum, one generate
 call per optimizer step). Not calibrated on a GPU yet (issue 18): the terms are the analytic ones."""
 
@@ -38,6 +39,11 @@ def reward_network_bytes(shape: ModelShape, s: TrainSetup) -> float:
     if not s.reward_network:
         return 0.0
     return (4 if s.precision == "fp32" else 2) * (shape.params - shape.head_params + shape.hidden)
+
+
+def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
+    """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
+    return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
 
 
 def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
@@ -83,6 +89,6 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
         options.append(("method qlora", replace(s, method="qlora", precision="bf16", zero=0, offload="none")))
     out = []
     for label, setup in options:
-        peak = estimate(shape, setup).peak_gib
-        out.append(f"{label}: {peak:.1f} GiB ({'fits' if peak <= usable_gib else 'still over'})")
+        gib = peak(shape, setup).peak_gib
+        out.append(f"{label}: {gib:.1f} GiB ({'fits' if gib <= usable_gib else 'still over'})")
     return out

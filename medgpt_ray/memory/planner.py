@@ -18,7 +18,8 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve_budget
-from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
+from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup
+from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.generation import rl_hints, setup_fields
 from medgpt_ray.memory.lengths import LengthProfile, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape

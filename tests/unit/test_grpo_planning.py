@@ -10,8 +10,9 @@ import pytest
 
 from medgpt_ray.config import GRPOStageConfig, LoraConfig
 from medgpt_ray.memory.budget import make_budget
-from medgpt_ray.memory.estimator import GIB, TrainSetup, estimate
+from medgpt_ray.memory.estimator import GIB, TrainSetup
 from medgpt_ray.memory.generation import kv_cache_bytes
+from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
 
