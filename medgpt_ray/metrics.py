@@ -60,6 +60,15 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("medgpt_gpu_utilization_ratio", "gauge", "GPU utilisation, 0-1 (NVML)", TRAIN),
     MetricDef("medgpt_gpu_throttled", "gauge", "1 when NVML reports a thermal/power/slowdown throttle reason", TRAIN),
     MetricDef("medgpt_gpu_throttle_reasons", "gauge", "NVML clocks-event reasons bitmask", TRAIN),
+    # RL stages (grpo): per reward function, and the generation phase
+    MetricDef("medgpt_rl_reward_mean", "gauge", "Mean reward of the last logged steps, per reward function",
+              (*TRAIN, "reward")),
+    MetricDef("medgpt_rl_reward_std", "gauge", "Reward std of the last logged steps, per reward function",
+              (*TRAIN, "reward")),
+    MetricDef("medgpt_rl_kl", "gauge", "KL of the policy to its reference at the last logged steps", TRAIN),
+    MetricDef("medgpt_rl_completion_length", "gauge", "Mean generated completion length in tokens", TRAIN),
+    MetricDef("medgpt_rl_generations_per_second", "gauge", "Completions generated per second (this worker)", TRAIN),
+    MetricDef("medgpt_rl_generation_tokens_per_second", "gauge", "Tokens generated per second (this worker)", TRAIN),
     # data cleaning
     MetricDef("medgpt_clean_records_in", "counter", "Records entering a cleaning operator", ("run", "operator")),
     MetricDef("medgpt_clean_records_out", "counter", "Records leaving a cleaning operator", ("run", "operator")),

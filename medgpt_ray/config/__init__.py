@@ -27,6 +27,7 @@ from medgpt_ray.config.stages import (
     PLAN_RESOLVED_KNOBS,
     STAGE_KINDS,
     DPOStageConfig,
+    GRPOStageConfig,
     KTOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
@@ -42,11 +43,11 @@ from medgpt_ray.config.stages import (
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
-           "DataConfig", "DedupConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig",
-           "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig",
-           "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind",
-           "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind",
-           "resolved_dict", "stage_kind"]
+           "DataConfig", "DedupConfig", "GRPOStageConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig",
+           "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig",
+           "RMStageConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig",
+           "StageKind", "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set",
+           "register_stage_kind", "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):
@@ -73,8 +74,8 @@ class DataConfig(_Strict):
     pretrain: list[str] = []
     sft: list[str] = []
     preference: list[str] = []
-    # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): read,
-    # cleaned and split now; the RL and eval stages that train on them come later.
+    # Prompt records (MedicalGPT's GRPO {"question", "answer"}, or prompt turns + a reference answer): what the
+    # grpo stage samples completions for and scores against the reference answer.
     prompt: list[str] = []
     # Unpaired examples for KTO: prompt turns + one completion + a label (true: desirable, false: undesirable), as
     # {"conversations", "completion", "label"} (ShareGPT or role/content turns) or TRL's {"prompt", "completion",

@@ -36,7 +36,9 @@ FUSED_HEAD_BYTES_PER_HIDDEN = 12
 # KTO (memory kind "kto": TRL's KTOTrainer, one sequence per example, a reference, the same chunked LM head) is not
 # calibrated yet: DPO's scale. Its reference pass and the KL batch's forwards (policy and reference, mismatched
 # completions) run without grad: nothing saved for backward, their transients below the backward's working set.
-STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo": 1.0, "kto": 0.88}
+# GRPO (memory kind "grpo", TRL's GRPOTrainer, the same chunked LM head) is not calibrated yet: the SFT scale for its
+# training pass; memory/generation.py adds the generation phase.
+STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo": 1.0, "kto": 0.88, "grpo": 1.0}
 # Stages whose trainer scores against a reference model (adapter-off policy for LoRA, a frozen copy for full).
 REFERENCE_STAGES = ("dpo", "kto")
 # Compiled decoder layers (stages/speed.py) under the reward model keep less per layer than eager ones: inductor's
@@ -83,6 +85,14 @@ class TrainSetup:
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
+    generations: int = 0  # GRPO: completions per prompt (0: no generation phase; memory/generation.peak adds it)
+    completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
+    reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
+    reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
+
+    def generation_batch(self) -> int:
+        """Completions one generate call holds on one worker (TRL's default: one call per optimizer step)."""
+        return self.micro_batch * self.grad_accum
 
     def sequences(self) -> int:
         """Sequences in one forward: rm, dpo and orpo score chosen and rejected together; kto one per example."""
@@ -200,7 +210,7 @@ def _loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float
     tokens = s.tokens()
     if s.stage == "rm":
         return 0.0  # the score head gives one number per sequence
-    if s.stage in ("sft", "dpo", "kto") or s.fused_ce:
+    if s.stage in ("sft", "dpo", "kto", "grpo") or s.fused_ce:
         head_grad = 4 * shape.vocab * shape.hidden if (trainable_head and s.stage == "pt") else 0
         return FUSED_HEAD_BYTES_PER_HIDDEN * tokens * shape.hidden + head_grad
     return HF_LOSS_BYTES_PER_LOGIT * tokens * shape.vocab

@@ -18,7 +18,9 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve_budget
-from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup, estimate
+from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup
+from medgpt_ray.memory.generation import peak as estimate
+from medgpt_ray.memory.generation import rl_hints, setup_fields
 from medgpt_ray.memory.lengths import LengthProfile, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
@@ -149,9 +151,9 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False], "orpo": [False], "kto": [True]}[model]
+                  "dpo": [True], "rm": [False], "orpo": [False], "kto": [True], "grpo": [True]}[model]
     if cfg.fused_ce != "auto":
-        if model in ("sft", "dpo", "kto") and not cfg.fused_ce:
+        if model in ("sft", "dpo", "kto", "grpo") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
         if model == "rm" and cfg.fused_ce:
@@ -238,7 +240,7 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
             optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            kl_batch=getattr(cfg, "kl_batch", False), fused_kernels=kernels,
+            **setup_fields(cfg), fused_kernels=kernels,
             compiled=compiles(cfg, use_gpu, method, zero), packed=packed)
 
 
@@ -271,8 +273,8 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
         return (f"{label}: {gib(c.peak_gib)}{f' + {gib(c.host_node_gib)} host RAM/node' if c.host_node_gib else ''} "
                 f"({'fits' if c.fits(budget) else 'still over'})")
 
-    hints = []
-    if s0.method != "qlora" and budget.gpu_gib is not None:  # QLoRA needs a GPU
+    hints = rl_hints(shape, best.setup, usable)  # grpo: fewer generations, shorter completions, QLoRA
+    if s0.method != "qlora" and budget.gpu_gib is not None and not best.setup.generations:  # QLoRA needs a GPU
         hints.append(option("method qlora", replace(s0, method="qlora", precision="bf16", zero=0, offload="none")))
     for seq in (cfg.seq_len // 2, cfg.seq_len // 4, cfg.seq_len // 8):
         if seq >= 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= usable:

@@ -12,6 +12,7 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.memory.generation import setup_fields
 from medgpt_ray.placement.device import StagePlacement
 
 
@@ -62,6 +63,9 @@ class StagePlan:
     # Packed SFT: micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
     # conversations_per_row}. None: micro_batch and grad_accum count examples.
     packing: dict[str, Any] | None = None
+    # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
+    # completions per worker). None: the kind does not generate, or one call per optimizer step.
+    steps_per_generation: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/manifest.write_plan writes it)."""
@@ -101,7 +105,7 @@ class StagePlan:
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            kl_batch=getattr(cfg, "kl_batch", False))
+            **setup_fields(cfg))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs

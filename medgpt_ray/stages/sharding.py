@@ -112,7 +112,7 @@ class ShardBatchSampler:
         return full + int(rest > 0 and not self.drop_last)
 
 
-def _examples_on_every_rank(trainer, n: int) -> int:
+def examples_on_every_rank(trainer, n: int) -> int:
     """The largest shard's example count (a collective: every rank calls it at the same point)."""
     import torch
 
@@ -184,7 +184,7 @@ def shard_dataloader(trainer):
     n = len(dataset)
     seed = args.data_seed if args.data_seed is not None else args.seed
     info = trainer.medgpt_shard
-    info.update(examples=n, epoch_examples=_examples_on_every_rank(trainer, n))
+    info.update(examples=n, epoch_examples=examples_on_every_rank(trainer, n))
     # A packed stage collates its train rows itself (stages/packing.py); evaluation keeps the trainer's collator.
     packed = getattr(trainer, "medgpt_collate", None)
     collate = packed or trainer.data_collator

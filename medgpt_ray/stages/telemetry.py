@@ -19,6 +19,10 @@ GIB = 2**30
 # NVML clocks-event reasons that mean "slowed down" (not idle or app-clock settings): SW power cap, HW slowdown,
 # SW/HW thermal slowdown, power brake.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+# What TRL's GRPOTrainer (and stages/grpo.py) log, exported as the RL gauges.
+RL_LOGS = (("kl", "medgpt_rl_kl"), ("completions/mean_length", "medgpt_rl_completion_length"),
+           ("generation/generations_per_s", "medgpt_rl_generations_per_second"),
+           ("generation/tokens_per_s", "medgpt_rl_generation_tokens_per_second"))
 
 
 class NVMLReader:
@@ -131,9 +135,15 @@ class StageMetrics(TrainerCallback):
             self._set("medgpt_train_nonfinite_loss", 0.0 if math.isfinite(loss) else 1.0)
             if math.isfinite(loss):
                 self._set("medgpt_train_loss", loss)
-        for key, name in (("learning_rate", "medgpt_train_learning_rate"), ("grad_norm", "medgpt_train_grad_norm")):
+        for key, name in (("learning_rate", "medgpt_train_learning_rate"), ("grad_norm", "medgpt_train_grad_norm"),
+                          *RL_LOGS):
             if isinstance(logs.get(key), int | float) and math.isfinite(logs[key]):
                 self._set(name, float(logs[key]))
+        for key, value in logs.items():  # TRL's GRPO: rewards/<function>/mean and /std
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "rewards" and parts[2] in ("mean", "std") and \
+                    isinstance(value, int | float) and math.isfinite(value):
+                metrics().set(f"medgpt_rl_reward_{parts[2]}", float(value), {**self.tags, "reward": parts[1]})
         if self.scalars is not None:
             self.scalars.flush()  # at every log: a live `tensorboard --logdir` follows the stage
 

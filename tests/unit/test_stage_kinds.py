@@ -104,16 +104,21 @@ def test_the_planner_and_the_stage_dispatch_take_the_kind_from_the_registry(echo
 
 
 def test_built_in_kinds_are_registry_entries_too():
-    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto"]
+    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto", "grpo"]
     assert {k: (v.data_kind, v.default_from, v.memory_kind) for k, v in STAGE_KINDS.items()} == {
         "pt": ("pretrain", None, "pt"), "sft": ("sft", "pt", "sft"), "rm": ("preference", "sft", "rm"),
         "dpo": ("preference", "sft", "dpo"), "orpo": ("preference", "sft", "orpo"),
-        "simpo": ("preference", "sft", "orpo"), "kto": ("unpaired", "sft", "kto")}
+        "simpo": ("preference", "sft", "orpo"), "kto": ("unpaired", "sft", "kto"),
+        "grpo": ("prompt", "sft", "grpo")}
     # The reference-free kinds are there but off unless a config enables them.
     assert make().enabled_stages() == ["pt", "sft", "rm", "dpo"]
     assert make(orpo={"enabled": True}).enabled_stages()[-1] == "orpo"
-    with pytest.raises(ValueError, match="unknown stage kind 'grpo'"):
-        make(grpo={})
+    with pytest.raises(ValueError, match="unknown stage kind 'rloo'"):
+        make(rloo={})
+    # grpo's reward_model reward reads the rm stage: `needs` rm, a disabled rm is an error naming the key.
+    assert make(grpo={"enabled": True, "reward_funcs": ["reward_model"]}).depends_on("grpo") == ["sft", "rm"]
+    with pytest.raises(ValueError, match="stages.grpo.needs: stage 'rm' is disabled"):
+        make(grpo={"enabled": True, "reward_funcs": ["reward_model"]}, rm={"enabled": False})
 
 
 def test_from_round_trips_through_the_resolved_config():

@@ -1,0 +1,94 @@
+"""GRPO's peak GPU memory: the larger of its two phases (estimator.estimate dispatches here for memory kind grpo).
+
+  generation  weights + optimizer states (+ a frozen reference copy, full training with beta > 0) + the reward
+              model when it is a network + the KV cache of one generate call: 2 (K, V) x layers x kv_heads x
+              head_dim x bytes x generation batch (completions: prompts x num_generations) x (prompt + completion)
+              tokens, + the sampling logits of the batch (fp32) and the prefill's one-layer working set
+  training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
+              SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
+
+`peak(shape, setup)` is the estimate the planner uses for every kind: estimator.estimate unless the setup generates.
+The generation batch per worker is micro_batch x steps_per_generation (TRL's default: grad_accum, one generate
+call per optimizer step). Not calibrated on a GPU yet (issue 18): the terms are the analytic ones."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
+from medgpt_ray.memory.shapes import ModelShape
+
+
+def setup_fields(cfg: Any) -> dict[str, Any]:
+    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; GRPO's generation)."""
+    fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False)}
+    if hasattr(cfg, "num_generations"):
+        fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
+                      reward_network="reward_model" in cfg.reward_funcs, reference=cfg.beta > 0)
+    return fields
+
+
+def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    e = 4 if s.precision == "fp32" else 2
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * e * s.generation_batch() * s.seq_len
+
+
+def reward_network_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """The rm stage's merged model (same base shape, a 1-wide score head instead of the LM head), no grad."""
+    if not s.reward_network:
+        return 0.0
+    return (4 if s.precision == "fp32" else 2) * (shape.params - shape.head_params + shape.hidden)
+
+
+def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
+    """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
+    return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
+
+
+def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
+    train_setup = replace(s, generations=0)  # the training pass: estimator's own terms for memory kind grpo
+    train = estimate(shape, train_setup)
+    rm = reward_network_bytes(shape, s)
+    training = {**train.breakdown, **({"reward_model": rm} if rm else {})}
+    static_keys = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")
+    generation = {k: v for k, v in train.breakdown.items() if k in static_keys}
+    if s.reference and s.method == "full" and "reference_model" not in generation:
+        generation["reference_model"] = (4 if s.precision in ("amp-bf16", "fp32") else 2) * shape.params
+        training["reference_model"] = generation["reference_model"]
+    e = 4 if s.precision == "fp32" else 2
+    prompt_len = max(s.seq_len - s.completion_len, 1)
+    generation.update({
+        "reward_model": rm,
+        "kv_cache": kv_cache_bytes(shape, s),
+        "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
+        "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.intermediate),
+        "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
+    })
+    gen_peak, train_peak = sum(generation.values()), sum(training.values())
+    if gen_peak > train_peak:
+        return Estimate(gen_peak, {k: v for k, v in generation.items() if v}, "generation", train.host_bytes)
+    return Estimate(train_peak, training, f"training ({train.moment})", train.host_bytes)
+
+
+def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
+    """What a GRPO stage that fits nowhere could change: fewer generations per prompt (the generation batch shrinks
+    with them: fewer prompts per step), shorter completions, or QLoRA; each with its predicted peak."""
+    if not s.generations:
+        return []
+    options = []
+    for g in (s.generations // 2, s.generations // 4):
+        if g >= 2 and s.micro_batch * s.grad_accum * g // s.generations >= 1:
+            options.append((f"num_generations {g} (same prompts per step)",
+                            replace(s, generations=g, grad_accum=max(s.grad_accum * g // s.generations, 1))))
+    for c in (s.completion_len // 2, s.completion_len // 4):
+        if c >= 16:
+            shorter = replace(s, completion_len=c, seq_len=s.seq_len - s.completion_len + c)
+            options.append((f"max_completion_length {c}", shorter))
+    if s.method != "qlora" and s.precision != "fp32":
+        options.append(("method qlora", replace(s, method="qlora", precision="bf16", zero=0, offload="none")))
+    out = []
+    for label, setup in options:
+        gib = peak(shape, setup).peak_gib
+        out.append(f"{label}: {gib:.1f} GiB ({'fits' if gib <= usable_gib else 'still over'})")
+    return out

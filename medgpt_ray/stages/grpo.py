@@ -1,0 +1,149 @@
+"""GRPO: TRL's GRPOTrainer on prompt records (data.prompt: prompt turns + a reference answer), from the SFT model.
+
+Each step samples `num_generations` completions per prompt with the trainer's own generate (no vLLM), scores them
+with the reward functions the config names (stages/rewards.py), and trains on the group-relative advantages. With
+LoRA the reference of the KL term (beta > 0) is the adapter-off policy; full training loads a frozen copy.
+
+Data: each worker reads its own shard of the train split (stages/sharding.py), and the trainer's loader is swapped
+for one over that shard that repeats every prompt `num_generations` times in a row (TRL's RepeatSampler order), so
+every worker's generation batch holds whole groups: TRL gathers the rewards over the workers and normalises them in
+contiguous groups of num_generations, which are then each one worker's. Every worker's epoch is padded to the
+largest shard's prompt count (the steps stay collective).
+
+Held-out: the mean accuracy reward of greedy completions of the held-out prompts, before training and after
+(`eval_accuracy_before`, `eval_accuracy`), with the format reward's mean beside them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import MethodType
+from typing import Any
+
+from transformers import TrainerCallback
+
+from medgpt_ray import models
+from medgpt_ray.stages.callbacks import stage_callbacks
+from medgpt_ray.stages.dpo import rendered_prompts
+from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
+from medgpt_ray.stages.outputs import finish_stage, write_result
+from medgpt_ray.stages.prompt_shard import install_prompt_shard
+from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
+from medgpt_ray.stages.stage_data import open_stage_data
+from medgpt_ray.stages.trainer_args import training_kwargs
+
+
+def prompt_rows(records: list[dict], tokenizer, template, prompt_len: int):
+    """TRL's prompt rows {"prompt": rendered text, "answer": reference or None}; records whose prompt alone fills
+    `prompt_len` tokens (seq_len less max_completion_length) or has tools the template cannot render are left out
+    and counted. Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
+    from datasets import Dataset
+
+    prompts, kept, skipped = rendered_prompts(records, tokenizer, template, prompt_len, "prompts")
+    return Dataset.from_dict({"prompt": prompts, "answer": [r.get("answer") for r in kept]}), skipped
+
+
+def grpo_args(inp: StageInputs) -> Any:
+    """GRPOConfig from the plan and the stage's keys; TRL's own evaluation is off (the stage scores held-out
+    prompts itself, greedily)."""
+    from trl import GRPOConfig
+
+    cfg = inp.cfg
+    kwargs = {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
+              "include_num_input_tokens_seen": "no"}  # GRPO counts prompt + completion tokens itself
+    return GRPOConfig(**kwargs, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
+                      temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type,
+                      scale_rewards=cfg.scale_rewards, reward_weights=cfg.reward_weights,
+                      steps_per_generation=inp.plan.steps_per_generation or None, shuffle_dataset=False)
+
+
+def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
+    from trl import GRPOTrainer
+
+    cfg = inp.cfg
+    data = open_stage_data(inp)
+    tok = data.tokenizer
+    tok.padding_side = "left"  # generation pads prompts on the left
+    prompt_len = cfg.seq_len - cfg.max_completion_length
+    train_ds, skipped, eval_ds = data.encoded(prompt_rows, prompt_len)
+    model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
+    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    device = "cuda" if inp.plan.use_gpu else "cpu"
+    rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
+                               max_completion_length=cfg.max_completion_length,
+                               reward_model_dir=inp.needs.get("rm"), device=device)
+    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=grpo_args(inp), train_dataset=train_ds,
+                          processing_class=tok, peft_config=peft_config,
+                          callbacks=stage_callbacks(inp, sink, callbacks))
+    install_prompt_shard(trainer, data.shard)
+    count_generations(trainer)
+    trainer.medgpt_held_out = eval_ds
+    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
+                      extras={"train_prompts": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
+                              "skipped_too_long": skipped["too_long"]},
+                      save_kwargs={"template": data.template})
+
+
+def count_generations(trainer: Any) -> None:
+    """Log generations/s and generated tokens/s of this worker's generate calls (TRL logs lengths, not rates)."""
+    generate = trainer._generate
+
+    def timed(self, prompts):
+        t0 = time.perf_counter()
+        out = generate(prompts)
+        dt = max(time.perf_counter() - t0, 1e-9)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["generation/generations_per_s"].append(len(out[1]) / dt)
+        self._metrics[mode]["generation/tokens_per_s"].append(sum(len(ids) for ids in out[1]) / dt)
+        return out
+
+    trainer._generate = MethodType(timed, trainer)
+
+
+def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -> list[str]:
+    """Greedy completions of `prompts` (rendered text) by the trainer's current policy, max_completion_length."""
+    import torch
+
+    tok = trainer.processing_class
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    model.eval()
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            batch = tok(prompts[i:i + batch_size], return_tensors="pt", padding=True, padding_side="left",
+                        add_special_tokens=False).to(trainer.accelerator.device)
+            with torch.no_grad():
+                ids = model.generate(**batch, max_new_tokens=trainer.max_completion_length, do_sample=False,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=trainer.eos_token_ids)
+            out += tok.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def held_out_rewards(trainer: Any, prompts: Any) -> dict[str, Any]:
+    """Mean accuracy and format rewards of greedy completions of the held-out prompts (a dataset of prompt rows);
+    the accuracy over the prompts that have a reference answer."""
+    if prompts is None or len(prompts) == 0:
+        return {"eval_accuracy": None, "eval_format": None, "eval_prompts": 0}
+    completions = greedy_completions(trainer, list(prompts["prompt"]))
+    scored = [a for a in accuracy(completions, answer=prompts["answer"]) if a is not None]
+    fmt = format_reward(completions)
+    return {"eval_accuracy": sum(scored) / len(scored) if scored else None, "eval_format": sum(fmt) / len(fmt),
+            "eval_prompts": len(completions)}
+
+
+def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
+    t0 = time.monotonic()
+    built = build(inp, sink, callbacks)
+    trainer = built.trainer
+    before = held_out_rewards(trainer, trainer.medgpt_held_out)
+    built.eval_size = 0  # no TRL evaluation: the held-out numbers are the greedy rewards below
+    result = finish_stage(inp, built, t0, lambda ev: {})
+    after = held_out_rewards(trainer, trainer.medgpt_held_out)
+    result["eval"] = {**after, "eval_accuracy_before": before["eval_accuracy"],
+                      "eval_format_before": before["eval_format"]}
+    write_result(inp, result)
+    return result

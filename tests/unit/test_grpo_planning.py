@@ -1,0 +1,57 @@
+"""GRPO's memory model (memory/generation.py): the larger of the generation phase (weights, optimizer states, the
+KV cache of one generate call, the reward model network) and the training pass over prompt + completion; the
+planner refuses with numbers and GRPO's own hints (fewer generations, shorter completions, QLoRA)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from medgpt_ray.config import GRPOStageConfig, LoraConfig
+from medgpt_ray.memory.budget import make_budget
+from medgpt_ray.memory.estimator import GIB, TrainSetup
+from medgpt_ray.memory.generation import kv_cache_bytes
+from medgpt_ray.memory.generation import peak as estimate
+from medgpt_ray.memory.planner import PlanError, plan_stage
+from medgpt_ray.memory.shapes import PRESETS
+
+Q7 = PRESETS["qwen2.5-7b"]
+KW = dict(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, max_completion_length=512,
+          effective_batch=64, num_generations=8, grad_ckpt=True)
+SETUP = TrainSetup(stage="grpo", method="lora", precision="bf16", micro_batch=1, grad_accum=64, seq_len=1024,
+                   fused_ce=True, generations=8, completion_len=512)
+
+
+def test_the_kv_cache_of_one_generate_call():
+    # 2 (K, V) x 28 layers x 4 KV heads x 128 x 2 bytes x 64 completions x 1024 tokens = 3.5 GiB
+    assert kv_cache_bytes(Q7, SETUP) / GIB == pytest.approx(2 * 28 * 4 * 128 * 2 * 64 * 1024 / GIB)
+    assert kv_cache_bytes(Q7, SETUP) / GIB == pytest.approx(3.5)
+
+
+def test_the_peak_is_the_larger_phase_and_a_reward_network_adds_its_weights():
+    e = estimate(Q7, SETUP)
+    assert e.moment == "generation" and e.breakdown_gib()["kv_cache"] == pytest.approx(3.5, abs=0.01)
+    training = estimate(Q7, replace(SETUP, generations=0))  # the training pass alone
+    assert e.peak_gib > training.peak_gib
+    # fewer completions per generate call: the training pass decides
+    small = estimate(Q7, replace(SETUP, grad_accum=1))
+    assert small.moment.startswith("training")
+    with_rm = estimate(Q7, replace(SETUP, reward_network=True))
+    assert with_rm.peak_gib - e.peak_gib == pytest.approx(2 * (Q7.params - Q7.head_params + Q7.hidden) / GIB)
+
+
+def test_7b_lora_grpo_at_24_gib_is_refused_with_numbers_and_what_would_fit():
+    with pytest.raises(PlanError) as err:
+        plan_stage("grpo", GRPOStageConfig(**KW), 1, True, Q7, make_budget(24.0, 2.0, "rtx4090", True, "t"))
+    text = str(err.value)
+    assert "nothing fits 22.0 GiB" in text and "smallest predicted peak: 22.6 GiB" in text
+    assert "num_generations 4 (same prompts per step): 18.6 GiB (fits)" in text
+    assert "max_completion_length 256: 21.7 GiB (fits)" in text and "method qlora: 13.6 GiB (fits)" in text
+
+
+def test_7b_lora_grpo_fits_with_fewer_generations_and_the_plan_says_why():
+    plan = plan_stage("grpo", GRPOStageConfig(**{**KW, "effective_batch": 32}), 1, True, Q7,
+                      make_budget(24.0, 2.0, "rtx4090", True, "t"))
+    # 32 completions per generate call: 1.75 GiB of KV cache; the planner's choice peaks within the budget
+    assert plan.prediction.peak_gib <= 22.0 and plan.micro_batch * plan.grad_accum == 32
