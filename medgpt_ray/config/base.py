@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 Auto = Literal["auto"]
 
@@ -41,3 +41,16 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
         else:
             lines.append(f"{source}: {key}: {e['msg']}")
     return "\n".join(lines)
+
+
+class LoraConfig(_Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    rank: Annotated[int, Field(ge=1)] = 8
+    """LoRA rank r."""
+    alpha: Annotated[float, Field(gt=0)] = 16
+    """LoRA scaling alpha (the update is scaled by alpha / r)."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Dropout on the LoRA inputs."""
+    targets: str | list[str] = "all-linear"
+    """Modules to adapt; "all-linear" is PEFT's own selector: every linear layer except the output head."""

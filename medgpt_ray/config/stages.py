@@ -8,20 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from medgpt_ray.config.base import Auto, ConfigError, _NestedErrors, _Strict
-
-
-class LoraConfig(_Strict):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
-
-    rank: Annotated[int, Field(ge=1)] = 8
-    """LoRA rank r."""
-    alpha: Annotated[float, Field(gt=0)] = 16
-    """LoRA scaling alpha (the update is scaled by alpha / r)."""
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    """Dropout on the LoRA inputs."""
-    targets: str | list[str] = "all-linear"
-    """Modules to adapt; "all-linear" is PEFT's own selector: every linear layer except the output head."""
+from medgpt_ray.config.base import Auto, ConfigError, LoraConfig, _NestedErrors, _Strict
 
 
 class StageConfig(_Strict):
