@@ -12,7 +12,8 @@ against what the pairs give away on their own.
   drugs that are always chosen, a vague style that is always rejected); it cannot learn that an answer is right
   for one question and wrong for another.
 
-Accuracy is the share of held-out pairs scored chosen-first, a tie counting one half (what a coin toss scores).
+Accuracy is the share of held-out pairs scored chosen-first, a tie counting one half (what a coin toss scores);
+None when there are no held-out pairs.
 Pure Python over the canonical preference records (`{"conversations", "chosen", "rejected"}`, data/kinds.py);
 deterministic.
 """
@@ -41,17 +42,22 @@ def _credit(a: float, b: float) -> float:
     return 1.0 if a > b else 0.5 if a == b else 0.0
 
 
+def _mean(credits: list[float]) -> float | None:
+    """The share of pairs ranked right; None when there are no pairs (an accuracy of nothing is not 0)."""
+    return sum(credits) / len(credits) if credits else None
+
+
 def length_rule(train: Iterable[Pair]) -> tuple[str, float]:
     """("longer" or "shorter", its train accuracy): the length rule that ranks more train pairs right."""
-    credits = [_credit(len(c), len(r)) for c, r in train]
-    longer = sum(credits) / len(credits) if credits else 0.5
+    longer = _mean([_credit(len(c), len(r)) for c, r in train])
+    if longer is None:
+        longer = 0.5
     return ("longer", longer) if longer >= 0.5 else ("shorter", 1.0 - longer)
 
 
-def length_accuracy(pairs: Iterable[Pair], rule: str) -> float:
+def length_accuracy(pairs: Iterable[Pair], rule: str) -> float | None:
     sign = 1 if rule == "longer" else -1
-    credits = [_credit(sign * len(c), sign * len(r)) for c, r in pairs]
-    return sum(credits) / len(credits) if credits else 0.0
+    return _mean([_credit(sign * len(c), sign * len(r)) for c, r in pairs])
 
 
 def bigrams(text: str) -> Counter:
@@ -90,9 +96,8 @@ class BigramPerceptron:
     def score(self, text: str) -> float:
         return sum(self.weights.get(k, 0.0) * v for k, v in bigrams(text).items())
 
-    def accuracy(self, pairs: Iterable[Pair]) -> float:
-        credits = [_credit(self.score(c), self.score(r)) for c, r in pairs]
-        return sum(credits) / len(credits) if credits else 0.0
+    def accuracy(self, pairs: Iterable[Pair]) -> float | None:
+        return _mean([_credit(self.score(c), self.score(r)) for c, r in pairs])
 
 
 def baselines(train: list[Pair], held_out: list[Pair]) -> dict[str, Any]:
@@ -103,7 +108,7 @@ def baselines(train: list[Pair], held_out: list[Pair]) -> dict[str, Any]:
     return {
         "train_pairs": len(train),
         "eval_pairs": len(held_out),
-        "eval_chosen_longer": longer / len(held_out) if held_out else 0.0,
+        "eval_chosen_longer": longer / len(held_out) if held_out else None,
         "length": {"rule": rule, "train_accuracy": rule_train, "accuracy": length_accuracy(held_out, rule)},
         "bigram_perceptron": {"train_accuracy": model.accuracy(train), "accuracy": model.accuracy(held_out),
                               "features": len(model.weights), "passes": PASSES},

@@ -110,6 +110,12 @@ def test_perceptron_ties_count_half_and_fitting_is_deterministic() -> None:
     assert BigramPerceptron().fit(train).weights == BigramPerceptron().fit(train).weights
 
 
+def test_no_held_out_pairs_have_no_accuracy() -> None:
+    result = baselines(synthetic_pairs(10, 4), [])
+    assert result["eval_pairs"] == 0 and result["eval_chosen_longer"] is None
+    assert result["length"]["accuracy"] is None and result["bigram_perceptron"]["accuracy"] is None
+
+
 def test_baselines_read_the_prepared_split_files(tmp_path: Path) -> None:
     d = prepare_kind("preference", [str(SAMPLE / "formats" / "preference_sharegpt.jsonl")], tmp_path, 0.3)
     result = preference_baselines(d.train_file, d.eval_file)
