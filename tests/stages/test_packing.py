@@ -25,7 +25,7 @@ SEQ_LEN = 512
 
 @pytest.fixture(scope="module")
 def data(repo, tmp_path_factory):
-    """Short Alpaca QA (78-162 tokens with the tiny tokenizer) and ShareGPT consultations (207-487), mixed."""
+    """Short Alpaca QA (78-162 tokens with the tiny tokenizer) and ShareGPT consultations (206-486), mixed."""
     files = [str(repo / "data/sample/sft_alpaca.jsonl"), str(repo / "data/sample/sft_sharegpt.jsonl")]
     return prepare_kind("sft", files, tmp_path_factory.mktemp("data"), 0.1, max_records=40)
 
