@@ -158,8 +158,7 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
         return "".join(rng.choice(paras) for _ in range(k))
 
     dest.mkdir(parents=True, exist_ok=True)
-    files = {"pretrain": dest / "pretrain.jsonl", "sft": dest / "sft.jsonl", "preference": dest / "pref.jsonl",
-             "empty": dest / "empty.jsonl"}
+    files = {"pretrain": dest / "pretrain.jsonl", "sft": dest / "sft.jsonl", "preference": dest / "pref.jsonl"}
     with files["pretrain"].open("w", encoding="utf-8") as fh:
         for i in range(n * 4):
             fh.write(json.dumps({"id": f"p{i}", "text": long_text()}, ensure_ascii=False) + "\n")
@@ -172,14 +171,11 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
             rec = {"id": f"r{i}", "conversations": [{"role": "user", "content": "请解释这段病历。"}],
                    "chosen": long_text(), "rejected": long_text()}
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    files["empty"].write_text("")
-    # The stages read the pipeline's prepared Parquet splits (data/prepare.py), all records in train.
+    # Stages read prepared Parquet splits (measure_one: dest/prepared); configs name the JSONL (multi_gpu_run.py).
     from medgpt_ray.data.prepare import prepare_kind
 
-    for kind in ("pretrain", "sft", "preference"):
-        prepared = prepare_kind(kind, [str(files[kind])], dest / "prepared" / kind, 0.0)
-        files[kind] = Path(prepared.train_file)
-        files["empty"] = Path(prepared.eval_file)
+    for kind, path in files.items():
+        prepare_kind(kind, [str(path)], dest / "prepared" / kind, 0.0)
     return files
 
 
@@ -340,8 +336,7 @@ def main() -> None:
     ap.add_argument("--lanes", type=int, default=2, help="configurations measured at once (one process each)")
     ap.add_argument("--cap-gib", type=float, default=64.0, help="per-process allocator cap while measuring")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated substrings: run the configurations whose id "
-                                               "contains any of them")
+    ap.add_argument("--only", default="", help="comma-separated substrings of the configuration ids to run")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--repredict", help="a results JSON: recompute predictions with this checkout's estimator")
     a = ap.parse_args()

@@ -29,8 +29,10 @@ from medgpt_ray.config.stages import (
     DPOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
+    ORPOStageConfig,
     RMStageConfig,
     SFTStageConfig,
+    SimPOStageConfig,
     StageConfig,
     StageKind,
     StagesConfig,
@@ -40,9 +42,10 @@ from medgpt_ray.config.stages import (
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig",
-           "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
-           "SignoffConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override", "load_clean_config",
-           "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
+           "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig",
+           "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig",
+           "apply_override", "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict",
+           "stage_kind"]
 
 
 class ModelConfig(_Strict):

@@ -139,13 +139,71 @@ class RMStageConfig(LengthGroupedStageConfig):
     """The reward model's keys: the shared ones and the length grouping."""
 
 
+# Every loss TRL 1.16's DPOTrainer implements (trl/trainer/dpo_trainer.py), and the ones that read label_smoothing.
+DPOLoss = Literal["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]
+LABEL_SMOOTHING_LOSSES = ("robust", "exo_pair", "aot", "aot_unpaired")
+
+
 class DPOStageConfig(LengthGroupedStageConfig):
     beta: Annotated[float, Field(gt=0)] = 0.1
-    """DPO's beta: how far the policy may move from the reference."""
-    loss_type: Literal["sigmoid", "ipo", "hinge", "robust"] = "sigmoid"
-    """TRL's DPO loss."""
+    """DPO's beta: how far the policy may move from the reference (IPO's tau)."""
+    loss_type: DPOLoss | list[DPOLoss] = "sigmoid"
+    """TRL's DPO loss: sigmoid (DPO), hinge (SLiC), ipo, exo_pair, nca_pair, robust, bco_pair, sppo_hard, aot,
+    aot_unpaired, apo_zero, apo_down, discopop, sft, sigmoid_norm; a list combines several (MPO), weighted by
+    `loss_weights`."""
+    loss_weights: list[Annotated[float, Field(ge=0)]] | None = None
+    """One weight per `loss_type` entry when it is a list; null: 1.0 each."""
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    """Probability that a pair's label is flipped (robust, aot, aot_unpaired) or EXO's epsilon (exo_pair, where it
+    must be > 0; 1e-3 is the paper's value). An error with any other loss."""
+    discopop_tau: Annotated[float, Field(gt=0)] = 0.05
+    """DiscoPOP's temperature; only the discopop loss reads it."""
     precompute_ref_log_probs: bool = False
     """Score the reference once before training instead of a no-grad reference pass every step."""
+
+    @model_validator(mode="after")
+    def _loss_parameters(self) -> DPOStageConfig:
+        losses = self.losses
+        if len(set(losses)) != len(losses):
+            raise ValueError(f"loss_type: {losses} names a loss twice")
+        if self.loss_weights is not None and len(self.loss_weights) != len(losses):
+            raise ValueError(f"loss_weights: {len(self.loss_weights)} weights for {len(losses)} loss type(s) "
+                             f"{losses}")
+        if self.label_smoothing and not set(losses) & set(LABEL_SMOOTHING_LOSSES):
+            raise ValueError(f"label_smoothing: {self.label_smoothing} applies only to the "
+                             f"{', '.join(LABEL_SMOOTHING_LOSSES)} losses, not {losses}")
+        if "exo_pair" in losses and self.label_smoothing == 0:
+            raise ValueError("label_smoothing: the exo_pair loss needs it > 0 (EXO's epsilon; the paper uses 1e-3)")
+        if self.discopop_tau != 0.05 and "discopop" not in losses:
+            raise ValueError(f"discopop_tau: only the discopop loss reads it, not {losses}")
+        return self
+
+    @property
+    def losses(self) -> list[str]:
+        return [self.loss_type] if isinstance(self.loss_type, str) else list(self.loss_type)
+
+
+class ReferenceFreeStageConfig(LengthGroupedStageConfig):
+    """The keys of the reference-free preference kinds (orpo, simpo)."""
+
+    compile: Auto | bool = False
+    """Compile each decoder layer in place. Off by default here: TRL's ORPO and CPO collators pad each micro-batch
+    to its own longest pair (no length buckets), so compiled layers would recompile for new lengths."""
+
+
+class ORPOStageConfig(ReferenceFreeStageConfig):
+    beta: Annotated[float, Field(gt=0)] = 0.1
+    """ORPO's lambda: the weight of the odds-ratio term beside the NLL of the chosen answer (no reference model)."""
+
+
+class SimPOStageConfig(ReferenceFreeStageConfig):
+    beta: Annotated[float, Field(gt=0)] = 2.0
+    """SimPO's beta: the scale of the length-normalised log-probability reward (the paper uses 2.0-2.5)."""
+    gamma: Annotated[float, Field(ge=0)] = 0.5
+    """SimPO's target reward margin, as gamma/beta between chosen and rejected (TRL's simpo_gamma)."""
+    cpo_alpha: Annotated[float, Field(ge=0)] = 0.0
+    """Weight of the NLL of the chosen answer: 0 is SimPO, > 0 is CPO-SimPO."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +246,12 @@ register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "f
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
 register_stage_kind(StageKind("rm", RMStageConfig, "preference", "sft", {"lr": 1e-5}))
 register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6}))
+# Reference-free preference methods, off unless enabled: on TRL's ORPO and CPO trainers (trl.experimental).
+REFERENCE_FREE_DEFAULTS = {"enabled": False, "lr": 5e-6}
+register_stage_kind(StageKind("orpo", ORPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
+                              memory_model="orpo"))
+register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
+                              memory_model="orpo"))
 
 
 class StagesConfig(BaseModel):

@@ -32,7 +32,8 @@ HF_LOSS_BYTES_PER_LOGIT = 10.6
 FUSED_HEAD_BYTES_PER_HIDDEN = 12
 # TRL's DPO and reward trainers keep less per decoder layer than the same model under SFT at equal token
 # counts (measured on 0.5B, 1.5B and 7B): DPO ~12%, reward ~10%; applied to their per-token activations.
-STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88}
+# ORPO and SimPO (memory kind "orpo": TRL's ORPO/CPO trainers, no reference) are not calibrated yet: the SFT scale.
+STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo": 1.0}
 # Compiled decoder layers (stages/speed.py) under the reward model keep less per layer than eager ones: inductor's
 # partitioner recomputes cheap ops instead of saving them. Measured on the H200 (RM, LoRA r8, bf16, seq 1024):
 # 0.5B mb 8 no checkpointing 16.69 GiB vs 24.01 eager (bench/results/memory_calibration_compiled_h200.json), 1.5B
@@ -78,8 +79,8 @@ class TrainSetup:
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
 
     def sequences(self) -> int:
-        """Sequences in one forward: rm and dpo score chosen and rejected together."""
-        return self.micro_batch * (2 if self.stage in ("rm", "dpo") else 1)
+        """Sequences in one forward: rm, dpo and orpo score chosen and rejected together."""
+        return self.micro_batch * (2 if self.stage in ("rm", "dpo", "orpo") else 1)
 
     def tokens(self) -> int:
         return self.sequences() * self.seq_len
@@ -110,8 +111,8 @@ class SetupError(ValueError):
 
 
 def check_setup(s: TrainSetup) -> None:
-    if s.stage not in ("pt", "sft", "rm", "dpo"):
-        raise SetupError(f"stage {s.stage!r}: one of pt, sft, rm, dpo")
+    if s.stage not in STAGE_ACTIVATION_SCALE:
+        raise SetupError(f"stage {s.stage!r}: one of {', '.join(STAGE_ACTIVATION_SCALE)}")
     if s.method not in ("full", "lora", "qlora"):
         raise SetupError(f"method {s.method!r}: one of full, lora, qlora")
     if s.precision not in ("bf16", "amp-bf16", "fp32"):
@@ -127,7 +128,9 @@ def check_setup(s: TrainSetup) -> None:
     if s.method == "qlora" and s.zero == 3:
         raise SetupError("ZeRO-3 cannot shard 4-bit QLoRA weights")
     if s.fused_kernels and s.stage == "rm":
-        raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo")
+        raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo, orpo")
+    if s.fused_ce and s.stage == "orpo":
+        raise SetupError("orpo: TRL's ORPO and CPO trainers compute full logits (no fused cross-entropy)")
     if s.method == "qlora" and s.precision == "fp32":
         raise SetupError("QLoRA computes in bf16: precision bf16")
     if not 0 <= s.ckpt_fraction <= 1:

@@ -143,13 +143,16 @@ def _options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, 
         ckpt = note("grad_ckpt", value, [], "")
 
     fused_auto = {"pt": [False, True] if (use_gpu and liger_available()) else [False], "sft": [True],
-                  "dpo": [True], "rm": [False]}[model]
+                  "dpo": [True], "rm": [False], "orpo": [False]}[model]
     if cfg.fused_ce != "auto":
         if model in ("sft", "dpo") and not cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: false is not available: TRL computes the {stage} loss with its "
                               f"chunked LM head (no full logits) in every run")
         if model == "rm" and cfg.fused_ce:
             raise ConfigError(f"{where}.fused_ce: the reward model has a 1-wide score head, no vocabulary loss")
+        if model == "orpo" and cfg.fused_ce:
+            raise ConfigError(f"{where}.fused_ce: TRL's ORPO and CPO trainers compute the full logits; no fused "
+                              f"cross-entropy is available for {stage}")
         if model == "pt" and cfg.fused_ce and not use_gpu:
             raise ConfigError(f"{where}.fused_ce: Liger's fused linear cross-entropy needs a GPU")
         if model == "pt" and cfg.fused_ce and not liger_available():

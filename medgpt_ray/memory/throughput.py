@@ -90,7 +90,7 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
     seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
-    if s.stage == "pt" and not s.fused_ce:
+    if s.stage in ("pt", "orpo") and not s.fused_ce:
         seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)
     trainable = shape.params if s.method == "full" else shape.lora_params(s.lora_rank)
     n = max(s.gpus, 1)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,33 +11,41 @@ from transformers import TrainerCallback
 from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 
 
-def preference_texts(records: list[dict], tokenizer, template):
+def preference_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
     """Prompt rendered by our template (with the record's tools); responses closed by the template's end-of-turn
-    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Pairs with
-    tools are left out and counted when the template has no tool format. Returns (dataset, skipped)."""
+    token, which TRL then sees as already ending with EOS when the tokenizer's EOS is that token. Left out and
+    counted: pairs with tools when the template has no tool format, and pairs whose prompt alone fills seq_len
+    (TRL would train them on an empty answer: no target, or a NaN loss under ORPO and CPO).
+    Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
     from datasets import Dataset
 
-    prompts, kept = [], []
+    prompts, kept, skipped = [], [], {"tools_unsupported": 0, "too_long": 0}
     for r in records:
         try:
-            prompts.append(templates.render_prompt(template, tokenizer, r["conversations"], tools=r.get("tools")))
+            prompt = templates.render_prompt(template, tokenizer, r["conversations"], tools=r.get("tools"))
         except templates.TemplateToolsUnsupported:
+            skipped["tools_unsupported"] += 1
             continue
+        if seq_len is not None and len(tokenizer(prompt, add_special_tokens=False)["input_ids"]) >= seq_len:
+            skipped["too_long"] += 1
+            continue
+        prompts.append(prompt)
         kept.append(r)
     if records and not kept:
-        raise ValueError(f"dpo: none of the {len(records)} pairs can be rendered: template {template.name!r} "
-                         "has no tool format and every pair has tools or tool turns")
+        raise ValueError(f"none of the {len(records)} pairs can be trained: {skipped['tools_unsupported']} have "
+                         f"tools template {template.name!r} cannot render, {skipped['too_long']} have a prompt "
+                         f"that fills seq_len {seq_len}")
     return Dataset.from_dict({
         "prompt": prompts,
         "chosen": [templates.response_text(template, tokenizer, r["chosen"]) for r in kept],
         "rejected": [templates.response_text(template, tokenizer, r["rejected"]) for r in kept],
-    }), len(records) - len(kept)
+    }), skipped
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
@@ -51,13 +58,15 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         # TRL precomputes over the train set as if every rank held all of it (it splits it across ranks again and
         # shares rank 0's cache file): with a shard per worker that would pair pairs with other pairs' log-probs.
         raise ValueError("dpo: precompute_ref_log_probs needs num_workers: 1 (each worker trains on its own shard)")
-    train_ds, skipped_tools, eval_ds = data.encoded(preference_texts)
+    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
-    args = DPOConfig(**training_kwargs(inp), beta=inp.cfg.beta, loss_type=[inp.cfg.loss_type],
+    cfg = inp.cfg
+    args = DPOConfig(**training_kwargs(inp), beta=cfg.beta, loss_type=cfg.losses, loss_weights=cfg.loss_weights,
+                     label_smoothing=cfg.label_smoothing, discopop_tau=cfg.discopop_tau,
                      max_length=inp.cfg.seq_len, dataset_num_proc=None,
                      precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs, **bucket_kwargs(inp))
     trainer = DPOTrainer(
@@ -71,14 +80,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         callbacks=stage_callbacks(inp, sink, callbacks),
     )
     install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
-    return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped_tools},
-                      save_kwargs={"template": template})
+    return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
-    t0 = time.monotonic()
-    built = build(inp, sink, callbacks)
-    return finish_stage(inp, built, t0, lambda ev: {
-        "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
-        "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size})
+    return run_pairs(build, inp, sink, callbacks)

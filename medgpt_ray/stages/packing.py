@@ -22,8 +22,9 @@ effective_batch keeps counting conversations. The HF Trainer's accumulation is f
 packed rows, sized so that it holds about as many conversations as the plan's per-worker batch:
 rows_per_step = round(planned conversations per step / conversations per row), the latter measured by packing the
 first SAMPLE_RECORDS records of the train split (hash order: a uniform sample, the same on every worker, so every
-worker takes the same accumulation without a collective). memory/stage_plan.packed_rows turns that into micro-batch
-(rows) x accumulation; the real number of conversations per step is logged (`conversations_per_step`).
+worker takes the same accumulation without a collective). The pipeline measures it on the driver and plans the
+micro-batch in rows (memory/lengths.py, plan.packing); a plan made without the data (a Tune trial) is sized here by
+memory/stage_plan.packed_rows. The real number of conversations per step is logged (`conversations_per_step`).
 
 Tokens are counted honestly: each packed micro-batch carries its number of real (non-padding) tokens and
 conversations, which `install`'s training_step takes out of the batch before the model sees it and adds to

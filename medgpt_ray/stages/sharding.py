@@ -125,7 +125,8 @@ def _examples_on_every_rank(trainer, n: int) -> int:
 def example_lengths(dataset) -> np.ndarray | None:
     """Each example's length in tokens as its micro-batch pads it, from the tokenized columns (Arrow list lengths,
     no row is decoded): a DPO pair (TRL's prompt_ids/chosen_ids/rejected_ids) the prompt and its longer answer, a
-    reward pair (chosen_ids/rejected_ids, prompt included) its longer side, an SFT conversation its input_ids.
+    reward or ORPO/CPO pair (chosen and rejected ids, prompt included) its longer side, an SFT conversation its
+    input_ids.
     None for a dataset with none of these."""
     import pyarrow.compute as pc
 
@@ -135,6 +136,8 @@ def example_lengths(dataset) -> np.ndarray | None:
     def n(column: str) -> np.ndarray:
         return pc.list_value_length(table[column]).to_numpy(zero_copy_only=False).astype(np.int64)
 
+    if {"chosen_input_ids", "rejected_input_ids"} <= columns:  # TRL's ORPO/CPO rows: prompt in both sequences
+        return np.maximum(n("chosen_input_ids"), n("rejected_input_ids"))
     if {"chosen_ids", "rejected_ids"} <= columns:
         longer = np.maximum(n("chosen_ids"), n("rejected_ids"))
         return longer + n("prompt_ids") if "prompt_ids" in columns else longer

@@ -31,7 +31,12 @@ class StageData:
 
 
 def open_stage_data(inp: StageInputs) -> StageData:
+    """Also seeds torch with the run's seed: what a stage creates before its Trainer seeds (the reward model's new
+    score head, TRL's LoRA adapters) is then the same in every run of the same config."""
+    from transformers import set_seed
+
     quiet_libraries()
+    set_seed(inp.seed)
     tok = models.load_tokenizer(Path(inp.model_path))
     template = templates.get_template(inp.template)
     templates.check_template(template, tok)

@@ -87,6 +87,19 @@ def test_rm_learns_a_reward_head(data, sft_model, tmp_path):
     assert "score.weight" in weights(r["output_model"])
 
 
+def test_the_reward_models_new_score_head_is_the_same_in_every_run(data, tiny_model, tmp_path):
+    """The score head is created when the model loads, before the Trainer seeds: the stage seeds first, so two runs
+    of the same config start from the same head (the demo's rm first loss was 0.743 in one run, 0.650 in the next)."""
+    from medgpt_ray.stages import build_stage
+
+    heads = []
+    for k in range(2):
+        built = build_stage(make_inputs("rm", data, tiny_model, tmp_path / str(k)))
+        heads.append({n: p.detach().clone() for n, p in built.trainer.model.named_parameters() if "score" in n})
+    assert heads[0] and heads[0].keys() == heads[1].keys()
+    assert all(torch.equal(heads[0][n], heads[1][n]) for n in heads[0])
+
+
 def test_dpo_moves_the_policy_off_its_reference(data, sft_model, tmp_path):
     r = run_stage(make_inputs("dpo", data, sft_model, tmp_path, beta=0.1))
     # Loss starts at ln 2 (policy == reference) and must drop below it.
@@ -278,11 +291,15 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     assert with_tools and len(with_tools) < len(records)
     tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
     texts, skipped = preference_texts(with_tools, tok, chatml)
-    assert skipped == 0
+    assert skipped == {"tools_unsupported": 0, "too_long": 0}
     for prompt, record in zip(texts["prompt"], with_tools, strict=True):
         assert all(tool["name"] in prompt for tool in record["tools"]) and "# Tools" in prompt
     pairs, rm_skipped = encode_pairs(records, tok, chatml, 8192)
     assert len(pairs) == len(records) and rm_skipped["tools_unsupported"] == 0
     # A template with no tool format leaves such pairs out and counts them.
     _, vicuna_skipped = preference_texts(records, tok, templates.get_template("vicuna"))
-    assert vicuna_skipped == len(with_tools)
+    assert vicuna_skipped["tools_unsupported"] == len(with_tools)
+    # A prompt that alone fills seq_len leaves nothing to train on: left out and counted (ORPO/CPO would give NaN).
+    shortest = min(len(tok(p, add_special_tokens=False)["input_ids"]) for p in texts["prompt"])
+    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + 1)
+    assert cut["too_long"] == len(with_tools) - len(kept) >= 1

@@ -68,7 +68,8 @@ def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
     # No GPU is read here: a GPU config is planned for a 24 GiB card (an RTX 4090), as `medgpt-ray plan` does.
     plans, errors = plan_all(cfg, probe=lambda: None, default_gpu_gib=24.0)
     assert errors == {}
-    assert list(plans) == cfg.enabled_stages() == ["pt", "sft", "rm", "dpo"]
+    every = ["pt", "sft", "rm", "dpo", "orpo", "simpo"]
+    assert list(plans) == cfg.enabled_stages() == every[:6 if "alignment" in name else 4]
     shape = model_shape(cfg)
     assert shape.name == (cfg.model.shape or "tiny")
     for p in plans.values():

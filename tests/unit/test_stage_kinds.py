@@ -104,11 +104,16 @@ def test_the_planner_and_the_stage_dispatch_take_the_kind_from_the_registry(echo
 
 
 def test_built_in_kinds_are_registry_entries_too():
-    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo"]
-    assert {k: (v.data_kind, v.default_from) for k, v in STAGE_KINDS.items()} == {
-        "pt": ("pretrain", None), "sft": ("sft", "pt"), "rm": ("preference", "sft"), "dpo": ("preference", "sft")}
-    with pytest.raises(ValueError, match="unknown stage kind 'orpo'"):
-        make(orpo={})
+    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo"]
+    assert {k: (v.data_kind, v.default_from, v.memory_kind) for k, v in STAGE_KINDS.items()} == {
+        "pt": ("pretrain", None, "pt"), "sft": ("sft", "pt", "sft"), "rm": ("preference", "sft", "rm"),
+        "dpo": ("preference", "sft", "dpo"), "orpo": ("preference", "sft", "orpo"),
+        "simpo": ("preference", "sft", "orpo")}
+    # The reference-free kinds are there but off unless a config enables them.
+    assert make().enabled_stages() == ["pt", "sft", "rm", "dpo"]
+    assert make(orpo={"enabled": True}).enabled_stages()[-1] == "orpo"
+    with pytest.raises(ValueError, match="unknown stage kind 'kto'"):
+        make(kto={})
 
 
 def test_from_round_trips_through_the_resolved_config():
