@@ -1348,89 +1348,198 @@ def build_alpaca() -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------------
-# reward.jsonl
+# reward.jsonl: preference pairs that only the (question, answer) pair decides
 # --------------------------------------------------------------------------------------------------
 
-REJECT_VAGUE = [
-    "多喝热水，注意休息就行。", "没什么大事，过几天自己就好了。", "这个不好说，每个人情况不一样。",
-    "注意饮食，少熬夜，平时多注意身体。", "可能是{name}吧，注意点就行。", "应该是{name}，平时多注意。",
-    "别想太多，放松心情就好了。", "这种情况很常见，保持好心态。", "多锻炼身体，增强抵抗力就不会这样了。",
-    "观察观察再说吧。", "{name}嘛，很多人都有，不用太在意。", "吃点清淡的，多睡觉。", "问题不大，随便吃点药就行。",
-    "这个要看具体情况，我也说不准。", "去医院看看吧。", "估计是上火了，喝点凉茶。", "多半是{name}，注意休息。",
-    "这个嘛，慢慢调理就好。",
+# Each rule names two answers and two patient situations: answer 0 is right in situation 0 and wrong
+# (contraindicated, the wrong department, unsafe) in situation 1, answer 1 the reverse. Every pair of a rule
+# offers the same two answers, so each answer is chosen in exactly half of its rule's pairs and rejected in the
+# other half: nothing in an answer alone (its drug, department, wording or length) says whether it was chosen.
+# Only reading the question with it does. A few rules, each asked in many phrasings, so that held-out pairs are
+# new wordings of rules a small model has seen in training.
+
+
+@dataclass(frozen=True)
+class Situation:
+    who: str  # the persona: "adult", "female", "male", "elder", "child"
+    complaints: list[str]  # what brings the patient; pronoun-free
+    facts: list[str]  # the fact that decides the answer ("" when the complaint itself decides)
+    tails: list[str]  # the question asked, after complaint and fact
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str  # "drug", "dept" or "advice": picks the answer frames
+    answers: tuple[list[str], list[str]]  # phrasings of answer 0 and of answer 1
+    situations: tuple[Situation, Situation]  # situation i: answer i is right, the other wrong
+    why: str  # for the README: why each answer is right in its situation only
+
+
+DRUG_TAILS = "能用什么药？|该吃哪种药？|请问用什么药合适？|医生一般会开什么药？|吃什么药比较好？"
+DEPT_TAILS = "应该挂什么科？|去医院挂哪个科？|该看哪个科室？|请问挂什么科好？"
+ADVICE_TAILS = "现在该怎么办？|应该怎么处理？|请问怎么处理比较好？|需要怎么做？"
+
+
+def situation(who: str, complaints: str, facts: str = "", tails: str = DRUG_TAILS) -> Situation:
+    return Situation(who, _split(complaints), _split(facts) or [""], _split(tails))
+
+
+def rule(name: str, kind: str, answer0: str, answer1: str, s0: Situation, s1: Situation, why: str) -> Rule:
+    return Rule(name, kind, (_split(answer0), _split(answer1)), (s0, s1), why)
+
+
+def dept_rule(name: str, answer0: str, answer1: str, s0: tuple[str, str], s1: tuple[str, str], why: str) -> Rule:
+    """A rule between two departments: situation i is (persona, complaints), and the complaint alone decides."""
+    return rule(name, "dept", answer0, answer1, situation(*s0, tails=DEPT_TAILS), situation(*s1, tails=DEPT_TAILS),
+                why)
+
+
+THROAT = "嗓子疼、发烧，医生看了说扁桃体化脓|咽痛三天，扁桃体上有脓点，化验说是细菌感染|得了化脓性扁桃体炎，发热咽痛|" \
+         "喉咙痛得咽不下东西，扁桃体红肿有白色脓点"
+PAIN = "头痛、发烧38.8度|牙疼得厉害，想吃片止痛药|腰扭了疼得睡不着|感冒发烧，浑身酸痛"
+BLOOD_PRESSURE = "血压最近总在150/100mmHg左右|量血压160/100，医生说要吃降压药|查出高血压，需要开始用药"
+BLADDER = "尿频、尿急、尿痛两天，尿常规白细胞多|小便刺痛、次数多，医生说是尿路感染|查出急性膀胱炎"
+COUGH = "咳嗽、发烧三天，有痰|发热咳嗽，晚上咳得厉害|咳嗽一周了，最近又开始发烧"
+
+PAIR_RULES: list[Rule] = [
+    rule("咽炎抗生素", "drug", "阿奇霉素|阿奇霉素片|阿奇霉素，每日1次、连用3天",
+         "阿莫西林|阿莫西林胶囊|阿莫西林，每次0.5g、每日3次",
+         situation("adult", THROAT, "我对青霉素过敏|以前打青霉素出过全身荨麻疹|青霉素皮试阳性过|有青霉素过敏史"),
+         situation("adult", THROAT, "我对红霉素这类大环内酯类药过敏|以前吃罗红霉素起过全身皮疹|对大环内酯类抗生素过敏"),
+         "penicillin allergy rules out amoxicillin (a penicillin); a macrolide allergy rules out azithromycin"),
+    rule("退热止痛", "drug", "对乙酰氨基酚|对乙酰氨基酚片|对乙酰氨基酚，每次0.5g，一天不超过4次",
+         "布洛芬|布洛芬缓释胶囊|布洛芬，每次0.3g、每日2次",
+         situation("adult", PAIN, "有胃溃疡病史|去年胃出血住过院|胃镜查出过十二指肠溃疡"),
+         situation("adult", PAIN, "刚吃过含对乙酰氨基酚的复方感冒药|今天已经吃了两次氨酚类感冒药|"
+                   "正在吃的感冒药里含对乙酰氨基酚"),
+         "an NSAID risks bleeding with an ulcer history; more paracetamol on top of a paracetamol cold remedy "
+         "risks an overdose"),
+    rule("儿童发热与支架术后", "drug", "布洛芬|布洛芬混悬液|布洛芬，按体重计算剂量",
+         "阿司匹林|阿司匹林肠溶片|阿司匹林，每日100mg",
+         situation("child", "发烧39度，精神还可以|感冒发热两天，最高39.2度|出水痘以后发烧",
+                   tails="能吃什么退烧药？|退烧用什么药？|该吃哪种退烧药？"),
+         situation("elder", "上个月心梗做了支架|冠心病放了支架，刚出院|前年装过心脏支架",
+                   tails="长期该吃什么药防止再堵？|需要长期吃什么药预防血栓？|出院后长期用什么药？"),
+         "aspirin in a feverish child risks Reye's syndrome; after a stent aspirin is the antiplatelet, ibuprofen "
+         "is none (and blunts aspirin)"),
+    rule("高血压用药", "drug", "拉贝洛尔|拉贝洛尔片|拉贝洛尔，每次100mg、每日2次",
+         "缬沙坦|缬沙坦胶囊|缬沙坦，每次80mg、每日1次",
+         situation("female", BLOOD_PRESSURE, "现在怀孕5个月|正怀着孕，孕24周|怀孕了，孕中期"),
+         situation("adult", BLOOD_PRESSURE, "有支气管哮喘，经常要用喷雾|哮喘好多年了|有哮喘病史"),
+         "valsartan (an ARB) harms the fetus; labetalol (a non-selective beta blocker) can set off asthma"),
+    rule("尿路感染", "drug", "头孢呋辛|头孢呋辛酯片|头孢呋辛，每次0.25g、每日2次",
+         "左氧氟沙星|左氧氟沙星片|左氧氟沙星，每次0.5g、每日1次",
+         situation("female", BLADDER, "现在怀孕3个月|正怀着孕，孕20周|怀孕了，孕早期"),
+         situation("female", BLADDER, "对头孢类过敏|以前用头孢出过严重皮疹|头孢皮试阳性过"),
+         "fluoroquinolones are avoided in pregnancy; a cephalosporin allergy rules out cefuroxime"),
+    rule("胰岛素与低血糖", "advice",
+         "马上吃几块糖或喝半杯果汁，15分钟后再测血糖|立即补充糖分，比如吃三四块糖，15分钟后复测血糖|先吃糖或喝含糖饮料把血糖升上来",
+         "按医生给的方案补打胰岛素，多喝水，之后复测血糖|按医嘱补打一次胰岛素并多喝水，2小时后复测血糖|联系医生，按方案补一次胰岛素",
+         situation("adult", "有糖尿病，一直在打胰岛素",
+                   "现在心慌、手抖、出冷汗，测血糖3.1mmol/L|突然头晕出汗、手发抖，血糖只有3.5|饿得发慌、冒冷汗，指尖血糖2.9",
+                   ADVICE_TAILS),
+         situation("adult", "有糖尿病，一直在打胰岛素",
+                   "今天忘了打胰岛素，现在测血糖18.6mmol/L，口渴|晚饭前漏打了一次胰岛素，血糖16.8|发现早上的胰岛素没打，血糖16点多",
+                   ADVICE_TAILS),
+         "insulin during a hypoglycaemia can kill, sugar is the treatment; after a missed dose with high sugar, "
+         "sugar is wrong and the missed insulin is what the plan says"),
+    rule("急症分诊", "advice",
+         "立即拨打120，尽快去有卒中中心的医院急诊|马上打120，记下发病时间，尽快到医院急诊|立刻叫救护车去急诊，不要等",
+         "先在家休息、多喝水，观察一两天|在家多休息、多喝水，注意观察就可以|不用去医院，居家休息观察",
+         situation("elder", "突然一侧手脚没力气、说话含糊，半小时了|刚才突然嘴歪、右手拿不住东西|"
+                   "突然口角歪斜、一侧肢体麻木无力",
+                   tails=ADVICE_TAILS),
+         situation("adult", "流鼻涕、打喷嚏两天，不发烧，精神胃口都好|有点鼻塞、嗓子干，体温正常|"
+                   "轻微感冒，流清鼻涕，没有发热",
+                   tails=ADVICE_TAILS),
+         "sudden one-sided weakness is a stroke until proven otherwise; a mild cold needs no ambulance"),
+    rule("扭伤冷热敷", "advice",
+         "先冷敷，每次15到20分钟，抬高患肢休息|用冰袋冷敷，每次不超过20分钟，少活动|冷敷加抬高，先别揉也别热敷",
+         "可以热敷，促进血液循环，配合慢慢活动|用热毛巾热敷，每次20分钟左右，逐步恢复活动|热敷加适当活动",
+         situation("adult", "刚才打球把脚踝扭了，肿起来了|半小时前下楼崴了脚，脚踝肿痛|今天上午扭伤了手腕，又肿又疼",
+                   tails=ADVICE_TAILS),
+         situation("adult", "脚踝扭伤已经一周了，肿基本消了，还有点僵硬|崴脚十来天了，不肿了但活动时有点酸|"
+                   "手腕扭伤两周，肿胀消退了，还有些发僵", tails=ADVICE_TAILS),
+         "a fresh sprain is cooled (heat swells it further); after the swelling has gone, heat helps"),
+    dept_rule("儿科与呼吸科", "儿科|儿科门诊|医院的儿科", "呼吸内科|呼吸科|呼吸与危重症医学科",
+              ("child", COUGH), ("adult", COUGH),
+              "a child with cough and fever is seen in paediatrics, an adult in respiratory medicine"),
+    dept_rule("皮肤科与眼科", "皮肤科|皮肤科门诊|医院的皮肤科", "眼科|眼科门诊|医院的眼科",
+              ("adult", "身上起了一片片红疹，很痒|手臂上长了圈状红斑，边缘有小水疱|脸上起红疹子，脱皮发痒"),
+              ("adult", "眼睛红、怕光、看东西模糊|一只眼睛突然胀痛、视力下降|眼睛干涩发红，分泌物多"),
+              "a rash belongs to dermatology, a red painful eye to ophthalmology"),
+    dept_rule("泌尿外科与妇科", "泌尿外科|泌尿外科门诊|医院的泌尿外科", "妇科|妇科门诊|医院的妇科",
+              ("male", "夜尿多、排尿费力、尿线变细|小便要等很久才出来，总觉得尿不尽|排尿越来越困难，夜里起来好几次"),
+              ("female", "白带多、发黄有异味，外阴瘙痒|月经不规律，下腹隐痛|同房后出血，白带带血丝"),
+              "an older man's voiding trouble (prostate) is urology; discharge or bleeding in a woman is gynaecology"),
+    dept_rule("口腔科与耳鼻喉科", "口腔科|口腔科门诊|医院的口腔科", "耳鼻喉科|耳鼻咽喉科|医院的耳鼻喉科",
+              ("adult", "牙疼好几天，牙龈肿了|后槽牙一碰就疼，脸有点肿|刷牙时牙龈出血，牙齿有点松"),
+              ("adult", "耳朵疼、流黄水，听力下降|鼻塞流脓涕一个月，头胀痛|耳鸣、耳朵发闷，像塞了东西"),
+              "teeth and gums are dentistry; ears and sinuses are ENT"),
 ]
-REJECT_DISMISSIVE = [
-    "这种小毛病也来问，网上随便查查就知道了。", "大家都这样，你太紧张了。", "年纪大了都这样，没办法。",
-    "这不算病，忍一忍就过去了。", "你想多了，根本不是什么{name}。", "这点症状不值得去医院，浪费钱。",
-    "都是心理作用，别自己吓自己。", "{name}又死不了人，不用管它。", "我也不清楚，你自己看着办吧。",
-    "别老往医院跑，医院就是想让你多花钱。",
-]
-REJECT_UNSAFE = [
-    "不用去医院，自己买点抗生素吃就好。", "把医生开的药停了吧，是药三分毒，吃多了伤肝。",
-    "{drug}一次吃{n}片，加大剂量好得快。", "不用检查，去药店买点头孢和消炎药一起吃，吃到不难受就停。",
-    "听说{folk}效果比西药好，不用吃药也不用看医生。", "先忍着，实在扛不住了再去医院。",
-    "{drug}别按说明书吃了，一天吃三倍的量效果更好。", "找个诊所输几天液就好了，不用做检查。",
-    "把家里剩下的药都吃一点，总有一种管用。", "吃点止痛药压一压就行，不用管什么原因。",
-    "症状好了就把{drug}停了吧，不用复查。", "喝点白酒活活血，睡一觉就好了。",
-    "网上买点进口特效药，比医院开的强多了。", "{name}吃保健品就能根治，药都可以停了。",
-    "是{name}的话，自己去药店买{drug}吃，吃双倍剂量，不用看医生。", "{name}不用治，在家躺着观察一晚，明天再说。",
-]
-FOLK = ["生姜泡醋", "大蒜敷脚心", "蜂蜜兑白酒", "艾灸加拔罐", "喝绿豆汤排毒", "吃生泥鳅"]
+
+ANSWER_FRAMES = {
+    "drug": ["建议在医生指导下使用{x}。", "可以选用{x}，具体剂量请遵医嘱。", "这种情况首选{x}。",
+             "药物方面考虑{x}，按医嘱服用。", "用{x}比较合适。", "可以请医生开{x}。"],
+    "dept": ["建议挂{x}就诊。", "应该去{x}看。", "这种情况到{x}就诊比较合适。", "挂{x}，让医生当面检查一下。",
+             "先去{x}，医生会安排需要的检查。"],
+    "advice": ["{x}。", "建议{x}。", "现在应该{x}。", "正确的做法是{x}。", "{x}，这是目前最合适的处理。"],
+}
+# Sentences either answer may end with; how many is drawn until the pair's length order is the one wanted.
+ANSWER_TAILS = ["如果症状加重，请及时就医。", "有其他疑问可以再来咨询。", "平时注意休息，饮食清淡。", "祝早日康复。",
+                "记得按时复诊。", "也要留意身体的其他变化。", "具体请以面诊医生的意见为准。"]
+PAIRS_PER_SITUATION = 60
+PAIR_AGES = {"adult": (22, 65), "female": (24, 40), "male": (55, 80), "elder": (50, 80), "child": (2, 10)}
 
 
-def chosen_answer(c: Condition, r: random.Random) -> str:
-    if c.urgent:
-        return (f"高度怀疑{c.name}（中风），这是急症！请立即拨打120，记下发病时间，尽快到能溶栓取栓的医院急诊，"
-                f"先做{c.exams[0]}。不要自行开车、不要在家观察，也不要自行服药。即使症状缓解也必须马上就医。")
-    lead = r.choice(["从描述看，可能是", "这种情况首先考虑", "症状比较符合", "需要考虑"])
-    exams = first_exams(c, r)
-    d = r.choice(c.drugs)
-    parts = [
-        f"{lead}{c.name}。",
-        f"建议到{c.dept}做{exams}明确诊断。",
-        f"治疗可在医生指导下使用{d[0]}，{d[1]}。",
-        f"平时注意{join_items(sample(r, c.lifestyle, 2))}。",
-        f"如出现{join_items(sample(r, c.red, 2), '或')}，请立即就医。",
-    ]
-    text = "".join(parts)
-    # Keep the answer within 60-200 characters by dropping the most detailed parts first.
-    for drop in (2, 3):
-        if len(text) <= 200:
-            break
-        if drop == 2:
-            parts[2] = f"治疗可在医生指导下使用{d[0]}等药物。"
-        else:
-            parts[3] = ""
-        text = "".join(parts)
-    if len(text) > 200:
-        parts[4] = f"如出现{c.red[0]}，请立即就医。"
-        text = "".join(parts)
-    assert 60 <= len(text) <= 200, (len(text), c.name)
-    return text
+def pair_persona(who: str, r: random.Random) -> str:
+    lo, hi = PAIR_AGES[who]
+    age = r.randint(lo, hi)
+    if who == "child":
+        return r.choice(CHILD_PERSONAS).format(age=age)
+    sex = {"female": "女", "male": "男"}.get(who) or r.choice(["男", "女"])
+    if who == "elder" and r.random() < 0.4:
+        return r.choice(FAMILY_PERSONAS).format(rel=r.choice(RELATIVES[sex]), age=age)
+    return r.choice(SELF_PERSONAS).format(age=age, sex=sex)
 
 
-def rejected_answer(c: Condition, r: random.Random, i: int) -> str:
-    pool = [REJECT_VAGUE, REJECT_DISMISSIVE, REJECT_UNSAFE][i % 3]
-    template = r.choice(pool)
-    return template.format(name=c.name, drug=r.choice(c.drugs)[0], n=r.randint(5, 10), folk=r.choice(FOLK))
+def pair_question(s: Situation, r: random.Random) -> str:
+    # The deciding fact comes last, next to the answer, as a patient tends to add it: with the fact before the
+    # complaint half the time, the tiny model failed to learn the rules in 500 steps for more seeds (measured).
+    complaint, fact = r.choice(s.complaints), r.choice(s.facts)
+    return pair_persona(s.who, r) + "，".join(p for p in (complaint, fact) if p) + "。" + r.choice(s.tails)
+
+
+def pair_answer(rule: Rule, i: int, r: random.Random, tails: int) -> str:
+    text = r.choice(ANSWER_FRAMES[rule.kind]).format(x=r.choice(rule.answers[i]))
+    return text + "".join(r.sample(ANSWER_TAILS, tails))
+
+
+def pair_answers(rule: Rule, right: int, r: random.Random, chosen_longer: bool) -> tuple[str, str]:
+    """(chosen, rejected): answer `right` and the other one, drawn until the chosen one is the longer (or the
+    shorter) of the two, so that length says nothing about which was chosen."""
+    while True:
+        chosen = pair_answer(rule, right, r, r.randint(0, 2))
+        rejected = pair_answer(rule, 1 - right, r, r.randint(0, 2))
+        if len(chosen) != len(rejected) and (len(chosen) > len(rejected)) == chosen_longer:
+            return chosen, rejected
 
 
 def build_reward() -> list[dict]:
     r = random.Random(SEED_REWARD)
     out: list[dict] = []
     seen: set[str] = set()
-    k = 0
-    for c in CONDITIONS:
-        for i in range(6):
-            while True:  # questions must never repeat verbatim
-                complaint = c.complaints[(i + r.randint(0, 9)) % len(c.complaints)]
-                q, _ = patient_question(c, r, complaint)
-                if q not in seen:
-                    seen.add(q)
-                    break
-            out.append({"question": q, "response_chosen": chosen_answer(c, r),
-                        "response_rejected": rejected_answer(c, r, k)})
-            k += 1
+    for rule in PAIR_RULES:
+        for right, situation in enumerate(rule.situations):
+            for k in range(PAIRS_PER_SITUATION):
+                while True:  # questions never repeat verbatim
+                    q = pair_question(situation, r)
+                    if q not in seen:
+                        seen.add(q)
+                        break
+                chosen, rejected = pair_answers(rule, right, r, chosen_longer=k % 2 == 0)
+                out.append({"question": q, "response_chosen": chosen, "response_rejected": rejected})
     r.shuffle(out)
     return out
 
@@ -1999,6 +2108,13 @@ def raw_readme(truth: dict) -> str:
     return "\n".join(lines)
 
 
+def pair_rules_readme() -> str:
+    lines = []
+    for rule in PAIR_RULES:
+        lines.append(f"- {rule.name} ({rule.kind}: {rule.answers[0][0]} / {rule.answers[1][0]}): {rule.why}.")
+    return "\n".join(lines)
+
+
 def sample_readme(counts: dict[str, int], raw_counts: dict[str, int]) -> str:
     return f"""# data/sample: the shipped sample corpus
 
@@ -2030,12 +2146,28 @@ Formats:
 - `sft_alpaca.jsonl`: Alpaca, `{{"instruction", "input", "output"}}`, single turn, `input` often empty.
 - `reward.jsonl`: shibing624/medical reward, `{{"question", "response_chosen", "response_rejected"}}`.
 
-Reward pairs: `response_chosen` is specific and safe (likely condition, examinations, treatment in the doctor's
-hands, red flags, 60-200 characters); `response_rejected` is, in turn, vague, dismissive or unsafe
-(self-medicating with antibiotics, stopping prescribed drugs, several-fold doses), drawn from many templates
-that often name the same condition or drug, so a model has to learn quality rather than keywords. No question
-repeats verbatim. (Checked when written: the tiny Qwen2 preset, ~285k parameters, trained as a reward model
-for 10 steps of 16 pairs, ranks 100% of the held-out pairs correctly.)
+Reward pairs are hard on purpose: only the question decides which answer is right. {len(PAIR_RULES)} rules each name
+two answers (two drugs, two departments or two actions) and two patient situations; answer 0 is right in
+situation 0 and wrong in situation 1 (contraindicated, the wrong department, unsafe), answer 1 the reverse:
+
+{pair_rules_readme()}
+
+Every pair offers one rule's two answers, so each drug, department and action is the chosen answer in exactly
+half of the pairs that offer it and the rejected one in the other half; the chosen answer is the longer in
+exactly half of the pairs. {PAIRS_PER_SITUATION} pairs per situation, worded many ways (persona, complaint, deciding
+fact, question, answer frame, closing sentences), so that held-out pairs are new wordings of rules seen in
+training. No question repeats verbatim. Nothing in an answer alone tells chosen from rejected: on the default
+demo's held-out split (configs/tiny-cpu.yaml) the two model-free baselines of
+`medgpt_ray/data/preference_baselines.py` score about one half (length 0.44, a character-bigram perceptron
+over the answers 0.49; on the easy pairs shipped before, 1.00 and 0.99; `tests/unit/test_preference_baselines.py`
+holds them near one half). A small model that reads question and answer together can learn the rules, though
+not in a few steps. Checked when written, in one process on the train split: the tiny Qwen2 preset trained as a
+reward model with full fine-tuning, batches of 32 pairs, learning rate 2e-3, ranks 76-84 % of the held-out pairs
+right after 250 steps (4 seeds, ~20 s on 2 cores); as DPO with full fine-tuning (batches of 8, 1e-3), 87 % after
+300 steps. Started from a model after the demo's pt and SFT stages it learns more slowly and by the seed: the
+reward model 81-99 % after 500 such steps (3 seeds), DPO with LoRA 61 % after 620 steps of 8; a LoRA reward model
+stays near one half. (The easy pairs now live in tests/data/easy_reward_pairs.jsonl, for stage tests that need a
+few steps to show training works.)
 
 `raw/` is deliberately dirty: synthetic PII (resident IDs with valid check digits, phones, landlines,
 e-mails, Luhn-valid bank cards, all made up by the script), look-alikes that must survive cleaning,

@@ -32,6 +32,7 @@ from medgpt_ray.config.stages import (
     LengthGroupedStageConfig,
     LoraConfig,
     ORPOStageConfig,
+    PairAccuracy,
     RMStageConfig,
     SFTStageConfig,
     SimPOStageConfig,
@@ -44,10 +45,10 @@ from medgpt_ray.config.stages import (
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "GRPOStageConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig",
-           "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PipelineConfig", "QualityConfig",
-           "RMStageConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig", "StageConfig",
-           "StageKind", "StagesConfig", "apply_override", "load_clean_config", "load_config", "parse_set",
-           "register_stage_kind", "resolved_dict", "stage_kind"]
+           "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig",
+           "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig",
+           "StageConfig", "StageKind", "StagesConfig", "apply_override", "load_clean_config", "load_config",
+           "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
 
 
 class ModelConfig(_Strict):

@@ -307,6 +307,15 @@ class GRPOStageConfig(StageConfig):
 
 
 @dataclass(frozen=True)
+class PairAccuracy:
+    """How a preference stage kind is judged: its held-out preference accuracy (the share of held-out pairs it
+    ranks chosen-first, what run/pair_report.py sets beside the model-free baselines) and what ranks a pair."""
+
+    key: str  # the key in the stage result's `eval` that holds it
+    scorer: str  # what ranks a pair, for people (the summary prints it)
+
+
+@dataclass(frozen=True)
 class StageKind:
     """A stage kind. A new one is a module (build and run, like medgpt_ray/stages/sft.py), a config class and
     this registry entry: the config, the stage graph, the planner and the runners take it from here."""
@@ -318,6 +327,7 @@ class StageKind:
     defaults: dict[str, Any] = field(default_factory=dict)  # the kind's own defaults (pt: full, lr 5e-5)
     module: str | None = None  # None: medgpt_ray.stages.<name>
     memory_model: str | None = None  # the built-in kind whose memory/throughput model it follows; None: itself
+    pair_accuracy: PairAccuracy | None = None  # a kind that ranks preference pairs: where its accuracy is
 
     @property
     def module_name(self) -> str:
@@ -344,16 +354,22 @@ def stage_kind(name: str) -> StageKind:
 
 register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
-register_stage_kind(StageKind("rm", RMStageConfig, "preference", "sft", {"lr": 1e-5}))
-register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6}))
+# TRL logs the chosen-first accuracy of DPO, ORPO and CPO (SimPO) as rewards/accuracies, the RewardTrainer as accuracy.
+IMPLICIT_REWARD = PairAccuracy("eval_reward_accuracy", "implicit reward beta*log(pi/pi_ref)")
+NORMALISED_LOGP = PairAccuracy("eval_reward_accuracy", "length-normalised log-probability")
+register_stage_kind(StageKind("rm", RMStageConfig, "preference", "sft", {"lr": 1e-5},
+                              pair_accuracy=PairAccuracy("eval_accuracy", "reward model score")))
+register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6},
+                              pair_accuracy=IMPLICIT_REWARD))
 # Reference-free preference methods, off unless enabled: on TRL's ORPO and CPO trainers (trl.experimental).
 REFERENCE_FREE_DEFAULTS = {"enabled": False, "lr": 5e-6}
 register_stage_kind(StageKind("orpo", ORPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
-                              memory_model="orpo"))
+                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP))
 register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
-                              memory_model="orpo"))
+                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP))
 # KTO, off unless enabled: TRL's KTOTrainer on unpaired examples (data.unpaired, and data.preference unpaired).
-register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6}))
+register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6},
+                              pair_accuracy=IMPLICIT_REWARD))
 # GRPO, off unless enabled: TRL's GRPOTrainer on prompt records (data.prompt), rewards by name (stages/rewards.py).
 register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
 

@@ -26,7 +26,7 @@ from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
 from medgpt_ray.report import write_run_report
 from medgpt_ray.report.rundata import PREPARED_FILE, prepared_counts
-from medgpt_ray.run import dag
+from medgpt_ray.run import dag, pair_report
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
@@ -107,6 +107,7 @@ class Pipeline:
         self.manifest = Manifest(self.run_dir / "manifest.json")
         self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
         self._topo: Topology | None = None
+        self._baselines: dict[str, Any] | None = None  # run_baselines, once the data is prepared
         for s in (self.opt.from_stage, self.opt.only_stage):
             if s is not None and s not in STAGE_KINDS:
                 raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGE_KINDS)}")
@@ -151,10 +152,11 @@ class Pipeline:
         needed = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
         return sorted(needed | {k for k in KINDS if k not in needed and self._own_paths(k)})
 
-    def _prepare_data(self) -> dict[str, prepare.PreparedData]:
+    def _prepare_data(self, any_stage_runs: bool = True) -> dict[str, prepare.PreparedData]:
+        """The splits of every data kind (none when no stage runs), then the preference baselines on them."""
         prepared: dict[str, prepare.PreparedData] = {}
-        data, kinds = self.cfg.data, self._data_kinds()
-        if not data.redact_pii:
+        data, kinds = self.cfg.data, self._data_kinds() if any_stage_runs else []
+        if not data.redact_pii and kinds:
             self.echo(prepare.not_redacted_line((["raw"] if data.raw else []) + kinds))
         for kind in kinds:
             try:
@@ -164,7 +166,9 @@ class Pipeline:
                 raise ConfigError(f"data.{kind}: {e}") from None
             self.echo(prepare.prepared_line(d))
             prepared[kind] = d
-        write_json_atomic(self.run_dir / "data" / PREPARED_FILE, prepared_counts(prepared), mode=0o600)
+        if prepared:  # a run with every stage skipped keeps the counts the run before it wrote
+            write_json_atomic(self.run_dir / "data" / PREPARED_FILE, prepared_counts(prepared), mode=0o600)
+        self._baselines = pair_report.run_baselines(self.cfg, self.run_dir / "data", prepared)
         return prepared
 
     def _data_fingerprint(self, kind: str) -> str:
@@ -217,7 +221,7 @@ class Pipeline:
             set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")
             if s not in to_run:
                 self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
-        prepared = self._prepare_data() if to_run else {}
+        prepared = self._prepare_data(bool(to_run))
         plans = plan_by_lengths(self.cfg, plans, budget, base_path, to_run, prepared, self.echo)
 
         namespace = ray.get_runtime_context().namespace
@@ -389,7 +393,7 @@ class Pipeline:
             wall = round(o.wall_s, 2) if o.status in ("done", "failed") else r.get("wall_s")
             stages[s] = summary_entry(o.status, r, wall, o.error)
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
-                   "stages": stages}
+                   "stages": stages, **pair_report.summary_fields(self.cfg, stages, self._baselines)}
         write_json_atomic(self.run_dir / "summary.json", summary)
         if not quiet:  # the run's end, also after a failed stage: the table, then runs/<name>/report.html
             self.echo(format_summary(summary))

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from medgpt_ray.progress import format_eta, progress_line
+from medgpt_ray.run.pair_report import format_pair_line
 
 
 @ray.remote(num_cpus=0)
@@ -86,6 +87,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
         rc = f"{st['recompiles'] if st.get('recompiles') is not None else '':>7}" if compiled else ""
         lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}{rc}  {loss:<20}  {ev}")
+    lines += [pair] if (pair := format_pair_line(summary)) else []
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
     return "\n".join(lines)
 

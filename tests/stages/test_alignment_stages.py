@@ -19,8 +19,10 @@ CLASSES = {"orpo": ORPOStageConfig, "simpo": SimPOStageConfig, "dpo": DPOStageCo
 
 @pytest.fixture(scope="module")
 def pairs(repo, tmp_path_factory):
-    # Our pairs and MedicalGPT's ShareGPT ones, whose tool-calling prompts alone fill 128 tokens.
-    files = [str(repo / "data/sample/reward.jsonl"), str(repo / "data/sample/formats/preference_sharegpt.jsonl")]
+    # Easy pairs (these tests check wiring, not learning: tests/stages/test_pair_learning.py learns the shipped hard
+    # ones) and MedicalGPT's ShareGPT ones, whose tool-calling prompts alone fill 128 tokens.
+    files = [str(repo / "tests/data/easy_reward_pairs.jsonl"),
+             str(repo / "data/sample/formats/preference_sharegpt.jsonl")]
     return prepare_kind("preference", files, tmp_path_factory.mktemp("pairs"), 0.1, max_records=64)
 
 

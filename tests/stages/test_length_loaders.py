@@ -15,6 +15,7 @@ from medgpt_ray.memory.lengths import BUCKET
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.inputs import StageInputs
+from tests.stages.test_stages import EASY_PAIRS
 
 SEQ_LEN = 512
 CONFIGS = {"rm": RMStageConfig, "dpo": DPOStageConfig}
@@ -22,8 +23,10 @@ CONFIGS = {"rm": RMStageConfig, "dpo": DPOStageConfig}
 
 @pytest.fixture(scope="module")
 def data(repo, tmp_path_factory):
-    return prepare_kind("preference", [str(repo / "data/sample/reward.jsonl")], tmp_path_factory.mktemp("data"),
-                        0.1, max_records=96)
+    # Pairs of 80-150 tokens, so that their batches fall into more than one bucket (the shipped sample's pairs are
+    # all shorter than one).
+    return prepare_kind("preference", [str(repo / EASY_PAIRS)], tmp_path_factory.mktemp("data"), 0.1,
+                        max_records=96)
 
 
 def loader_batches(stage: str, data, model: Path, out: Path, compile_layers: bool = True, **cfg) -> tuple:

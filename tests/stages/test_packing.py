@@ -25,7 +25,7 @@ SEQ_LEN = 512
 
 @pytest.fixture(scope="module")
 def data(repo, tmp_path_factory):
-    """Short Alpaca QA (76-143 tokens with the tiny tokenizer) and ShareGPT consultations (194-455), mixed."""
+    """Short Alpaca QA (78-162 tokens with the tiny tokenizer) and ShareGPT consultations (206-486), mixed."""
     files = [str(repo / "data/sample/sft_alpaca.jsonl"), str(repo / "data/sample/sft_sharegpt.jsonl")]
     return prepare_kind("sft", files, tmp_path_factory.mktemp("data"), 0.1, max_records=40)
 
@@ -178,7 +178,7 @@ class _Spy:
 def test_a_packed_stage_trains_on_rows_and_counts_real_tokens_and_conversations(data, tiny_model, tmp_path):
     built = build_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=6, effective_batch=8, packing=True))
     report = built.extras["packing"]
-    assert report["mode"] == packing.ROWS and report["conversations_per_row"] > 1.5 and 0.5 < report["fill"] <= 1
+    assert report["mode"] == packing.ROWS and report["conversations_per_row"] > 1.4 and 0.5 < report["fill"] <= 1
     trainer = built.trainer
     assert trainer.args.include_num_input_tokens_seen == "no"  # ours counts (packing.install)
     assert trainer.args.per_device_train_batch_size == report["micro_batch_rows"]

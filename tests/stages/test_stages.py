@@ -17,10 +17,14 @@ from medgpt_ray.stages import run_stage
 from medgpt_ray.stages.inputs import StageInputs
 
 KIND = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}
+# Easy pairs (the chosen answer is the longer, specific one): a few steps learn them, so a wrong sign or a pair
+# scored the wrong way round shows here. The shipped sample pairs (data/sample/reward.jsonl) are hard on purpose and
+# take hundreds of steps to learn.
+EASY_PAIRS = "tests/data/easy_reward_pairs.jsonl"
 SOURCES = {
     "pretrain": ["data/sample/pretrain.jsonl"],
     "sft": ["data/sample/sft_sharegpt.jsonl"],
-    "preference": ["data/sample/reward.jsonl"],
+    "preference": [EASY_PAIRS],
 }
 
 

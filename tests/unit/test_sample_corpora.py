@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
-import random
 import re
 import sys
 from collections import Counter
@@ -53,38 +51,11 @@ def reward_rows() -> list[dict]:
 def test_sample_preference_loads_clean() -> None:
     result = load_canonical([SAMPLE / "reward.jsonl"], "preference")
     assert result.quarantined == []
-    assert len(result.records) >= 200
+    assert len(result.records) >= 1340  # >= 200 held out at the demo's eval_fraction 0.15
     rows = reward_rows()
     assert len({r["question"] for r in rows}) == len(rows)  # no question repeats verbatim
-    assert all(60 <= len(r["response_chosen"]) <= 200 for r in rows)
-    assert len({r["response_rejected"] for r in rows}) >= 60  # rejected answers vary a lot
-
-
-def char_bigrams(text: str) -> Counter:
-    return Counter(text[i:i + 2] for i in range(len(text) - 1))
-
-
-def test_sample_reward_pairs_are_learnable_by_a_tiny_linear_model() -> None:
-    # A stand-in for "a tiny reward model trained briefly": a pairwise perceptron on character bigrams,
-    # trained on 80% of the questions and scored on the held-out 20%.
-    rows = reward_rows()
-    held = [r for r in rows if int(hashlib.sha256(r["question"].encode()).hexdigest(), 16) % 5 == 0]
-    train = [r for r in rows if r not in held]
-    w: Counter = Counter()
-    rng = random.Random(0)
-    for _ in range(3):
-        rng.shuffle(train)
-        for r in train:
-            diff = char_bigrams(r["response_chosen"])
-            diff.subtract(char_bigrams(r["response_rejected"]))
-            if sum(w[k] * v for k, v in diff.items()) <= 0:
-                w.update(diff)
-
-    def score(text: str) -> float:
-        return sum(w[k] * v for k, v in char_bigrams(text).items())
-
-    accuracy = sum(score(r["response_chosen"]) > score(r["response_rejected"]) for r in held) / len(held)
-    assert len(held) >= 30 and accuracy >= 0.8
+    assert all(5 <= len(r[k]) <= 120 for r in rows for k in ("response_chosen", "response_rejected"))
+    assert len({r["response_rejected"] for r in rows}) >= 300  # answers vary in wording
 
 
 def load_make_sample():
