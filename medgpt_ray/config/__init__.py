@@ -22,25 +22,21 @@ from medgpt_ray.config.clean import (
     QualityConfig,
     SignoffConfig,
 )
+from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind, stage_kind
 from medgpt_ray.config.stages import (
     MEMORY_KNOBS,
     PLAN_RESOLVED_KNOBS,
-    STAGE_KINDS,
     DPOStageConfig,
     GRPOStageConfig,
     KTOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
     ORPOStageConfig,
-    PairAccuracy,
     RMStageConfig,
     SFTStageConfig,
     SimPOStageConfig,
     StageConfig,
-    StageKind,
     StagesConfig,
-    register_stage_kind,
-    stage_kind,
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from medgpt_ray.config.base import Auto, ConfigError, LoraConfig, _NestedErrors, _Strict
+from medgpt_ray.config.base import Auto, LoraConfig, _NestedErrors, _Strict
+from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind
 
 
 class StageConfig(_Strict):
@@ -306,52 +306,6 @@ class GRPOStageConfig(StageConfig):
         return self.length_target or max(self.max_completion_length // 2, 1)
 
 
-@dataclass(frozen=True)
-class PairAccuracy:
-    """How a preference stage kind is judged: its held-out preference accuracy (the share of held-out pairs it
-    ranks chosen-first, what run/pair_report.py sets beside the model-free baselines) and what ranks a pair."""
-
-    key: str  # the key in the stage result's `eval` that holds it
-    scorer: str  # what ranks a pair, for people (the summary prints it)
-
-
-@dataclass(frozen=True)
-class StageKind:
-    """A stage kind. A new one is a module (build and run, like medgpt_ray/stages/sft.py), a config class and
-    this registry entry: the config, the stage graph, the planner and the runners take it from here."""
-
-    name: str  # its key under `stages:`, and the stage's name in a run (one stage per kind)
-    config_class: type[StageConfig]
-    data_kind: str  # the data.<kind> it trains on
-    default_from: str | None  # whose model it starts from unless `from` says otherwise; None: the base model
-    defaults: dict[str, Any] = field(default_factory=dict)  # the kind's own defaults (pt: full, lr 5e-5)
-    module: str | None = None  # None: medgpt_ray.stages.<name>
-    memory_model: str | None = None  # the built-in kind whose memory/throughput model it follows; None: itself
-    pair_accuracy: PairAccuracy | None = None  # a kind that ranks preference pairs: where its accuracy is
-
-    @property
-    def module_name(self) -> str:
-        return self.module or f"medgpt_ray.stages.{self.name}"
-
-    @property
-    def memory_kind(self) -> str:
-        return self.memory_model or self.name
-
-
-STAGE_KINDS: dict[str, StageKind] = {}  # in pipeline order, when `from` and `needs` leave it so
-
-
-def register_stage_kind(kind: StageKind) -> StageKind:
-    STAGE_KINDS[kind.name] = kind
-    return kind
-
-
-def stage_kind(name: str) -> StageKind:
-    if name not in STAGE_KINDS:
-        raise ConfigError(f"stage '{name}' is not one of {', '.join(STAGE_KINDS)}")
-    return STAGE_KINDS[name]
-
-
 register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
 # TRL logs the chosen-first accuracy of DPO, ORPO and CPO (SimPO) as rewards/accuracies, the RewardTrainer as accuracy.
@@ -368,8 +322,11 @@ register_stage_kind(StageKind("orpo", ORPOStageConfig, "preference", "sft", REFE
 register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
                               memory_model="orpo", pair_accuracy=NORMALISED_LOGP))
 # KTO, off unless enabled: TRL's KTOTrainer on unpaired examples (data.unpaired, and data.preference unpaired).
+# Its held-out pairs are those of the unpaired split (a pair's halves split together, by the pair's id): drawn like,
+# not identical to, the preference split's that the baselines read.
 register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6},
-                              pair_accuracy=IMPLICIT_REWARD))
+                              pair_accuracy=PairAccuracy("eval_reward_accuracy", "implicit reward beta*log(pi/pi_ref), "
+                                                         "on the unpaired split's held-out pairs")))
 # GRPO, off unless enabled: TRL's GRPOTrainer on prompt records (data.prompt), rewards by name (stages/rewards.py).
 register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
 

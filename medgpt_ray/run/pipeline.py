@@ -1,8 +1,7 @@
 """The pipeline on Ray: data -> plan -> place -> run waves -> manifest -> summary.
 
 The stage graph, its waves and fingerprints are pure (run/dag.py); each stage runs as a Ray Train TorchTrainer
-built by run/stage_runner.py (shared with Tune sweeps), whose workers call the plain stage function.
-"""
+built by run/stage_runner.py (shared with Tune sweeps), whose workers call the plain stage function."""
 
 from __future__ import annotations
 

@@ -17,21 +17,23 @@ EASY = ROOT / "tests" / "data" / "easy_reward_pairs.jsonl"
 def test_every_kind_that_trains_on_pairs_says_how_it_is_judged() -> None:
     """A new preference kind (kto, ...) plugs into the report by its registry entry: where its accuracy is."""
     for kind in STAGE_KINDS.values():
-        assert (kind.data_kind == "preference") == (kind.pair_accuracy is not None), kind.name
+        # unpaired: kto's examples include data.preference's pairs, and it is judged on its held-out ones
+        assert (kind.data_kind in ("preference", "unpaired")) == (kind.pair_accuracy is not None), kind.name
     assert stage_kind("rm").pair_accuracy.key == "eval_accuracy"
     assert {stage_kind(s).pair_accuracy.key for s in ("dpo", "orpo", "simpo")} == {"eval_reward_accuracy"}
 
 
 def test_the_summary_sets_each_stage_beside_the_baselines(tmp_path) -> None:
     cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml")
-    assert pair_stages(cfg) == ["rm", "dpo", "orpo", "simpo"]
+    assert pair_stages(cfg) == ["rm", "dpo", "orpo", "simpo", "kto"]
     assert pair_stages(load_config(ROOT / "configs" / "tiny-cpu.yaml")) == ["rm", "dpo"]
     d = prepare_kind("preference", [str(EASY)], tmp_path / "data", 0.15)
     base = run_baselines(cfg, tmp_path / "data", {"preference": d})
     # Every stage skipped: the splits an earlier run left; nothing to judge without them or without a pair stage.
     assert run_baselines(cfg, tmp_path / "data", {}) == base
     assert run_baselines(cfg, tmp_path / "none", {}) is None
-    cfg.stages.rm.enabled = cfg.stages.dpo.enabled = cfg.stages.orpo.enabled = cfg.stages.simpo.enabled = False
+    for s in ("rm", "dpo", "orpo", "simpo", "kto"):
+        cfg.stages.get(s).enabled = False
     assert run_baselines(cfg, tmp_path / "data", {"preference": d}) is None
 
     cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml")
