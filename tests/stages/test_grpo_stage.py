@@ -87,9 +87,10 @@ def test_rl_metrics_are_exported_like_the_training_metrics(monkeypatch):
 
     monkeypatch.setattr(telemetry, "metrics", lambda: Recorder())
     cb = telemetry.StageMetrics("run", "grpo", SimpleNamespace(prediction=None), None, None)
-    cb.on_log(None, None, None, logs={"loss": 0.1, "rewards/accuracy/mean": 0.4, "rewards/accuracy/std": 0.3,
-                                      "rewards/format/mean": 1.0, "kl": 0.02, "completions/mean_length": 5.5,
-                                      "generation/generations_per_s": 120.0, "generation/tokens_per_s": 600.0})
+    logs = {"loss": 0.1, "rewards/accuracy/mean": 0.4, "rewards/accuracy/std": 0.3, "rewards/format/mean": 1.0,
+            "kl": 0.02, "completions/mean_length": 5.5, "generation/generations_per_s": 120.0,
+            "generation/tokens_per_s": 600.0}
+    cb.on_log(None, SimpleNamespace(global_step=3), None, logs=logs)
     assert got[("medgpt_rl_reward_mean", "accuracy")] == 0.4 and got[("medgpt_rl_reward_std", "accuracy")] == 0.3
     assert got[("medgpt_rl_reward_mean", "format")] == 1.0 and got[("medgpt_rl_kl", "")] == 0.02
     assert got[("medgpt_rl_completion_length", "")] == 5.5
