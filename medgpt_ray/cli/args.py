@@ -40,3 +40,10 @@ def config_error(e: Exception) -> int:
     """A config problem as the commands report it: on stderr, prefixed, rc 2 (no traceback)."""
     print(f"config error: {e}", file=sys.stderr)
     return 2
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model and --template, as generate, chat and serve read them (infer/source.py resolves them)."""
+    p.add_argument("--model", required=True, help="RUN_DIR/STAGE (a finished stage) or a model directory")
+    p.add_argument("--template", default=None,
+                   help="chat template (default: the run's for RUN_DIR/STAGE, else the tokenizer's own)")

@@ -5,15 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from medgpt_ray.cli.args import non_negative_float, positive_int
+from medgpt_ray.cli.args import add_model_args, non_negative_float, positive_int
 
 HELP = "/reset starts the conversation over, /exit (or Ctrl-D) ends it"
 
 
 def add_chat_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="RUN_DIR/STAGE (a finished stage) or a model directory")
-    p.add_argument("--template", default=None,
-                   help="chat template (default: the run's for RUN_DIR/STAGE, else the tokenizer's own)")
+    add_model_args(p)
     p.add_argument("--system", default=None, help="system prompt (default: the template's)")
     p.add_argument("--max-new-tokens", type=positive_int, default=512)
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 (default) decodes greedily")

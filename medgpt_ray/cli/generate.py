@@ -6,18 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from medgpt_ray.cli.args import fraction, non_negative_float, non_negative_int, positive_int
+from medgpt_ray.cli.args import add_model_args, fraction, non_negative_float, non_negative_int, positive_int
 
 
 def add_generate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="RUN_DIR/STAGE (a finished stage) or a model directory")
+    add_model_args(p)
     p.add_argument("--input", dest="inputs", nargs="+", required=True, metavar="FILE",
                    help="prompts: .jsonl .json .csv .parquet .txt (GRPO question/answer, ShareGPT or role/content "
                         "turns ending on the user, SFT conversations up to their last user turn, text)")
     p.add_argument("--out", required=True, help="output directory: generations/*.parquet, summary.json; a re-run "
                                                 "with the same settings generates only what is missing")
-    p.add_argument("--template", default=None,
-                   help="chat template (default: the run's for RUN_DIR/STAGE, else the tokenizer's own)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 (default) decodes greedily")
     p.add_argument("--top-p", type=fraction, default=1.0)

@@ -8,15 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from medgpt_ray.cli.args import non_negative_float, positive_int
+from medgpt_ray.cli.args import add_model_args, non_negative_float, positive_int
 
 API_KEY_ENV = "MEDGPT_RAY_API_KEY"
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="RUN_DIR/STAGE (a finished stage) or a model directory")
-    p.add_argument("--template", default=None,
-                   help="chat template (default: the run's for RUN_DIR/STAGE, else the tokenizer's own)")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--port", type=positive_int, default=8000)
     p.add_argument("--replicas", type=positive_int, default=1, help="model replicas, one model each")

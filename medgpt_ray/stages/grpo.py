@@ -27,7 +27,7 @@ from medgpt_ray import models
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage, write_result
+from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.prompt_shard import install_prompt_shard
 from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
@@ -106,11 +106,8 @@ def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -
     import torch
 
     tok = trainer.processing_class
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    was_training = model.training
-    model.eval()
     out: list[str] = []
-    try:
+    with policy_in_eval(trainer) as model:
         for i in range(0, len(prompts), batch_size):
             batch = tok(prompts[i:i + batch_size], return_tensors="pt", padding=True, padding_side="left",
                         add_special_tokens=False).to(trainer.accelerator.device)
@@ -118,8 +115,6 @@ def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -
                 ids = model.generate(**batch, max_new_tokens=trainer.max_completion_length, do_sample=False,
                                      pad_token_id=tok.pad_token_id, eos_token_id=trainer.eos_token_ids)
             out += tok.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
-    finally:
-        model.train(was_training)
     return out
 
 

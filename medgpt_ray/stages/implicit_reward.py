@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from medgpt_ray.stages.outputs import policy_in_eval
+
 
 def held_out_pairs(records: list[dict]) -> list[dict]:
     """The canonical preference pairs among unpaired held-out records: the two halves of each pair id (a chosen,
@@ -51,11 +53,8 @@ def implicit_rewards(trainer: Any, prompts: list[str], completions: list[str], b
     import torch
 
     tok = trainer.processing_class
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    was_training = model.training
-    model.eval()
     rewards: list[float] = []
-    try:
+    with policy_in_eval(trainer) as model:
         for i in range(0, len(prompts), batch_size):
             rows = [_tokenized(tok, p, c, True) for p, c in zip(prompts[i:i + batch_size],
                                                                  completions[i:i + batch_size], strict=True)]
@@ -69,8 +68,6 @@ def implicit_rewards(trainer: Any, prompts: list[str], completions: list[str], b
                     with model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext():
                         reference = _completion_logps(trainer, model, batch)
             rewards += (trainer.beta * (policy - reference)).tolist()
-    finally:
-        model.train(was_training)
     return rewards
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,15 @@ def base_result(inp: StageInputs, trainer, train_output, resumed_from: str | Non
         **loss_summary(trainer.state.log_history),
         **most_recompiles(workers),
     }
+
+
+@contextlib.contextmanager
+def policy_in_eval(trainer) -> Iterator[Any]:
+    """The trainer's unwrapped model in eval mode for held-out scoring, its training mode restored after."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
