@@ -63,7 +63,7 @@ RESULTS = "real_length_throughput.json"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
-    ap.add_argument("--stages", default="sft", help="comma-separated, in order: pt,sft,rm,dpo")
+    ap.add_argument("--stages", default="sft", help="comma-separated, in order: pt,sft,rm,dpo,orpo,simpo,kto")
     ap.add_argument("--variants", default="planner", help="comma-separated, run in this order per stage: "
                                                           "planner,field-knobs")
     ap.add_argument("--field-knobs", action="store_true", help="add the field-knobs run after each planner run")
@@ -100,16 +100,19 @@ def base_sets(a: argparse.Namespace, stage: str, name: str, model: str, data: di
               use_gpu: bool) -> list[str]:
     """The shipped config made a one-stage, one-worker benchmark run on the corpus (the variant not yet)."""
     from medgpt_ray.config import STAGE_KINDS, DataConfig, stage_kind
+    from medgpt_ray.data.kinds import ALSO_READ_AS
 
     data_kind = stage_kind(stage).data_kind
+    # kto's unpaired examples are the corpus's preference pairs, unpaired as the pipeline reads them
+    read = {k for k in (data_kind, *ALSO_READ_AS.get(data_kind, ())) if k in data}
     sets = [f"name={name}", f"output_dir={Path(a.workdir) / 'runs'}", f"model.path={model}", "model.shape=null",
             "resources.num_workers=1", f"resources.use_gpu={str(use_gpu).lower()}", "resources.oom_backoff=false",
             "resources.worker_restarts=0", "resources.storage_path=null", "data.raw=[]", "data.eval_fraction=0.01"]
     if use_gpu:
         sets.append(f"resources.gpu_memory_gib={a.gpu_mem_gib}")
         sets.append(f"resources.gpu_type={planned_gpu_type(a.gpu_type)}")
-    sets += [f"data.{k}=[{data[k]}]" if k == data_kind else f"data.{k}=[]"
-             for k in ("pretrain", "sft", "preference", "prompt") if k in DataConfig.model_fields]
+    sets += [f"data.{k}=[{data[k]}]" if k in read else f"data.{k}=[]"
+             for k in ("pretrain", "sft", "preference", "prompt", "unpaired") if k in DataConfig.model_fields]
     sets += [f"stages.{s}.enabled={str(s == stage).lower()}" for s in STAGE_KINDS]
     sets += [f"stages.{stage}.{k}={v}" for k, v in (("max_steps", a.steps), ("logging_steps", 1),
                                                      ("save_steps", 10**6))]

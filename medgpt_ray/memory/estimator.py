@@ -28,11 +28,18 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 # HF's default causal-LM loss per logit at its peak: bf16 logits (2) upcast to fp32 (4), log_softmax's saved
 # fp32 output (4), and part of the fp32 gradient in flight. Measured: 10.6 B/logit (Qwen2.5-0.5B, 4x1024 tokens).
 HF_LOSS_BYTES_PER_LOGIT = 10.6
+# TRL's ORPO and CPO (SimPO) trainers: the concatenated chosen+rejected forward's bf16 logits and their fp32
+# log-softmax, plus, with an NLL term on the chosen half (ORPO always, SimPO when cpo_alpha > 0), HF's cross-entropy
+# over that half. Measured on the H200 (Qwen2.5-1.5B LoRA, mb 4 x 2 x 1024 tokens, the rest of the estimate as for
+# SFT; bench/results/real_length_throughput_1.5b_h200_orpo_simpo_kto.json): ORPO 17.73 GiB, SimPO 15.40 GiB, i.e.
+# ~8.8 and ~6.8 B/logit; these are set a little above, on the safe side.
+ORPO_LOSS_BYTES_PER_LOGIT = {True: 9.2, False: 7.2}  # keyed by: the loss has an NLL term
 # Chunked LM heads (TRL's fused head, Liger's fused linear CE) keep a few hidden-size fp32 buffers per token.
 FUSED_HEAD_BYTES_PER_HIDDEN = 12
 # TRL's DPO and reward trainers keep less per decoder layer than the same model under SFT at equal token
 # counts (measured on 0.5B, 1.5B and 7B): DPO ~12%, reward ~10%; applied to their per-token activations.
-# ORPO and SimPO (memory kind "orpo": TRL's ORPO/CPO trainers, no reference) are not calibrated yet: the SFT scale.
+# ORPO and SimPO (memory kind "orpo": TRL's ORPO/CPO trainers, no reference): the SFT scale for the layers; their
+# loss keeps less per logit than HF's causal-LM loss (ORPO_LOSS_BYTES_PER_LOGIT below).
 # KTO (memory kind "kto": TRL's KTOTrainer, one sequence per example, a reference, the same chunked LM head) is not
 # calibrated yet: DPO's scale. Its reference pass and the KL batch's forwards (policy and reference, mismatched
 # completions) run without grad: nothing saved for backward, their transients below the backward's working set.
@@ -82,6 +89,7 @@ class TrainSetup:
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     kl_batch: bool = False  # KTO's KL term: a no-grad forward of mismatched completions by policy and reference
+    nll_term: bool = True  # orpo kind: an NLL loss on the chosen half (ORPO always; SimPO only when cpo_alpha > 0)
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
@@ -213,6 +221,8 @@ def _loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float
     if s.stage in ("sft", "dpo", "kto", "grpo") or s.fused_ce:
         head_grad = 4 * shape.vocab * shape.hidden if (trainable_head and s.stage == "pt") else 0
         return FUSED_HEAD_BYTES_PER_HIDDEN * tokens * shape.hidden + head_grad
+    if s.stage == "orpo":
+        return ORPO_LOSS_BYTES_PER_LOGIT[s.nll_term] * tokens * shape.vocab
     return HF_LOSS_BYTES_PER_LOGIT * tokens * shape.vocab
 
 

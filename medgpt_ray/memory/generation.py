@@ -21,8 +21,9 @@ from medgpt_ray.memory.shapes import ModelShape
 
 
 def setup_fields(cfg: Any) -> dict[str, Any]:
-    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; GRPO's generation)."""
-    fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False)}
+    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; GRPO's generation)."""
+    fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
+                              "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0}
     if hasattr(cfg, "num_generations"):
         fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
                       reward_network="reward_model" in cfg.reward_funcs, reference=cfg.beta > 0)
