@@ -3,8 +3,8 @@
 Runs on the driver, after data preparation: the first SAMPLE_RECORDS records of the stage's train split (hash
 order, so a uniform sample; the records the packed worker sized its step from before) tokenized exactly as the
 stage encodes them — sft by encode_sft with the template and seq_len cut, rm and dpo by encode_preference, each
-pair's longer side, kto each example's prompt and completion — and, for SFT with packing not off, packed by the
-same best-fit decreasing as the workers.
+pair's longer side, kto each example's prompt and completion — and, for SFT and rm with packing not off, packed by
+the same best-fit decreasing as the workers (rm: whole pairs in rows of 2 x seq_len).
 The tokenizer is the base model's: every stage saves the tokenizer it started from unchanged.
 """
 
@@ -46,8 +46,25 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
             continue
         prompt = len(enc["prompt_ids"])
         lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
-    return LengthProfile.of(lengths, total, cfg.seq_len, over_seq_len=over + sum(x >= cfg.seq_len for x in lengths),
-                             sampled=len(records))
+    per_row = _pairs_per_row(records, tok, template, cfg) if kind == "rm" else None
+    return LengthProfile.of(lengths, total, cfg.seq_len, per_row,
+                            over_seq_len=over + sum(x >= cfg.seq_len for x in lengths), sampled=len(records))
+
+
+def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:
+    """rm with packing not off: the sample's pairs per packed row (stages/reward_packing.py), else None."""
+    if getattr(cfg, "packing", False) is False:
+        return None
+    from medgpt_ray.stages import packing, reward_packing
+    from medgpt_ray.stages.rm import encode_pairs
+
+    try:
+        encoded = encode_pairs(records, tok, template, cfg.seq_len)[0]
+    except ValueError:  # none of the sampled pairs fits: nothing to pack (the stage says so when it runs)
+        return None
+    with _no_progress_bars():
+        rows = reward_packing.pack_pairs(encoded, cfg.seq_len)
+    return packing.PackedShape.of(rows, reward_packing.row_width(cfg.seq_len)).conversations_per_row
 
 
 @contextmanager
