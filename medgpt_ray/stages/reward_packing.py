@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from medgpt_ray.stages import packing
-from medgpt_ray.stages.rm import encode_pairs
 
 ENDS_KEY = "medgpt_segment_ends"  # flat indices of each segment's scored token: chosen, rejected of each pair
 PACKED_COLUMNS = ("input_ids", "position_ids", "seq_lengths")  # what a packed train row holds
@@ -93,6 +92,3 @@ class PairRowsCollator:
         return {"input_ids": input_ids, "position_ids": position_ids, ENDS_KEY: torch.tensor(ends),
                 packing.TOKENS_KEY: torch.tensor(real),
                 packing.CONVERSATIONS_KEY: torch.tensor(sum(len(ex["seq_lengths"]) for ex in examples))}
-
-
-PAIRS = packing.PackedKind("pairs", encode_pairs, pack_pairs, row_width, PairRowsCollator)

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
-from medgpt_ray.stages import packing
+from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
@@ -47,10 +47,14 @@ def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), skipped
 
 
+# rm packs whole pairs into rows of 2 x seq_len tokens (stages/reward_packing.py).
+PAIRS = packing.PackedKind("pairs", encode_pairs, reward_packing.pack_pairs, reward_packing.row_width,
+                           reward_packing.PairRowsCollator)
+
+
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import RewardConfig, RewardTrainer
 
-    from medgpt_ray.stages import reward_packing
     from medgpt_ray.stages.reward_trainer import PackedRewardTrainer
 
     data = open_stage_data(inp)
@@ -59,7 +63,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, data.template, train_ds, shard,
-                                                                      reward_packing.PAIRS)
+                                                                      PAIRS)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
