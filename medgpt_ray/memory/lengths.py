@@ -105,6 +105,21 @@ def packed_width(stage: str, seq_len: int) -> int:
     return 2 * seq_len if stage_kind(stage).memory_kind == "rm" else seq_len
 
 
+# rm's `packing: auto` on CPU: off. A small model's attention over packed rows of 2 x seq_len costs more than the
+# padding it saves there (the tiny preset, the demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked);
+# on a GPU a micro-batch's fixed cost and its padding dominate, which packing removes.
+RM_CPU_AUTO = "packing: auto, off for rm on CPU (a small model's attention over 2 x seq_len rows costs more there)"
+
+
+def packing_setting(stage: str, cfg: StageConfig, use_gpu: bool) -> str | bool:
+    """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
+    the key, and for rm's auto on CPU (RM_CPU_AUTO)."""
+    setting = getattr(cfg, "packing", False)
+    if setting == "auto" and stage_kind(stage).memory_kind == "rm" and not use_gpu:
+        return False
+    return setting
+
+
 def packing_reason(stage: str, seq_len: int, per_worker: int, rows: int, per_row: float) -> str:
     """The plan's reason for a packed step of `rows` rows holding about `per_worker` examples."""
     unit = PACKED_KINDS[stage_kind(stage).memory_kind]

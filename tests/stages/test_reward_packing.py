@@ -89,6 +89,14 @@ def test_packed_pairs_have_the_loss_metrics_and_gradients_of_trls_padded_batch(m
         torch.testing.assert_close(grads_packed[name], g, atol=1e-4, rtol=1e-4, msg=name)
 
 
+def test_auto_packs_rm_on_a_gpu_only(data, tiny_model, tmp_path):
+    """On CPU a small model's attention over rows of 2 x seq_len costs more than the padding it saves."""
+    from medgpt_ray.memory.lengths import RM_CPU_AUTO
+
+    built = build_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=1, effective_batch=4))
+    assert built.extras["packing"] == {"mode": None, "why": RM_CPU_AUTO}
+
+
 def test_a_sequence_is_scored_at_its_last_non_pad_token_as_the_padded_model_scores_it():
     ids, positions = [5, 6, 7, 0, 8, 9, 0, 0], [0, 1, 2, 3, 0, 1, 2, 3]  # pad 0; the 2nd sequence ends in pads
     assert reward_packing.scored_tokens(ids, positions, pad_id=0) == [2, 5]
@@ -104,13 +112,13 @@ def stage_inputs(data, tiny_model: Path, out: Path, **kw) -> StageInputs:
 
 
 def test_a_packed_rm_stage_trains_counts_pairs_and_reports_held_out_accuracy(data, tiny_model, tmp_path):
-    r = run_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=3, effective_batch=4))  # packing: auto
+    r = run_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=2, effective_batch=4, packing=True))
     p = r["packing"]
     assert p["mode"] == packing.ROWS and p["rows"] < p["pairs"] == r["train_pairs"] and 0.5 < p["fill"] <= 1
     assert 0.0 <= r["eval"]["eval_accuracy"] <= 1.0 and r["eval"]["eval_pairs"] > 0  # evaluated unpacked
     steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in steps if "loss" in x]
-    assert len(steps) == 3 and all(math.isfinite(x["loss"]) and x["pairs_per_step"] >= 1 for x in steps)
+    assert len(steps) == 2 and all(math.isfinite(x["loss"]) and x["pairs_per_step"] >= 1 for x in steps)
     assert all(x["tokens_per_s"] > 0 and 0 <= x["accuracy"] <= 1 for x in steps)
 
 

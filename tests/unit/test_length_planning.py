@@ -146,8 +146,9 @@ def test_the_profile_is_measured_as_the_stage_encodes(prepared, tiny_model):
     assert 0 < pref.p50 <= pref.max <= 256 and pref.conversations_per_row is None
     rm = measure("rm", RMStageConfig(seq_len=256), "chatml", tiny_model, prepared["preference"].train_file)
     assert (rm.p50, rm.max) == (pref.p50, pref.max) and rm.conversations_per_row > 1  # whole pairs a 512-token row
-    assert measure("rm", RMStageConfig(seq_len=256, packing=False), "chatml", tiny_model,
-                   prepared["preference"].train_file).conversations_per_row is None
+    for off in (RMStageConfig(seq_len=256, packing=False), RMStageConfig(seq_len=256)):  # auto: off on CPU
+        assert measure("rm", off, "chatml", tiny_model, prepared["preference"].train_file,
+                       use_gpu=off.packing is False).conversations_per_row is None
     assert measure("pt", SFTStageConfig(seq_len=256), "chatml", tiny_model, prepared["sft"].train_file) is None
 
 
@@ -165,7 +166,8 @@ def test_the_pipeline_replans_the_stages_that_run_and_prints_what_it_used(prepar
     lines: list[str] = []
     out = plan_by_lengths(cfg, plans, budget, tiny_model, ["sft", "rm"], prepared, lines.append)
     assert out["sft"].packing is not None and out["sft"].packing["conversations_per_step"] == 8
-    assert out["rm"].packing is not None and out["rm"].packing["conversations_per_step"] == 8  # pairs
+    assert out["rm"].seq_len_planned is not None and out["rm"].seq_len_planned <= 256
+    assert out["rm"].packing is None  # rm's packing: auto is off on CPU (lengths.packing_setting)
     assert [ln.split("]")[0] for ln in lines] == ["[sft", "[sft", "[ rm", "[ rm"]
     assert "lengths:" in lines[0] and "packed:" in lines[1]
     assert json.loads(json.dumps(out["rm"].to_dict()))["lengths"]["sampled"] == out["rm"].lengths["records"]
