@@ -102,6 +102,7 @@ def test_packed_rm_is_planned_in_rows_of_two_seq_lens_that_hold_whole_pairs():
     padded = plan_stage("rm", rm.model_copy(update={"packing": False}), 1, True, PRESETS["qwen2.5-1.5b"], CARD,
                         profile)
     assert padded.packing is None and padded.seq_len_planned == 896  # the longest pair side, to a bucket
+    assert rm.model_copy(update={"packing": False}).training_identity() != rm.training_identity()  # fingerprinted
 
 
 def test_a_packed_plan_falls_back_safely_where_the_worker_cannot_pack():
