@@ -9,6 +9,8 @@ data is bench/make_real_length_corpus.py's (its module docstring has the length 
   planner      the shipped config's stage: every memory knob `auto`, the planner's choice for the cap; `compile`
                pinned to what the planner picks for the full run (it does not compile runs capped below 50 steps,
                and a benchmark of --steps must measure what a real run trains with)
+  unpacked     (in --variants) the planner variant with `packing: false` (a stage with the key: sft, rm), planned
+               and compiled as the planner picks for it: packed vs padded on the same data in one call
   field-knobs  (--field-knobs, or in --variants) what MedicalGPT users run on a 4090: micro-batch 1, every layer
                checkpointed, no compiled layers or fused kernels, unpacked (`packing: false` where the config has
                the key)
@@ -29,6 +31,7 @@ The JSON under --out is rewritten after every configuration (a timeout keeps wha
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \\
       && export PYTHONPATH=/tmp/site:$PYTHONPATH TORCH_CUDA_ARCH_LIST=9.0
     python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages pt,sft,rm,dpo --steps 10 --out $OUT
+    python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages rm --variants planner,unpacked --out $OUT
     (the script puts the repository and bench/ on its own and its Ray workers' path; nothing else to install)
     (bench/README.md has the command lines of the issue's runs.)
 """
@@ -58,6 +61,7 @@ import memory_calibration as calib  # noqa: E402
 CONFIGS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "gpu": ROOT / "configs" / "qwen2.5-7b-4x4090.yaml"}
 FIELD_KNOBS = {"micro_batch": 1, "grad_ckpt": True, "compile": False, "fused_kernels": False}
 RESULTS = "real_length_throughput.json"
+VARIANTS = ("planner", "unpacked", "field-knobs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
     ap.add_argument("--stages", default="sft", help="comma-separated, in order: pt,sft,rm,dpo,orpo,simpo,kto")
     ap.add_argument("--variants", default="planner", help="comma-separated, run in this order per stage: "
-                                                          "planner,field-knobs")
+                                                          "planner,unpacked,field-knobs")
     ap.add_argument("--field-knobs", action="store_true", help="add the field-knobs run after each planner run")
     ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
                                      "configs/qwen2.5-7b-4x4090.yaml)")
@@ -87,8 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     a.stages = [s for s in a.stages.split(",") if s]
     a.variants = [v for v in a.variants.split(",") if v] + (["field-knobs"] if a.field_knobs else [])
-    if not set(a.variants) <= {"planner", "field-knobs"}:
-        ap.error(f"--variants: planner or field-knobs, not {a.variants}")
+    if not set(a.variants) <= set(VARIANTS):
+        ap.error(f"--variants: {', '.join(VARIANTS)}, not {a.variants}")
     a.config = a.config or str(CONFIGS["tiny" if a.model == "tiny" else "gpu"])
     return a
 
@@ -137,15 +141,18 @@ def variant_sets(a: argparse.Namespace, stage: str, variant: str, sets: list[str
     from medgpt_ray.config import load_config, stage_kind
     from medgpt_ray.memory.planner import plan_all
 
+    has_packing = "packing" in stage_kind(stage).config_class.model_fields
+    if variant == "unpacked" and not has_packing:
+        raise SystemExit(f"--variants unpacked: stage {stage} has no `packing` key")
+    knobs: dict[str, Any] = {"packing": False} if variant != "planner" and has_packing else {}
     if variant == "field-knobs":
-        knobs: dict[str, Any] = dict(FIELD_KNOBS)
-        if "packing" in stage_kind(stage).config_class.model_fields:
-            knobs["packing"] = False
+        knobs.update(FIELD_KNOBS)
     else:
-        # The planner's compile choice for the full run: the same config less max_steps.
-        full = load_config(a.config, [s for s in sets if not s.startswith(f"stages.{stage}.max_steps=")])
+        # The planner's compile choice for the full run: the same config (and packing) less max_steps.
+        pinned = [f"stages.{stage}.{k}={str(v).lower()}" for k, v in knobs.items()]
+        full = load_config(a.config, [s for s in sets if not s.startswith(f"stages.{stage}.max_steps=")] + pinned)
         plans, _ = plan_all(full)  # a stage that cannot be planned fails in the run, with the reason
-        knobs = {"compile": plans[stage].compile} if stage in plans else {}
+        knobs.update({"compile": plans[stage].compile} if stage in plans else {})
     return sets + [f"stages.{stage}.{k}={str(v).lower()}" for k, v in knobs.items()], knobs
 
 
@@ -274,16 +281,18 @@ def run_config(a: argparse.Namespace, stage: str, variant: str, model: str, data
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, float]:
-    """SFT against PT, and the planner against the field knobs, by tokens over time (else median tokens/s)."""
+    """SFT against PT, and the planner against the unpacked and field-knobs variants, by tokens over time (else
+    median tokens/s)."""
     med = {(r["stage"], r["variant"]): r["tokens_per_s"].get("overall") or r["tokens_per_s"].get("median")
            for r in results}
     out = {}
     if med.get(("sft", "planner")) and med.get(("pt", "planner")):
         out["sft_over_pt"] = round(med[("sft", "planner")] / med[("pt", "planner")], 3)
     for (stage, variant), v in med.items():
-        base = med.get((stage, "field-knobs"))
-        if variant == "planner" and v and base:
-            out[f"{stage}_planner_over_field_knobs"] = round(v / base, 2)
+        for other in ("unpacked", "field-knobs"):
+            base = med.get((stage, other))
+            if variant == "planner" and v and base:
+                out[f"{stage}_planner_over_{other.replace('-', '_')}"] = round(v / base, 2)
     return out
 
 

@@ -103,7 +103,7 @@ class StageConfig(_Strict):
                                                      *PLAN_RESOLVED_KNOBS})
 
 
-# Planner knobs that change only how the same updates are laid out in memory, and where they run. SFT's `packing` and
+# Planner knobs that change only how the same updates are laid out in memory, and where they run. `packing` and
 # `group_by_length` are not (they change which examples share a step): they stay in the fingerprint.
 MEMORY_KNOBS: frozenset[str] = frozenset(
     {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement"})
@@ -120,7 +120,7 @@ class LengthGroupedStageConfig(StageConfig):
     """Group examples of similar length into the same optimizer step, so micro-batches pad little: windows of 50
     steps of the shuffled epoch are sorted by length (a pair: prompt + its longer answer) and cut into steps, shuffled
     again (stages/sharding.py). Any micro-batch x accumulation split (an OOM back-off) trains the same steps. In the
-    fingerprint: it changes which examples share a step. Packed SFT rows ignore it."""
+    fingerprint: it changes which examples share a step. Packed rows (sft, rm) ignore it."""
 
 
 class SFTStageConfig(LengthGroupedStageConfig):
@@ -134,7 +134,16 @@ class SFTStageConfig(LengthGroupedStageConfig):
 
 
 class RMStageConfig(LengthGroupedStageConfig):
-    """The reward model's keys: the shared ones and the length grouping."""
+    """The reward model's keys: the shared ones, the length grouping (unpacked) and packing."""
+
+    packing: Auto | bool = "auto"
+    """Pack the pairs into rows of 2 x `seq_len` tokens (best-fit decreasing on a pair's two lengths; a pair's
+    chosen and rejected sequences share a row), each sequence attending only to itself (position ids restart at
+    every one) and scored at its last token, padding-free. auto: on a GPU, where the model's attention keeps a row's
+    sequences apart (as for sft); off on CPU, where a small model's attention over the long rows costs more than the
+    padding it saves (true packs there too); true where the attention cannot is an error. `effective_batch` still
+    counts pairs: a step takes as many packed rows as hold about that many (logged as pairs_per_step). Evaluation
+    stays unpacked. Packed rows ignore group_by_length. In the fingerprint: it changes which pairs share a step."""
 
 
 # Every loss TRL 1.16's DPOTrainer implements (trl/trainer/dpo_trainer.py), and the ones that read label_smoothing.

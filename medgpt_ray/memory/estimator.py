@@ -92,7 +92,7 @@ class TrainSetup:
     nll_term: bool = True  # orpo kind: an NLL loss on the chosen half (ORPO always; SimPO only when cpo_alpha > 0)
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
-    packed: bool = False  # packed SFT rows with a block-diagonal mask (stages/packing.py)
+    packed: bool = False  # packed rows with a block-diagonal mask (sft: stages/packing.py, rm: reward_packing.py)
     generations: int = 0  # GRPO: completions per prompt (0: no generation phase; memory/generation.peak adds it)
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
@@ -245,9 +245,10 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     # Around the layers: embedding output and final norm; the LM head input when the head trains.
     edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
     b["activations"] = tokens * (saved + edges) * scale
-    if s.packed:
-        b["packed_attention_mask"] = (PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * s.seq_len ** 2
-                                      * max(shape.layers - k, 1))
+    if s.packed:  # micro_batch packed rows; rm's are 2 x seq_len wide (the tokens are those of micro_batch pairs)
+        width = s.seq_len * (2 if s.stage == "rm" else 1)
+        b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(
+            shape.layers - k, 1)
     b["recompute"] = tokens * recompute * scale
     # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
     e = 4 if s.precision == "fp32" else 2

@@ -6,7 +6,8 @@ each stage's train split (stages/length_profile.py, on the driver, after data pr
 
 - packed SFT: rows are always seq_len long; what the data decides is how many conversations a row holds, hence
   how many rows a step of `effective_batch` conversations needs (the micro-batch is searched among its divisors);
-- padded batches (rm, dpo, unpacked sft): a micro-batch is as long as its longest row, so memory is planned at the
+  packed rm the same with pairs in rows of 2 x seq_len (a row has the tokens of one pair at its longest);
+- padded batches (dpo, unpacked sft and rm): a micro-batch is as long as its longest row, so memory is planned at the
   sample's longest row (with a guard when the sample is not the whole split, rounded up to the padding bucket),
   never above seq_len.
 
@@ -56,7 +57,7 @@ class LengthProfile:
     max: int
     seq_len: int
     over_seq_len: int  # sampled examples that reached seq_len (cut to it, or left out by the stage)
-    conversations_per_row: float | None = None  # packed SFT: the sample packed into rows of seq_len
+    conversations_per_row: float | None = None  # packed: the sample's conversations (rm: pairs) per packed row
     unit: str = "tokens"
 
     @classmethod
@@ -87,7 +88,7 @@ class LengthProfile:
         if self.over_seq_len:
             head += f" ({self.over_seq_len} reach seq_len {self.seq_len:,})"
         if self.conversations_per_row is not None:
-            head += f"; packed {self.conversations_per_row:.1f} conversations per {self.seq_len:,}-token row"
+            head += f"; packed {self.conversations_per_row:.1f} examples per packed row"
         return head
 
 
@@ -96,11 +97,42 @@ def rows_per_step(conversations_per_step: int, conversations_per_row: float) -> 
     return max(1, round(conversations_per_step / max(conversations_per_row, 1e-9)))
 
 
+PACKED_KINDS = {"sft": "conversations", "rm": "pairs"}  # memory kinds that pack, and what their rows hold
+
+
+def packed_width(stage: str, seq_len: int) -> int:
+    """The width of a stage's packed rows: seq_len, and 2 x seq_len for rm-kind stages (whole pairs a row)."""
+    return 2 * seq_len if stage_kind(stage).memory_kind == "rm" else seq_len
+
+
+# rm's `packing: auto` on CPU: off. A small model's attention over packed rows of 2 x seq_len costs more than the
+# padding it saves there (the tiny preset, the demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked);
+# on a GPU a micro-batch's fixed cost and its padding dominate, which packing removes.
+RM_CPU_AUTO = "packing: auto, off for rm on CPU (a small model's attention over 2 x seq_len rows costs more there)"
+
+
+def packing_setting(stage: str, cfg: StageConfig, use_gpu: bool) -> str | bool:
+    """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
+    the key, and for rm's auto on CPU (RM_CPU_AUTO)."""
+    setting = getattr(cfg, "packing", False)
+    if setting == "auto" and stage_kind(stage).memory_kind == "rm" and not use_gpu:
+        return False
+    return setting
+
+
+def packing_reason(stage: str, seq_len: int, per_worker: int, rows: int, per_row: float) -> str:
+    """The plan's reason for a packed step of `rows` rows holding about `per_worker` examples."""
+    unit = PACKED_KINDS[stage_kind(stage).memory_kind]
+    return (f"packing: {per_worker} {unit} per worker step in {rows} rows of {packed_width(stage, seq_len)} tokens "
+            f"({per_row:.1f} {unit} per row in the sample)")
+
+
 def packs(stage: str, cfg: StageConfig, lengths: LengthProfile | None) -> bool:
-    """Whether the stage is planned in packed rows: an SFT-kind stage with `packing` not false whose data was
-    packed on the driver (the worker checks the attention path; stages/sft.py falls back safely where it fails)."""
+    """Whether the stage is planned in packed rows: an SFT- or RM-kind stage with `packing` not false whose data
+    was packed on the driver (the worker checks the attention path; stages/packing.py falls back safely where it
+    fails)."""
     return (lengths is not None and lengths.conversations_per_row is not None
-            and stage_kind(stage).memory_kind == "sft" and getattr(cfg, "packing", False) is not False)
+            and stage_kind(stage).memory_kind in PACKED_KINDS and getattr(cfg, "packing", False) is not False)
 
 
 def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None, reasons: list[str]) -> int:
@@ -112,7 +144,8 @@ def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None,
         reasons.append(f"lengths: the train data was not read here; planned for rows of seq_len {cfg.seq_len}")
         return cfg.seq_len
     if packs(stage, cfg, lengths):
-        reasons.append(f"lengths: {lengths.describe()}; packed rows are seq_len {cfg.seq_len} long")
+        reasons.append(f"lengths: {lengths.describe()}; packed rows are {packed_width(stage, cfg.seq_len)} tokens "
+                       f"long")
         return cfg.seq_len
     planned = lengths.padded_len()
     guard = "" if lengths.whole_split else " with a guard for rows the sample did not see"

@@ -21,7 +21,7 @@ from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.generation import rl_hints, setup_fields
-from medgpt_ray.memory.lengths import LengthProfile, packs, planned_seq_len, rows_per_step
+from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
 from medgpt_ray.memory.throughput import tokens_per_second
@@ -106,8 +106,7 @@ def _micro_options(stage: str, cfg: StageConfig, per_worker: int, lengths: Lengt
                     + (f", at least {floor}" if floor > 1 else "")), per_worker
     assert lengths is not None and lengths.conversations_per_row is not None
     rows = rows_per_step(per_worker, lengths.conversations_per_row)
-    reasons.append(f"packing: {per_worker} conversations per worker step in {rows} rows of {cfg.seq_len} "
-                   f"tokens ({lengths.conversations_per_row:.1f} conversations per row in the sample)")
+    reasons.append(packing_reason(stage, cfg.seq_len, per_worker, rows, lengths.conversations_per_row))
     searched = _divisors(rows, MAX_MICRO_BATCH)
     if cfg.micro_batch != "auto":
         searched = [max(d for d in searched if d <= cfg.micro_batch)]

@@ -60,8 +60,8 @@ class StagePlan:
     placement: StagePlacement | None = None  # GPUs per node, cost, runner-up, NCCL env (GPU stages)
     seq_len_planned: int | None = None  # the sequence length memory was planned at (memory/lengths.py)
     lengths: dict[str, Any] | None = None  # the train data's LengthProfile the plan used; None: not read
-    # Packed SFT: micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
-    # conversations_per_row}. None: micro_batch and grad_accum count examples.
+    # Packed (sft, rm): micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
+    # conversations_per_row}, where rm's "conversations" are pairs. None: micro_batch and grad_accum count examples.
     packing: dict[str, Any] | None = None
     # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
     # completions per worker). None: the kind does not generate, or one call per optimizer step.
@@ -172,11 +172,12 @@ def halve_micro_batch(plan: StagePlan, cfg: StageConfig, reason: str, step: int 
 
 
 def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int, conversations_per_row: float) -> StagePlan:
-    """SFT packing sized on the worker (a plan made without the data's lengths): the plan with each worker's step in
-    `rows_per_step` packed rows of seq_len tokens (stages/packing.py sizes it so a step holds about the planned
-    conversations). The micro-batch is the largest divisor of rows_per_step up to the planned one: at most that many
-    sequences of seq_len tokens is what the estimate was made for. The rows per step do not depend on the split, so
-    an OOM back-off (half the planned micro-batch) trains the same rows in each step."""
+    """Packing (sft; rm, its pairs for conversations) sized on the worker (a plan made without the data's lengths):
+    the plan with each worker's step in `rows_per_step` packed rows (stages/packing.py sizes it so a step holds
+    about the planned conversations). The micro-batch is the largest divisor of rows_per_step up to the planned one:
+    at most that many rows (sft: sequences of seq_len, rm: pairs at 2 x seq_len) is what the estimate was made for.
+    The rows per step do not depend on the split, so an OOM back-off (half the planned micro-batch) trains the same
+    rows in each step."""
     micro = max(d for d in range(1, min(rows_per_step, plan.micro_batch) + 1) if rows_per_step % d == 0)
     new = replace(plan, micro_batch=micro, grad_accum=rows_per_step // micro, packing={
         "rows_per_step": rows_per_step, "conversations_per_step": plan.per_worker_examples,
@@ -192,7 +193,7 @@ def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
         return plan
     per_worker = int(plan.packing["conversations_per_step"])
     new = replace(plan, micro_batch=1, grad_accum=per_worker, ckpt_fraction=1.0, packing=None,
-                  reasons=[*plan.reasons, "packing: unavailable on the worker; 1 conversation per micro-batch, "
+                  reasons=[*plan.reasons, "packing: unavailable on the worker; 1 example per micro-batch, "
                            "full checkpointing"])
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 

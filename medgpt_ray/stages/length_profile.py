@@ -3,8 +3,8 @@
 Runs on the driver, after data preparation: the first SAMPLE_RECORDS records of the stage's train split (hash
 order, so a uniform sample; the records the packed worker sized its step from before) tokenized exactly as the
 stage encodes them — sft by encode_sft with the template and seq_len cut, rm and dpo by encode_preference, each
-pair's longer side, kto each example's prompt and completion — and, for SFT with packing not off, packed by the
-same best-fit decreasing as the workers.
+pair's longer side, kto each example's prompt and completion — and, for SFT and rm with packing not off, packed by
+the same best-fit decreasing as the workers (rm: whole pairs in rows of 2 x seq_len).
 The tokenizer is the base model's: every stage saves the tokenizer it started from unchanged.
 """
 
@@ -17,12 +17,13 @@ from pathlib import Path
 from medgpt_ray import models, templates
 from medgpt_ray.config import StageConfig, stage_kind
 from medgpt_ray.data.shards import num_rows, read_records
-from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile
+from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile, packing_setting
 
 
-def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
-            ) -> LengthProfile | None:
-    """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long)."""
+def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str,
+            use_gpu: bool = True) -> LengthProfile | None:
+    """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long). Packed
+    where the stage packs on this device (lengths.packing_setting)."""
     kind = stage_kind(stage).memory_kind
     if kind == "pt":
         return None
@@ -32,7 +33,7 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
     records = read_records(train_file, 0, SAMPLE_RECORDS)
     total = num_rows(train_file)
     if kind == "sft":
-        return _sft_profile(records, total, tok, template, cfg)
+        return _sft_profile(records, total, tok, template, cfg, packing_setting(stage, cfg, use_gpu) is not False)
     lengths, over = [], 0
     for r in records:
         if kind == "kto":  # one completion per example: measured as a pair of it with itself
@@ -46,8 +47,24 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
             continue
         prompt = len(enc["prompt_ids"])
         lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
-    return LengthProfile.of(lengths, total, cfg.seq_len, over_seq_len=over + sum(x >= cfg.seq_len for x in lengths),
-                             sampled=len(records))
+    packed = kind == "rm" and packing_setting(stage, cfg, use_gpu) is not False
+    per_row = _pairs_per_row(records, tok, template, cfg) if packed else None
+    return LengthProfile.of(lengths, total, cfg.seq_len, per_row,
+                            over_seq_len=over + sum(x >= cfg.seq_len for x in lengths), sampled=len(records))
+
+
+def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:
+    """The sample's pairs per packed row (stages/reward_packing.py); None when none of them fits."""
+    from medgpt_ray.stages import packing, reward_packing
+    from medgpt_ray.stages.rm import encode_pairs
+
+    try:
+        encoded = encode_pairs(records, tok, template, cfg.seq_len)[0]
+    except ValueError:  # none of the sampled pairs fits: nothing to pack (the stage says so when it runs)
+        return None
+    with _no_progress_bars():
+        rows = reward_packing.pack_pairs(encoded, cfg.seq_len)
+    return packing.PackedShape.of(rows, reward_packing.row_width(cfg.seq_len)).conversations_per_row
 
 
 @contextmanager
@@ -63,14 +80,14 @@ def _no_progress_bars() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
-def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
+def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfig, packed: bool) -> LengthProfile:
     from medgpt_ray.stages import packing
     from medgpt_ray.stages.sft import encode_conversations
 
     encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len)
     lengths = [len(x) for x in encoded["input_ids"]]
     per_row = None
-    if getattr(cfg, "packing", False) is not False:
+    if packed:
         with _no_progress_bars():  # the driver's terminal shows our lines only
             per_row = packing.PackedShape.of(packing.pack(encoded, cfg.seq_len), cfg.seq_len).conversations_per_row
     over = skipped["too_long"] + sum(x >= cfg.seq_len for x in lengths)

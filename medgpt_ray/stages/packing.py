@@ -35,14 +35,18 @@ would compare input ids with the pad id, which is also a real token wherever pad
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from types import MethodType
 from typing import Any
 
 import torch
 
 from medgpt_ray.config import ConfigError
+from medgpt_ray.data.shards import read_records
+from medgpt_ray.memory.lengths import RM_CPU_AUTO, SAMPLE_RECORDS, packing_setting, rows_per_step
+from medgpt_ray.memory.stage_plan import packed_rows, unpacked
+from medgpt_ray.stages.inputs import StageInputs
 
 ROWS, FLAT = "rows", "flat"  # [rows, seq_len] with per-row masks (SDPA/eager); one flattened sequence (flash)
 TOKENS_KEY, CONVERSATIONS_KEY = "medgpt_real_tokens", "medgpt_conversations"  # taken out before the model
@@ -141,21 +145,22 @@ def resolve(setting: str | bool, model: Any, stage: str) -> tuple[str | None, st
 # ---- rows and steps -------------------------------------------------------------------------------------------
 
 
-def pack(dataset: Any, seq_len: int) -> Any:
-    """Encoded conversations (input_ids, labels) -> rows of at most seq_len tokens with their `seq_lengths`, by
+def pack(dataset: Any, seq_len: int, columns: Sequence[str] = ("input_ids", "labels")) -> Any:
+    """Encoded examples (`columns`, one value per token: conversations' input_ids and labels, or a reward pair's
+    tokens and position ids) -> rows of at most seq_len tokens with each example's length in `seq_lengths`, by
     TRL's best-fit decreasing over the whole dataset at once (one map batch, so no bin is cut short)."""
     from trl.data_utils import pack_dataset
 
-    columns = dataset.select_columns(["input_ids", "labels"])
-    return pack_dataset(columns, seq_len, "bfd", {"batch_size": max(len(columns), 1)})
+    selected = dataset.select_columns(list(columns))
+    return pack_dataset(selected, seq_len, "bfd", {"batch_size": max(len(selected), 1)})
 
 
 @dataclass(frozen=True)
 class PackedShape:
     rows: int
-    conversations: int
+    conversations: int  # the examples packed: conversations, or reward pairs (stages/reward_packing.py)
     tokens: int  # real (non-padding) tokens
-    seq_len: int
+    seq_len: int  # the rows' width
 
     @classmethod
     def of(cls, packed: Any, seq_len: int) -> PackedShape:
@@ -166,14 +171,37 @@ class PackedShape:
     def conversations_per_row(self) -> float:
         return self.conversations / max(self.rows, 1)
 
-    def report(self) -> dict[str, Any]:
-        """rows, conversations per row and fill (real tokens / the rows' seq_len slots), for the stage result."""
-        return {"rows": self.rows, "conversations": self.conversations,
-                "conversations_per_row": round(self.conversations_per_row, 3),
+    def report(self, unit: str = "conversations") -> dict[str, Any]:
+        """rows, examples (`unit`) per row and fill (real tokens / the rows' slots), for the stage result."""
+        return {"rows": self.rows, unit: self.conversations,
+                f"{unit}_per_row": round(self.conversations_per_row, 3),
                 "fill": round(self.tokens / max(self.rows * self.seq_len, 1), 4)}
 
 
 # ---- batches --------------------------------------------------------------------------------------------------
+
+
+def segment_positions(lengths: Sequence[int], width: int) -> torch.Tensor:
+    """A row's position ids: 0.. at every segment of `lengths`, and again at the tail padding up to `width`."""
+    n = sum(lengths)
+    return torch.cat([torch.arange(k) for k in [*lengths, width - n] if k > 0])
+
+
+def row_tensors(examples: list[dict[str, Any]], pad_id: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, width] input_ids (pad_id after the real tokens) and position ids: the example's own `position_ids`
+    where it has them (segments inside an example, as a reward pair's two sequences), else restarting at each of
+    its `seq_lengths`; the tail padding is a segment of its own."""
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(examples), width), dtype=torch.long)
+    for r, ex in enumerate(examples):
+        n = len(ex["input_ids"])
+        input_ids[r, :n] = torch.as_tensor(ex["input_ids"])
+        if "position_ids" in ex:
+            position_ids[r, :n] = torch.as_tensor(ex["position_ids"])
+            position_ids[r, n:] = torch.arange(width - n)
+        else:
+            position_ids[r] = segment_positions(list(ex["seq_lengths"]), width)
+    return input_ids, position_ids
 
 
 def collate_rows(examples: list[dict[str, Any]], pad_id: int, width: int) -> dict[str, torch.Tensor]:
@@ -186,15 +214,12 @@ def collate_rows(examples: list[dict[str, Any]], pad_id: int, width: int) -> dic
     compiled layers would compile again for that batch (bench: a 12 s step). The last token's output predicts
     nothing and no earlier token attends to it, so the loss and every gradient are unchanged."""
     rows = len(examples)
-    input_ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    input_ids, position_ids = row_tensors(examples, pad_id, width)
     labels = torch.full((rows, width), -100, dtype=torch.long)
-    position_ids = torch.zeros((rows, width), dtype=torch.long)
     for r, ex in enumerate(examples):
         lengths = list(ex["seq_lengths"])
         n = sum(lengths)
-        input_ids[r, :n] = torch.as_tensor(ex["input_ids"])
         labels[r, :n] = torch.as_tensor(ex["labels"])
-        position_ids[r] = torch.cat([torch.arange(k) for k in [*lengths, width - n] if k > 0])
         if n == width:
             position_ids[r, -1] = 0
         starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
@@ -221,11 +246,13 @@ class PackedCollator:
         return batch
 
 
-def install(trainer: Any, collator: PackedCollator) -> None:
+def install(trainer: Any, collator: Callable[[list[dict[str, Any]]], dict[str, Any]],
+            unit: str = "conversations") -> None:
     """Train this trainer on packed rows: the shard loader collates with `collator` (stages/sharding.py), and the
-    trainer (bound methods, its class untouched) counts the real tokens and conversations of every micro-batch."""
+    trainer (bound methods, its class untouched) counts the real tokens and the examples (`unit`: conversations,
+    pairs) of every micro-batch, logged as `<unit>_per_step`."""
     trainer.medgpt_collate = collator
-    trainer._medgpt_packed = {"conversations": 0, "last": None}  # last: (step, conversations) at the last log
+    trainer._medgpt_packed = {"conversations": 0, "last": None, "unit": unit}  # last: (step, examples) at last log
     trainer.training_step = MethodType(_training_step, trainer)
     trainer.log = MethodType(_log_with(trainer.log), trainer)
 
@@ -251,9 +278,63 @@ def _log_with(inner: Callable[..., None]) -> Callable[..., None]:
         if "loss" in logs and packed["last"] is not None:
             step, conversations = packed["last"]
             if self.state.global_step > step:
-                logs["conversations_per_step"] = (packed["conversations"] - conversations) / (
+                logs[f"{packed['unit']}_per_step"] = (packed["conversations"] - conversations) / (
                     self.state.global_step - step)
                 packed["last"] = (self.state.global_step, packed["conversations"])
         inner(logs, start_time)
 
     return log
+
+
+# ---- a stage's train split, packed --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedKind:
+    """How a stage kind packs: the examples `effective_batch` counts, how a worker encodes and packs them, how wide
+    a row is, and the collate of its train rows. SFT: conversations in rows of seq_len (this module's); rm: pairs in
+    rows of 2 x seq_len (stages/reward_packing.py)."""
+
+    unit: str  # "conversations", "pairs"
+    encode: Callable[..., tuple[Any, Any]]  # (records, tokenizer, template, seq_len) -> (dataset, skipped)
+    pack: Callable[[Any, int], Any]  # (encoded dataset, seq_len) -> rows, one `seq_lengths` entry per example
+    width: Callable[[int], int]  # seq_len -> the rows' width
+    collator: Callable[[str, int, int], Callable[[list[dict[str, Any]]], dict[str, Any]]]  # (mode, pad id, seq_len)
+
+
+def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, train_ds: Any, shard: dict[str, Any],
+                     kind: PackedKind) -> tuple[StageInputs, Any, Any, dict[str, Any]]:
+    """(inputs to train with, train dataset, train collator or None, the packing report) for the stage's `packing`
+    and this model: the shard packed into rows, a step of as many rows as the plan says (planned on the driver from
+    the split's lengths, memory/lengths.py), or, for a plan made without them, as hold about the planned examples
+    in a sample packed here. A config class without the key stays unpacked."""
+    plan, unit = inp.plan, kind.unit
+    setting = packing_setting(inp.stage, inp.cfg, plan.use_gpu)
+    mode, why = resolve(setting, model, inp.stage)
+    if setting is False and getattr(inp.cfg, "packing", False) == "auto":
+        why = RM_CPU_AUTO
+    if mode is None:
+        report: dict[str, Any] = {"mode": None, "why": why}
+        if plan.packing is not None:
+            plan = unpacked(plan, inp.cfg)
+            report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
+        return replace(inp, plan=plan), train_ds, None, report
+    seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
+    rows = kind.pack(train_ds, seq_len)
+    shape = PackedShape.of(rows, width)
+    if plan.packing is None:
+        sample = shape
+        if shard["rows"] != [0, shard["split_rows"]] or shard["split_rows"] > SAMPLE_RECORDS:
+            # The split's first records size the step: the same on every worker, so all take the same accumulation.
+            head = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len)
+            sample = PackedShape.of(kind.pack(head[0], seq_len), width)
+        plan = packed_rows(plan, inp.cfg, rows_per_step(plan.per_worker_examples, sample.conversations_per_row),
+                           sample.conversations_per_row)
+    assert plan.packing is not None
+    per_step, per_row = int(plan.packing["rows_per_step"]), float(plan.packing["conversations_per_row"])
+    shard["packed"] = shape.report(unit)
+    report = {"mode": mode, "why": why, **shape.report(unit), "rows_per_step": per_step,
+              "micro_batch_rows": plan.micro_batch, "grad_accum": plan.grad_accum,
+              f"sampled_{unit}_per_row": round(per_row, 3),
+              f"{unit}_per_step_expected": round(per_step * per_row * plan.num_workers, 1)}
+    return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report

@@ -1,4 +1,7 @@
-"""Reward model: TRL RewardTrainer (Bradley–Terry on chosen vs rejected), held-out pairwise accuracy."""
+"""Reward model: TRL RewardTrainer (Bradley–Terry on chosen vs rejected), held-out pairwise accuracy.
+
+With `packing` on (the default where the model's attention allows it) the train split's pairs are packed into rows
+of 2 x seq_len tokens and trained padding-free (stages/reward_packing.py); evaluation stays unpacked."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
@@ -43,29 +47,44 @@ def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), skipped
 
 
+# rm packs whole pairs into rows of 2 x seq_len tokens (stages/reward_packing.py).
+PAIRS = packing.PackedKind("pairs", encode_pairs, reward_packing.pack_pairs, reward_packing.row_width,
+                           reward_packing.PairRowsCollator)
+
+
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import RewardConfig, RewardTrainer
+
+    from medgpt_ray.stages.reward_trainer import PackedRewardTrainer
 
     data = open_stage_data(inp)
     tok, shard = data.tokenizer, data.shard
     train_ds, skipped, eval_ds = data.encoded(encode_pairs, inp.cfg.seq_len)
 
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
+    train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, data.template, train_ds, shard,
+                                                                      PAIRS)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
-    args = RewardConfig(**training_kwargs(inp), max_length=None, dataset_num_proc=None, **bucket_kwargs(inp))
-    trainer = RewardTrainer(
+    kwargs = training_kwargs(train_inp)
+    if collator is not None:
+        kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
+    args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None, **bucket_kwargs(inp))
+    trainer = (PackedRewardTrainer if collator is not None else RewardTrainer)(
         model=model,
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
         processing_class=tok,
         peft_config=peft_config,
-        callbacks=stage_callbacks(inp, sink, callbacks),
+        callbacks=stage_callbacks(train_inp, sink, callbacks),
     )
     install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
+    if collator is not None:
+        packing.install(trainer, collator, unit="pairs")
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
-                      extras={"train_pairs": len(train_ds), "skipped_too_long": skipped["too_long"],
-                              "skipped_tools_unsupported": skipped["tools_unsupported"]},
+                      extras={"train_pairs": packed.get("pairs", len(train_ds)),
+                              "skipped_too_long": skipped["too_long"],
+                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed},
                       save_kwargs={"seq_cls": True})
 
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
-from medgpt_ray.data.shards import read_records
-from medgpt_ray.memory.lengths import SAMPLE_RECORDS, rows_per_step
-from medgpt_ray.memory.stage_plan import packed_rows, unpacked
 from medgpt_ray.stages import packing, sync_free
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
@@ -67,7 +63,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len)
 
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
-    train_inp, train_ds, collator, packed = pack_train_split(inp, model, tok, template, train_ds, shard)
+    train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, template, train_ds, shard,
+                                                                      CONVERSATIONS)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
@@ -94,39 +91,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                       save_kwargs={"template": template})
 
 
-def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, train_ds: Any, shard: dict[str, Any]
-                     ) -> tuple[StageInputs, Any, packing.PackedCollator | None, dict[str, Any]]:
-    """(inputs to train with, train dataset, train collator or None, the packing report) for the stage's `packing`
-    and this model: the shard packed into rows, a step of as many rows as the plan says (planned on the driver from
-    the split's lengths, memory/lengths.py), or, for a plan made without them, as hold about the planned
-    conversations in a sample packed here. A config class without the key stays unpacked."""
-    plan = inp.plan
-    mode, why = packing.resolve(getattr(inp.cfg, "packing", False), model, inp.stage)
-    if mode is None:
-        report: dict[str, Any] = {"mode": None, "why": why}
-        if plan.packing is not None:
-            plan = unpacked(plan, inp.cfg)
-            report["planned_packed"] = "fell back to 1 conversation per micro-batch with full checkpointing"
-        return replace(inp, plan=plan), train_ds, None, report
-    seq_len = inp.cfg.seq_len
-    rows = packing.pack(train_ds, seq_len)
-    shape = packing.PackedShape.of(rows, seq_len)
-    if plan.packing is None:
-        sample = shape
-        if shard["rows"] != [0, shard["split_rows"]] or shard["split_rows"] > SAMPLE_RECORDS:
-            # The split's first records size the step: the same on every worker, so all take the same accumulation.
-            head = encode_conversations(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len)
-            sample = packing.PackedShape.of(packing.pack(head[0], seq_len), seq_len)
-        plan = packed_rows(plan, inp.cfg, rows_per_step(plan.per_worker_examples, sample.conversations_per_row),
-                           sample.conversations_per_row)
-    assert plan.packing is not None
-    per_step, per_row = int(plan.packing["rows_per_step"]), float(plan.packing["conversations_per_row"])
-    shard["packed"] = shape.report()
-    report = {"mode": mode, "why": why, **shape.report(), "rows_per_step": per_step,
-              "micro_batch_rows": plan.micro_batch, "grad_accum": plan.grad_accum,
-              "sampled_conversations_per_row": round(per_row, 3),
-              "conversations_per_step_expected": round(per_step * per_row * plan.num_workers, 1)}
-    return replace(inp, plan=plan), rows, packing.PackedCollator(mode, tok.pad_token_id, seq_len), report
+# SFT packs conversations into rows of seq_len tokens (stages/packing.py).
+CONVERSATIONS = packing.PackedKind("conversations", encode_conversations, packing.pack, lambda seq_len: seq_len,
+                                   packing.PackedCollator)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:

@@ -33,6 +33,8 @@ def loader_batches(stage: str, data, model: Path, out: Path, compile_layers: boo
     """The stage's train batches of one epoch as its trainer's loader yields them, and the shard report."""
     kw = dict(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), seq_len=SEQ_LEN, effective_batch=8,
               micro_batch=2, epochs=1, logging_steps=1, save_steps=100)
+    if stage == "rm":
+        kw["packing"] = False  # padded batches (packed rows: tests/stages/test_reward_packing.py)
     config = CONFIGS[stage](**{**kw, **cfg})
     plan = plan_stage(stage, config, 1, False)
     plan.compile = compile_layers  # as on a GPU; the layers are only compiled when training starts, never here
