@@ -93,12 +93,19 @@ def test_the_eval_section_of_the_summary():
           "data": {"heldout_conversations": 12, "prompts": 16, "exam_questions": 52},
           "models": {"sft": {"heldout": {"loss": 2.5, "perplexity": 12.18},
                              "answers": {"mean_reward": 0.1, "mean_new_tokens": 20.5},
-                             "exam": {"loglik_accuracy": 0.3, "generated_accuracy": 0.25}},
+                             "exam": {"loglik_accuracy": 0.3, "loglik_sum_accuracy": 0.3,
+                                      "generated_accuracy": 0.25}},
                      "dpo": {"heldout": {"loss": 2.6, "perplexity": 13.46},
                              "answers": {"mean_reward": 0.4, "mean_new_tokens": 18.0},
-                             "exam": {"loglik_accuracy": 0.31, "generated_accuracy": 0.2}}},
+                             "exam": {"loglik_accuracy": 0.31, "loglik_sum_accuracy": 0.29,
+                                      "generated_accuracy": 0.2}}},
           "win_rates": {"dpo": {"prompts": 16, "wins": 10, "ties": 2, "losses": 4, "win_rate": 0.6875,
                                 "ci95": [0.47, 0.88]}}}
+    from medgpt_ray.report.eval_section import eval_section
+
+    html = eval_section(ev)
+    assert 'id="eval"' in html and "win rate over sft" in html and "0.6875" in html and "data:image/png" in html
+    assert "not run: no eval stage" in eval_section(None)
     lines = format_eval_lines({"eval": ev})
     assert lines[0].startswith("eval (held-out: 12 conversations, 16 prompts, 52 exam questions; judge: rm)")
     assert any(line.startswith("dpo") and "2.600" in line and "0.400" in line for line in lines)
