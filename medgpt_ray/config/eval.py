@@ -25,8 +25,8 @@ class EvalStageConfig(StageConfig):
     """Held-out SFT conversations whose response-only loss (and perplexity) is measured per model (pt: held-out
     pretraining text as well); null: all of them."""
     max_prompts: Annotated[int, Field(ge=1)] = 64
-    """Held-out prompts each model answers (the prompt turns of the SFT held-out conversations, then data.prompt's
-    held-out records), the first ones in the split's hash order."""
+    """Held-out prompts each model answers: the prompt turns of the SFT held-out conversations and data.prompt's
+    held-out records (these at most half), the first ones of each split in its hash order."""
     max_new_tokens: Annotated[int, Field(ge=1)] = 128
     """Tokens generated per answer at most (greedy decoding)."""
     batch_size: Annotated[int, Field(ge=1)] = 8

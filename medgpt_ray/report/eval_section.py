@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from medgpt_ray.config import STAGE_KINDS
 from medgpt_ray.report import plots
 from medgpt_ray.report.html import figure, note, section, table
 
 
+def _ordered(names: list[str]) -> list[str]:
+    """Models in the stage graph's order (summary.json's keys are sorted), the base model first."""
+    order = ["base", *STAGE_KINDS]
+    return sorted(names, key=lambda n: order.index(n) if n in order else len(order))
+
+
 def _models(ev: dict[str, Any]) -> str:
     rows = []
-    for name, m in ev["models"].items():
+    for name in _ordered(list(ev["models"])):
+        m = ev["models"][name]
         ans, exam, pt = m.get("answers", {}), m.get("exam", {}), m.get("pretrain_heldout") or {}
         rows.append((name, m["heldout"].get("loss"), m["heldout"].get("perplexity"), pt.get("perplexity"),
                      ans.get("mean_reward"), ans.get("mean_new_tokens"), exam.get("loglik_accuracy"),
@@ -27,11 +35,11 @@ def _win_rates(ev: dict[str, Any]) -> str:
     if not wins:
         why = "no reward model (the rm stage is not in the run)" if not ev.get("judge") else "no aligned model"
         return note(f"no win rates: {why}")
-    rows = [(name, w["win_rate"], f"[{w['ci95'][0]}, {w['ci95'][1]}]", w["wins"], w["ties"], w["losses"],
-             w["prompts"]) for name, w in wins.items()]
+    rows = [(name, wins[name]["win_rate"], f"[{wins[name]['ci95'][0]}, {wins[name]['ci95'][1]}]", wins[name]["wins"],
+             wins[name]["ties"], wins[name]["losses"], wins[name]["prompts"]) for name in _ordered(list(wins))]
     body = table(("model", f"win rate over {ev['reference']}", "bootstrap 95% CI", "wins", "ties", "losses",
                   "prompts"), rows)
-    names = list(wins)
+    names = _ordered(list(wins))
     body += figure(plots.bars(f"win rate over {ev['reference']} (0.5: no better, no worse)", names, {
         "CI low": [wins[n]["ci95"][0] for n in names], "win rate": [wins[n]["win_rate"] for n in names],
         "CI high": [wins[n]["ci95"][1] for n in names]}), "win rates", "")
@@ -46,7 +54,7 @@ def eval_section(ev: dict[str, Any] | None) -> str:
                 f"greedily by each model, {d['exam_questions']} exam questions (data.exam); judge: "
                 f"{ev.get('judge') or 'none'}; reference: {ev['reference']}")
     body += _models(ev) + section("eval-wins", "Win rates", _win_rates(ev), level=3)
-    names = [n for n, m in ev["models"].items() if m.get("exam")]
+    names = [n for n in _ordered(list(ev["models"])) if ev["models"][n].get("exam")]
     if names:
         body += figure(plots.bars("exam accuracy", names, {
             "log-likelihood": [ev["models"][n]["exam"]["loglik_accuracy"] for n in names],

@@ -66,8 +66,9 @@ def load_data(inp: StageInputs) -> EvalData:
     cfg, files = inp.cfg, inp.data_files
     held_out = _keyed(inp.eval_file, "sft")
     limit = cfg.max_examples
-    prompts = [(i, as_prompt(r)) for i, r in held_out]
-    prompts += [(i, r) for i, r in _keyed(files.get("prompt", [None, None])[1], "prompt")]
+    extra = _keyed(files.get("prompt", [None, None])[1], "prompt")  # data.prompt's: up to half of max_prompts
+    extra = extra[:min(len(extra), cfg.max_prompts // 2)]
+    prompts = [(i, as_prompt(r)) for i, r in held_out][:cfg.max_prompts - len(extra)] + extra
     exam = sorted(_keyed(files.get("exam", [None])[0], "exam") + _keyed(files.get("exam", [None, None])[1], "exam"))
     texts = [r["text"] for _, r in _keyed(files.get("pretrain", [None, None])[1], "pt")]
     return EvalData([r for _, r in held_out][:limit], texts[:limit], prompts[:cfg.max_prompts], exam)
