@@ -185,7 +185,7 @@ def summarise(ref: str, evals: dict[str, ModelEval], rewards: dict[str, list[flo
                          "unparsed": sum(not x["generated"] for x in e.exam)}
         per_model[name] = m
     wins = {name: eval_stats.win_rate(rewards[name], rewards[ref], inp.cfg.bootstrap, inp.seed)
-            for name in rewards if name != ref}
+            for name in rewards if name != ref and ref in rewards}  # a pretraining reference answers nothing
     return {"reference": ref, "judge": "rm" if rewards else None, "models": per_model, "win_rates": wins,
             "data": {"heldout_conversations": len(data.conversations), "pretrain_texts": len(data.texts),
                      "prompts": len(data.prompts), "exam_questions": len(data.exam)}}

@@ -31,23 +31,30 @@ def _padded(rows: Sequence[tuple[list[int], list[int]]], pad_id: int, device: An
     return ids.to(device), labels.to(device), mask.to(device)
 
 
-def sequence_logprobs(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, batch_size: int
-                      ) -> list[tuple[float, int]]:
+def sequence_logprobs(model: Any, rows: Sequence[tuple[list[int], list[int]]], pad_id: int, batch_size: int,
+                      chunk_tokens: int = 4096) -> list[tuple[float, int]]:
     """(sum of log p(token), number of tokens) over each row's labelled tokens (labels != -100), right-padded
-    batches, no grad. A row is (input_ids, labels)."""
+    batches, no grad. A row is (input_ids, labels). The LM head runs only on the positions that predict a labelled
+    token, `chunk_tokens` at a time in fp32: no batch x length x vocabulary logits (152k-word vocabularies)."""
     import torch
 
     out: list[tuple[float, int]] = []
     device = _device(model)
+    decoder, head = getattr(model, model.base_model_prefix), model.get_output_embeddings()
     for start in range(0, len(rows), batch_size):
         ids, labels, mask = _padded(rows[start:start + batch_size], pad_id, device)
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         target = labels[:, 1:]
         keep = target != IGNORE
-        logp = torch.log_softmax(logits, -1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        sums, counts = (logp * keep).sum(-1).tolist(), keep.sum(-1).tolist()
-        out += [(float(s), int(n)) for s, n in zip(sums, counts, strict=True)]
+        row_of = keep.nonzero()[:, 0]
+        sums = torch.zeros(len(ids), dtype=torch.float64, device=device)
+        with torch.no_grad():
+            hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][keep]
+            wanted = target[keep]
+            for c in range(0, len(wanted), chunk_tokens):
+                logits = head(hidden[c:c + chunk_tokens]).float()
+                logp = torch.log_softmax(logits, -1).gather(-1, wanted[c:c + chunk_tokens, None]).squeeze(-1)
+                sums.index_add_(0, row_of[c:c + chunk_tokens], logp.double())
+        out += [(float(v), int(n)) for v, n in zip(sums.tolist(), keep.sum(-1).tolist(), strict=True)]
     return out
 
 

@@ -60,6 +60,27 @@ def eval_inputs(data, model: Path, out: Path, needs: dict[str, str], **keys) -> 
                        data_files={"exam": [data["exam"].train_file, data["exam"].eval_file]})
 
 
+def test_scores_read_only_the_labelled_tokens_as_a_full_forward_does(tiny_model):
+    import torch
+
+    from medgpt_ray import models
+    from medgpt_ray.stages.eval_scores import sequence_logprobs
+
+    model = models.load_causal_lm(tiny_model, "fp32", "full").eval()
+    rows = [([5, 6, 7, 8, 9], [-100, -100, 7, 8, 9]), ([5, 6, 7], [-100, 6, 7]),
+            ([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6])]
+    expected = []
+    for ids, labels in rows:  # one unpadded sequence at a time, the full logits
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        target = torch.tensor(labels[1:])
+        keep = target != -100
+        expected.append((logp[keep].gather(-1, target[keep, None]).sum().item(), int(keep.sum())))
+    got = sequence_logprobs(model, rows, pad_id=0, batch_size=2, chunk_tokens=3)  # padded batches, chunked head
+    assert [n for _, n in got] == [n for _, n in expected]
+    assert [s for s, _ in got] == pytest.approx([s for s, _ in expected], abs=1e-4)
+
+
 def test_a_model_judged_against_itself_ties_on_every_prompt(data, tiny_model, reward_model, tmp_path):
     r = run_stage(eval_inputs(data, tiny_model, tmp_path, {"dpo": str(tiny_model), "rm": str(reward_model)}))
     ev = r["evaluation"]
