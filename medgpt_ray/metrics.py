@@ -69,6 +69,20 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("medgpt_rl_completion_length", "gauge", "Mean generated completion length in tokens", TRAIN),
     MetricDef("medgpt_rl_generations_per_second", "gauge", "Completions generated per second (this worker)", TRAIN),
     MetricDef("medgpt_rl_generation_tokens_per_second", "gauge", "Tokens generated per second (this worker)", TRAIN),
+    # the eval stage, per compared model (run/eval_report.py)
+    MetricDef("medgpt_eval_heldout_loss", "gauge", "Response-only loss on the held-out SFT conversations",
+              ("run", "model")),
+    MetricDef("medgpt_eval_mean_reward", "gauge", "Mean reward-model score of the model's held-out answers",
+              ("run", "model")),
+    MetricDef("medgpt_eval_response_tokens", "gauge", "Mean generated tokens per held-out answer", ("run", "model")),
+    MetricDef("medgpt_eval_exam_accuracy", "gauge", "Multiple-choice exam accuracy (method: loglik or generated)",
+              ("run", "model", "method")),
+    MetricDef("medgpt_eval_win_rate", "gauge", "Win rate over the reference model, judged by the reward model "
+              "(ties half)", ("run", "model", "reference")),
+    MetricDef("medgpt_eval_win_rate_low", "gauge", "Lower end of the win rate's bootstrap 95% interval",
+              ("run", "model", "reference")),
+    MetricDef("medgpt_eval_win_rate_high", "gauge", "Upper end of the win rate's bootstrap 95% interval",
+              ("run", "model", "reference")),
     # data cleaning
     MetricDef("medgpt_clean_records_in", "counter", "Records entering a cleaning operator", ("run", "operator")),
     MetricDef("medgpt_clean_records_out", "counter", "Records leaving a cleaning operator", ("run", "operator")),

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from medgpt_ray.cli.args import config_error, non_negative_int, positive_int
 from medgpt_ray.config import ConfigError
-from medgpt_ray.data.kinds import KINDS
+from medgpt_ray.data.kinds import CLEANED_KINDS
 
 
 def add_clean_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT",
                    help="files or directories (.jsonl .json .csv .parquet .txt)")
     p.add_argument("--out", required=True, help="output directory: data/<kind>/, quarantine/, report.json")
-    p.add_argument("--kind", default="auto", choices=["auto", *KINDS],
+    p.add_argument("--kind", default="auto", choices=["auto", *CLEANED_KINDS],
                    help="record kind; auto detects it per file and says what it found")
     p.add_argument("--config", default=None, help="cleaning YAML (normalize, pii, signoff, quality, dedup)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

@@ -22,6 +22,7 @@ from medgpt_ray.config.clean import (
     QualityConfig,
     SignoffConfig,
 )
+from medgpt_ray.config.eval import EvalStageConfig
 from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind, stage_kind
 from medgpt_ray.config.stages import (
     MEMORY_KNOBS,
@@ -40,11 +41,18 @@ from medgpt_ray.config.stages import (
 )
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
-           "DataConfig", "DedupConfig", "GRPOStageConfig", "KTOStageConfig", "LengthGroupedStageConfig", "LoraConfig",
-           "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig",
-           "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig", "SignoffConfig", "SimPOStageConfig",
-           "StageConfig", "StageKind", "StagesConfig", "apply_override", "load_clean_config", "load_config",
-           "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
+           "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
+           "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig",
+           "PairAccuracy", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
+           "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
+           "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
+
+# eval, off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split
+# (config/eval.py); registered here, after the training kinds (config/stages.py). Its module is in run/: it generates
+# with infer/, which stages/ may not import.
+register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
+                              module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
+                              reads=("prompt", "exam", "pretrain")))
 
 
 class ModelConfig(_Strict):
@@ -78,6 +86,10 @@ class DataConfig(_Strict):
     # {"conversations", "completion", "label"} (ShareGPT or role/content turns) or TRL's {"prompt", "completion",
     # "label"}. A kto stage also reads data.preference, each pair as two examples (chosen true, rejected false).
     unpaired: list[str] = []
+    # Multiple-choice exam questions for the eval stage: {"question", "options": {"A": ...} or a list, "answer": "A"
+    # or "AC"} (CMExam-style) or C-Eval's columns {"question", "A", "B", "C", "D", "answer"}; read as they are (not
+    # cleaned, not trained on): every record is asked, the split only keeps ids stable.
+    exam: list[str] = []
     # Raw sources to clean first (kind detected per file); their cleaned Parquet joins the lists above.
     raw: list[str] = []
     clean: CleanConfig = CleanConfig()
@@ -158,6 +170,20 @@ class PipelineConfig(_Strict):
         if not v or "/" in v or v.startswith("."):
             raise ValueError("must be a plain directory name (no '/', not starting with '.')")
         return v
+
+    @model_validator(mode="after")
+    def _eval_compares_every_model(self) -> PipelineConfig:
+        """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
+        ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
+        if ev is not None and ev.enabled and not ev.needs:
+            start = ev.from_ if ev.from_ is not None else stage_kind("eval").default_from
+            while start is not None and not self.stages.get(start).enabled:
+                up = self.stages.get(start)
+                start = up.from_ if up.from_ is not None else stage_kind(start).default_from
+            others = [s for s in self.enabled_stages() if s not in ("eval", start)]
+            if others:
+                ev.needs = others
+        return self
 
     @model_validator(mode="after")
     def _graph_is_sound(self) -> PipelineConfig:

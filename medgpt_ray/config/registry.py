@@ -31,6 +31,10 @@ class StageKind:
     module: str | None = None  # None: medgpt_ray.stages.<name>
     memory_model: str | None = None  # the built-in kind whose memory/throughput model it follows; None: itself
     pair_accuracy: PairAccuracy | None = None  # a kind that ranks preference pairs: where its accuracy is
+    # False: the kind trains nothing and has no model of its own (eval): it runs as one Ray task, not a Ray Train run,
+    # and its manifest entry points at its results directory
+    trains: bool = True
+    reads: tuple[str, ...] = ()  # other data kinds it reads when the config gives them (eval: prompt, exam)
 
     @property
     def module_name(self) -> str:

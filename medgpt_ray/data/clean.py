@@ -92,7 +92,11 @@ def detect_kind(path: Path) -> tuple[str, str]:
             fmt = detect_format(row)
         except RecordError:
             continue
-        return fmt, next(k for k, fmts in KIND_FORMATS.items() if fmt in fmts)
+        kind = next(k for k, fmts in KIND_FORMATS.items() if fmt in fmts)
+        if kind == "exam":
+            raise DataFileError(f"{path}: multiple-choice exam questions ({fmt}) are not cleaned; list the file "
+                                f"under data.exam (the eval stage reads it as it is)")
+        return fmt, kind
     raise DataFileError(f"{path}: no row of a known source format; pass --kind explicitly")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-Kind = Literal["pretrain", "sft", "preference", "prompt", "unpaired"]
+Kind = Literal["pretrain", "sft", "preference", "prompt", "unpaired", "exam"]
 
 KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "pretrain": ("text",),
@@ -16,8 +16,11 @@ KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "preference": ("reward", "sharegpt_preference", "canonical_preference"),
     "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
     "unpaired": ("trl_unpaired", "sharegpt_unpaired", "canonical_unpaired"),
+    "exam": ("exam", "ceval"),
 }
 KINDS: tuple[str, ...] = tuple(KIND_FORMATS)
+# Multiple-choice exams (data.exam) are read as they are, for the eval stage: the cleaner (data.raw) takes the others.
+CLEANED_KINDS: tuple[str, ...] = tuple(k for k in KINDS if k != "exam")
 # Kinds whose records are also read as another kind: a preference pair is two unpaired examples (chosen desirable,
 # rejected undesirable), as TRL's KTO unpairs them. The pipeline gives a kind's preparation these kinds' files too.
 ALSO_READ_AS: dict[str, tuple[str, ...]] = {"unpaired": ("preference",)}
@@ -84,6 +87,7 @@ def detect_format(row: dict) -> str:
       example, else with "answer" a prompt, else sft; the turn style (from/value or role/content) of the first
       turn picks sharegpt_* or canonical_*. A preference, unpaired or prompt record whose turns are unreadable
       counts as canonical_*, whose converter then says why.
+    - "options" exam (question/options/answer); "question" with "A" and "B" ceval (C-Eval's option columns).
     - otherwise, first match: "response_chosen"/"response_rejected" reward, "completion"/"label" trl_unpaired
       (TRL's KTO {"prompt", "completion", "label"}), "questions" huatuo, "instruction" alpaca, "ask" toyhom,
       "question" grpo, "text" text, a single string field text.
@@ -101,6 +105,10 @@ def detect_format(row: dict) -> str:
                 style = "canonical"
             return f"{style}_{suffix}"
         return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
+    if "options" in keys:
+        return "exam"
+    if "question" in keys and {"A", "B"} <= keys:
+        return "ceval"
     if "response_chosen" in keys or "response_rejected" in keys:
         return "reward"
     if "completion" in keys or "label" in keys:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from medgpt_ray.data.convert import record_id
+from medgpt_ray.data.exam import exam_prompt
 from medgpt_ray.data.fields import _conversation, check_turn_order
 from medgpt_ray.data.files import Quarantined, expand_paths, iter_rows
 from medgpt_ray.data.kinds import KIND_FORMATS, RecordError, detect_format
@@ -37,6 +38,8 @@ def as_prompt(row: dict) -> dict:
         first = CONVERTERS[fmt](row)[0]  # a Huatuo row's several questions: the first
     if kind == "pretrain":
         prompt, answer, tools = [{"role": "user", "content": first["text"]}], None, []
+    elif kind == "exam":  # asked as the eval stage asks it; the reference is the right answer's letters
+        prompt, answer, tools = [{"role": "user", "content": exam_prompt(first)}], first["answer"], []
     elif kind == "sft":
         prompt, answer = _trailing_answer(first["conversations"])
         tools = first.get("tools") or []

@@ -7,6 +7,7 @@ Canonical records:
     preference:  {"conversations": [...prompt turns...], "chosen": str, "rejected": str, "tools": [...]}
     prompt:      {"conversations": [...prompt turns...], "answer": str | None, "tools": [...]}
     unpaired:    {"conversations": [...prompt turns...], "completion": str, "label": bool, "tools": [...]}
+    exam:        {"question": str, "options": {"A": str, ...}, "answer": "A" | "AC" ...}   (data/exam.py)
                  (+ "pair": an id shared by the two halves of a preference pair read as unpaired data)
 
 A turn is {"role": R, "content": str}, R one of system (first only), user, assistant, tool_call (the
@@ -35,6 +36,8 @@ Source formats understood (`detect_format` names):
     canonical_unpaired     {"conversations": [{"role", "content"}], "completion", "label", "tools"?}
     trl_unpaired           TRL's KTO {"prompt": str | [{"role", "content"}], "completion": str | [assistant turn],
                            "label"} (+ optional "system")
+    exam                   {"question", "options": {letter: text} | [text, ...], "answer": letters} (CMExam-style)
+    ceval                  C-Eval {"question", "A", "B", "C", "D", "answer"} (+ "id", "explanation")
 
 A preference pair read as unpaired data (data/kinds.py ALSO_READ_AS) is two records, chosen with label true and
 rejected with label false, as TRL unpairs them; both carry the pair's id in "pair", which keeps them in the same
@@ -53,6 +56,7 @@ import hashlib
 import json
 from collections.abc import Callable
 
+from medgpt_ray.data.exam import from_ceval, from_exam
 from medgpt_ray.data.fields import (  # noqa: F401  (the public helpers: imported from here too)
     SHAREGPT_ROLES,
     _answer,
@@ -237,6 +241,8 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "sharegpt_unpaired": _unpaired_converter("sharegpt"),
     "canonical_unpaired": _unpaired_converter("canonical"),
     "trl_unpaired": _from_trl_unpaired,
+    "exam": from_exam,
+    "ceval": from_ceval,
 }
 assert set(CONVERTERS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 
@@ -246,6 +252,8 @@ def convert_as(row: dict, fmt: str, kind: str) -> list[dict]:
     to that kind first (a preference pair read as unpaired data: its two halves)."""
     if kind == "unpaired" and fmt in KIND_FORMATS["preference"]:
         return [half for pair in CONVERTERS[fmt](row) for half in unpair(pair)]
+    if kind == "exam" and fmt == "grpo":  # a question without its options
+        raise RecordError("missing field 'options' (an exam question lists its options)")
     if fmt not in KIND_FORMATS[kind]:
         raise RecordError(f"a {fmt} record cannot be used as {kind} data "
                           f"(accepted formats: {', '.join(KIND_FORMATS[kind])})")

@@ -1,6 +1,6 @@
 """A run's report: one self-contained HTML file (figures embedded as PNG data URIs, no network) with the stage
-graph, the data funnel, a Tune sweep's trials and, per stage, the plan against the memory budget, loss and
-learning-rate curves, throughput, GPU memory and held-out results.
+graph, the data funnel, a Tune sweep's trials, the eval stage's comparison of the models and, per stage, the plan
+against the memory budget, loss and learning-rate curves, throughput, GPU memory and held-out results.
 
     medgpt-ray report runs/<name> [--out FILE.html]
 
@@ -22,17 +22,20 @@ STRICT_ENV = "MEDGPT_RAY_REPORT_STRICT"
 
 def build_report(run_dir: str | Path) -> str:
     from medgpt_ray.report import sections
+    from medgpt_ray.report.eval_section import eval_section
     from medgpt_ray.report.html import esc, page
     from medgpt_ray.report.rundata import read_run
 
     run = read_run(run_dir)
     stages = sections.active(run)
     stage_parts = [sections.stage_section(s) for s in stages]
-    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), *[(f"stage-{s.name}", s.name) for s in stages]]
+    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), ("eval", "eval"),
+           *[(f"stage-{s.name}", s.name) for s in stages]]
     meta = (f"{esc(run.run_dir)} · written {esc(time.strftime('%Y-%m-%d %H:%M:%S'))} by "
             f"<code>medgpt-ray report</code>")
     return page(f"medgpt-ray run {run.name}", meta, nav,
-                [sections.run_section(run), sections.data_section(run), sections.sweep_section(run), *stage_parts])
+                [sections.run_section(run), sections.data_section(run), sections.sweep_section(run),
+                 eval_section(run.evaluation), *stage_parts])
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:

@@ -65,6 +65,7 @@ class RunData:
     clean: dict[str, Any] | None  # clean/report.json (data.raw cleaned as the first step)
     prepared: dict[str, Any] | None  # data/prepared.json: per kind, source/train/held-out/quarantined counts
     sweeps: list[SweepData]
+    evaluation: dict[str, Any] | None = None  # summary.json's `eval`: the eval stage's results.json
 
 
 def _json(path: Path) -> Any:
@@ -154,7 +155,8 @@ def read_run(run_dir: str | Path) -> RunData:
     run_info = {k: v for k, v in manifest.get("run", {}).items() if k != "config"}
     return RunData(run_dir, summary.get("name") or config.get("name") or run_dir.name, summary.get("wall_s"),
                    stages, run_info, _json(run_dir / "clean" / "report.json"),
-                   _json(run_dir / "data" / PREPARED_FILE), read_sweeps(run_dir))
+                   _json(run_dir / "data" / PREPARED_FILE), read_sweeps(run_dir),
+                   summary.get("eval") or _json(run_dir / "eval" / "results.json"))
 
 
 _POSITION = re.compile(r"\s*\((?:column|line|char)[^)]*\)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.config import PipelineConfig, StageKind, stage_kind
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.run.manifest import sha256_json
 
@@ -73,3 +73,10 @@ def fingerprint(cfg: PipelineConfig, stage: str, plan: StagePlan, data_fp: str, 
         "code": {"git_commit": prov["git_commit"], "packages": prov["packages"]},
         **({"needs": needs_fps} if needs_fps else {}),
     })
+
+
+def stage_data_fingerprint(kind: StageKind, data_fps: dict[str, str]) -> str:
+    """The fingerprint of the data a stage kind reads: its own kind's, and with `reads` (eval) those kinds' too."""
+    if not kind.reads:
+        return data_fps[kind.data_kind]
+    return sha256_json({k: data_fps[k] for k in (kind.data_kind, *kind.reads)})

@@ -69,6 +69,9 @@ def _card_markdown(info: dict[str, Any]) -> str:
         held = ", ".join(f"{k.removeprefix('eval_')}={v if isinstance(v, int) else f'{v:.3f}'}"
                          for k, v in s["eval"].items() if isinstance(v, int | float) and not isinstance(v, bool)) or "-"
         lines.append(f"| {s['stage']} ({s['method']}) | {s['from']} | {data} | {s['steps']} | {loss} | {held} |")
+    if info.get("eval_stage"):  # the run's eval stage compared this model (README: the eval stage)
+        e = info["eval_stage"]
+        lines += ["", f"Eval stage: {json.dumps(e, ensure_ascii=False)}"]
     lines += ["", "Data hashes are SHA-256 of the prepared Parquet splits in the run's data/ directory (the "
               "full values in medgpt_export.json). Held-out results are the run's own (its held-out split).", ""]
     return "\n".join(lines)
@@ -99,6 +102,8 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
     if stage not in finished:
         raise ExportError(f"--stage {stage}: not a finished stage of {run_dir} (finished: "
                           f"{', '.join(sorted(finished)) or 'none'})")
+    if not stage_kind(stage).trains:
+        raise ExportError(f"--stage {stage}: the {stage} stage trains no model; export one of the stages it compared")
     model_dir = Path(finished[stage].get("output_model") or run_dir / stage / "model")
     if not (model_dir / "config.json").is_file():
         raise ExportError(f"{model_dir}: the stage's model is gone (moved or deleted after the run)")
@@ -110,6 +115,10 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
             "base_model": manifest["run"].get("base_model_path"), "git_commit": manifest["run"].get("git_commit"),
             "template": cfg.template_for(stage), "lineage": chain,
             "stages": [_stage_card(run_dir, cfg, s, finished[s]) for s in chain if s in finished]}
+    evaluation = (finished.get("eval", {}).get("result") or {}).get("evaluation") or {}
+    if stage in evaluation.get("models", {}):
+        info["eval_stage"] = {"reference": evaluation["reference"], **evaluation["models"][stage],
+                              "win_rate": evaluation["win_rates"].get(stage)}
     out.mkdir(parents=True, exist_ok=True)
     echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
     _save_model(model_dir, out, dtype, seq_cls=stage == "rm")

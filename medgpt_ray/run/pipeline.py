@@ -25,7 +25,7 @@ from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
 from medgpt_ray.report import write_run_report
 from medgpt_ray.report.rundata import PREPARED_FILE, prepared_counts
-from medgpt_ray.run import dag, pair_report
+from medgpt_ray.run import dag, eval_report, pair_report
 from medgpt_ray.run.backoff import run_with_backoff
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.manifest import Manifest, provenance, sha256_json, write_json_atomic, write_plan
@@ -40,13 +40,10 @@ from medgpt_ray.run.progress import (
     summary_entry,
 )
 from medgpt_ray.run.ray_env import echo
-from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
+from medgpt_ray.run.upstream import PipelineError, check_only_stage, finished_output  # noqa: F401  (cli/run.py imports them from here)
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
-
-
-class PipelineError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -73,28 +70,6 @@ def _run_dir(cfg: PipelineConfig, connected_to: str) -> Path:
             f"set an absolute path on storage every node sees (NFS), e.g. --set output_dir=/mnt/shared/runs"
         )
     return (out / cfg.name).resolve()
-
-
-def finished_output(manifest: Manifest, up: str, stage: str, how: str) -> str:
-    """The output model of finished stage `up`, which `stage` starts from or needs (`how`)."""
-    entry = manifest.entry(up)
-    if not entry or not Path(entry.get("output_model", "")).is_dir():
-        raise PipelineError(
-            f"stage {stage} {how} the output of stage {up}, which is not finished in "
-            f"{manifest.path}; run the pipeline without --only-stage first"
-        )
-    return entry["output_model"]
-
-
-def check_only_stage(cfg: PipelineConfig, stage: str) -> None:
-    """`--only-stage S` reruns S alone: what it starts from and needs must be finished. Read from the manifest
-    before Ray starts, so a user learns it in a second."""
-    manifest = Manifest((Path(cfg.output_dir) / cfg.name / "manifest.json").resolve())
-    up = dag.effective_from(cfg, stage)
-    if up is not None:
-        finished_output(manifest, up, stage, "starts from")
-    for need in cfg.stages.get(stage).needs:
-        finished_output(manifest, need, stage, "needs")
 
 
 class Pipeline:
@@ -202,13 +177,13 @@ class Pipeline:
         if self.opt.only_stage:
             order = [self.opt.only_stage]
         # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
-        kinds = {stage_kind(s).data_kind for s in self.cfg.enabled_stages()}
+        kinds = {k for s in self.cfg.enabled_stages() for k in (stage_kind(s).data_kind, *stage_kind(s).reads)}
         data_fps = {kind: self._data_fingerprint(kind) for kind in kinds}
         fingerprints: dict[str, str] = {}
         for s in self.cfg.enabled_stages():
             up = dag.effective_from(self.cfg, s)
             needs = {n: fingerprints[n] for n in self.cfg.stages.get(s).needs}
-            fingerprints[s] = self._fingerprint(s, plans[s], data_fps[stage_kind(s).data_kind],
+            fingerprints[s] = self._fingerprint(s, plans[s], dag.stage_data_fingerprint(stage_kind(s), data_fps),
                                                 fingerprints.get(up) if up else None, base_config, prov, needs)
 
         to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
@@ -294,8 +269,9 @@ class Pipeline:
         write_plan(stage_dir, plan)
         data = prepared[stage_kind(stage).data_kind]
         needs = {n: self._output_of(n, stage, "needs") for n in self.cfg.stages.get(stage).needs}
+        reads = {k: [prepared[k].train_file, prepared[k].eval_file] for k in stage_kind(stage).reads if k in prepared}
         return StageInputs.of(self.cfg, stage, plan, str(self._upstream_model(stage, base_path)), data.train_file,
-                              data.eval_file, str(stage_dir), needs)
+                              data.eval_file, str(stage_dir), needs, reads)
 
     def _fits_side_by_side(self, stages: list[str], plans: dict[str, StagePlan]) -> bool:
         if len(stages) < 2:
@@ -321,30 +297,35 @@ class Pipeline:
         def work(stage: str) -> None:
             t0 = time.monotonic()
             p = plans[stage]
-            self.echo(f"[{stage:>3}] start: {p.method}, {p.precision}, {p.num_workers} worker(s) x micro-batch "
-                      f"{p.micro_batch} x accum {p.grad_accum}, ZeRO {p.zero_stage}, model {inputs[stage].model_path}")
+            how = (f"{p.method}, {p.precision}, {p.num_workers} worker(s) x micro-batch {p.micro_batch} x accum "
+                   f"{p.grad_accum}, ZeRO {p.zero_stage}, model" if stage_kind(stage).trains else
+                   f"one Ray task on {'a GPU' if p.use_gpu else 'CPU'}, reading {', '.join(inputs[stage].needs)} "
+                   f"and the reference model")
+            self.echo(f"[{stage:>3}] start: {how} {inputs[stage].model_path}")
             tags = {"run": self.cfg.name, "stage": stage}
             set_stage_state(self.cfg.name, stage, "running")
             if latest_checkpoint(inputs[stage].checkpoint_dir):
                 metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
             try:
                 name = f"{self.cfg.name}-{stage}-{fingerprints[stage][:10]}"
+                runner = run_stage_on_ray if stage_kind(stage).trains else run_task_on_ray
                 ran = run_with_backoff(
                     inputs[stage],
-                    lambda attempt, inp: run_stage_on_ray(inp, RayOptions(
+                    lambda attempt, inp: runner(inp, RayOptions(
                         self.storage_path, name + (f"-b{attempt}" if attempt else ""),
                         self.cfg.resources.cpus_per_worker, progress=(actor_name, namespace))),
                     self.cfg.name, self.cfg.resources.oom_backoff, self.echo, self.cfg.resources.worker_restarts)
                 plans[stage] = ran.plan  # with the back-offs it took
                 result_path = Path(inputs[stage].out_dir) / "result.json"
                 result = json.loads(result_path.read_text(encoding="utf-8"))
-                if not Path(result["output_model"], "config.json").is_file():
+                if stage_kind(stage).trains and not Path(result["output_model"], "config.json").is_file():
                     raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
                 self.manifest.record(stage, {
                     "fingerprint": fingerprints[stage], "output_model": result["output_model"],
                     "plan": plans[stage].to_dict(), "result": result, "workers": result.get("workers", []),
                 })
                 results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
+                eval_report.publish(self.cfg.name, result)
                 self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
             except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
                 results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
@@ -392,7 +373,8 @@ class Pipeline:
             wall = round(o.wall_s, 2) if o.status in ("done", "failed") else r.get("wall_s")
             stages[s] = summary_entry(o.status, r, wall, o.error)
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
-                   "stages": stages, **pair_report.summary_fields(self.cfg, stages, self._baselines)}
+                   "stages": stages, **pair_report.summary_fields(self.cfg, stages, self._baselines),
+                   **eval_report.summary_fields(outcomes.get("eval"))}
         write_json_atomic(self.run_dir / "summary.json", summary)
         if not quiet:  # the run's end, also after a failed stage: the table, then runs/<name>/report.html
             self.echo(format_summary(summary))

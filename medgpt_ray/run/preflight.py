@@ -8,7 +8,7 @@ from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.data.files import expand_paths
 from medgpt_ray.data.kinds import DataFileError
 
-DATA_KEYS = ("pretrain", "sft", "preference", "prompt", "unpaired", "raw")
+DATA_KEYS = ("pretrain", "sft", "preference", "prompt", "unpaired", "exam", "raw")
 
 
 def check_paths(cfg: PipelineConfig) -> None:

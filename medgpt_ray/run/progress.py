@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from medgpt_ray.progress import format_eta, progress_line
+from medgpt_ray.run.eval_report import format_eval_lines
 from medgpt_ray.run.pair_report import format_pair_line
 
 
@@ -54,7 +55,11 @@ class ProgressPrinter:
 
 
 def result_brief(r: dict[str, Any]) -> str:
-    parts = [f"{r.get('steps')} steps"]
+    parts = [f"{r.get('steps')} steps"] if r.get("steps") is not None else []
+    if r.get("evaluation"):  # the eval stage: what it compared
+        ev = r["evaluation"]
+        parts.append(f"{len(ev['models'])} models on {ev['data']['prompts']} prompts and "
+                     f"{ev['data']['exam_questions']} exam questions")
     if r.get("train_loss_first") is not None:
         parts.append(f"loss {r['train_loss_first']:.3f} -> {r['train_loss_last']:.3f}")
     parts += [f"{k} {v:.3f}" for k, v in r.get("eval", {}).items() if isinstance(v, float)]
@@ -88,6 +93,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         rc = f"{st['recompiles'] if st.get('recompiles') is not None else '':>7}" if compiled else ""
         lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}{rc}  {loss:<20}  {ev}")
     lines += [pair] if (pair := format_pair_line(summary)) else []
+    lines += format_eval_lines(summary)
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")
     return "\n".join(lines)
 

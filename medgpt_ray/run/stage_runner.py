@@ -1,4 +1,5 @@
-"""One stage under Ray Train: the one TorchTrainer builder and worker loop.
+"""One stage under Ray Train: the one TorchTrainer builder and worker loop; a kind that trains nothing (eval) runs
+as one Ray task instead (run_task_on_ray: no Train controller to start).
 
 The pipeline and the Tune sweep both run stages through `run_stage_on_ray`. What differs is injected: the
 pipeline passes its progress actor (per-step records to the driver); a Tune trial asks for every evaluation to
@@ -18,7 +19,7 @@ from typing import Any
 import ray
 from transformers import TrainerCallback
 
-from medgpt_ray.placement.device import ray_train_resources
+from medgpt_ray.placement.device import chosen_gpu, ray_train_resources
 from medgpt_ray.run.placed_torch import torch_config_for
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.stages.inputs import StageInputs
@@ -126,3 +127,34 @@ def run_stage_on_ray(inputs: StageInputs, opts: RayOptions):
                              worker_runtime_env={"env_vars": env}),
     )
     return trainer.fit()
+
+
+def _task(inputs: StageInputs, progress: tuple[str, str] | None) -> dict[str, Any]:
+    """A stage kind that trains nothing, in one Ray task: the plain stage function, on the planned GPU if any."""
+    from medgpt_ray.stages import run_stage
+
+    start_worker()
+    placed = chosen_gpu()
+    if placed is not None:  # before CUDA initialises: the placement's GPU is this process's only device
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(placed[1])
+    sink = None
+    if progress is not None:
+        actor = ray.get_actor(progress[0], namespace=progress[1])
+
+        def sink(rec: dict[str, Any]) -> None:
+            actor.push.remote(rec)
+
+    return run_stage(inputs, sink)
+
+
+def run_task_on_ray(inputs: StageInputs, opts: RayOptions) -> dict[str, Any]:
+    """Run a non-training stage (config/registry.py StageKind.trains false) as one Ray task with the resources and
+    environment its single worker would get under Ray Train; returns its result."""
+    plan = inputs.plan
+    scaling, env = ray_train_resources(plan.placement, 1, plan.use_gpu, opts.cpus_per_worker,
+                                       ray.cluster_resources(), worker_env() if opts.env is None else opts.env)
+    per = dict(scaling["resources_per_worker"])
+    cpus, gpus = per.pop("CPU"), per.pop("GPU", 0)
+    task = ray.remote(_task).options(num_cpus=cpus, num_gpus=gpus, resources=per or None, max_retries=0,
+                                     runtime_env={"env_vars": env}, name=opts.name)
+    return ray.get(task.remote(inputs, opts.progress))

@@ -30,14 +30,17 @@ class StageInputs:
     # in the driver (config.STAGE_KINDS). None: looked up by `stage`.
     module: str | None = None
     report_to: str = "none"  # "tensorboard": rank 0 writes event files under out_dir/tb (stages/tensorboard.py)
+    # Other data kinds the stage reads (its kind's `reads`, config/registry.py): kind -> [train file, held-out file]
+    data_files: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,
-           out_dir: str, needs: dict[str, str] | None = None) -> StageInputs:
+           out_dir: str, needs: dict[str, str] | None = None,
+           data_files: dict[str, list[str]] | None = None) -> StageInputs:
         """A stage's inputs as the pipeline and a Tune trial give them: its config, template and the run's seed."""
         return cls(stage, cfg.stages.get(stage), plan, model_path, cfg.template_for(stage), train_file, eval_file,
                    out_dir, seed=cfg.seed, needs=dict(needs or {}), module=stage_kind(stage).module_name,
-                   report_to=cfg.report_to_for(stage))
+                   report_to=cfg.report_to_for(stage), data_files=dict(data_files or {}))
 
     @property
     def out(self) -> Path:

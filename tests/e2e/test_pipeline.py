@@ -162,6 +162,14 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert [s["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled", "done", "done", "done"]
     assert Path(s["stages"]["dpo"]["output_model"], "config.json").is_file()
     assert "running rm and dpo side by side" in second
+    # The eval stage (configs/tiny-cpu.yaml enables it) ran last, as one Ray task: dpo against sft, judged by rm.
+    assert s["stages"]["eval"]["status"] == "done"
+    ev = s["eval"]
+    assert ev["reference"] == "sft" and set(ev["models"]) == {"sft", "dpo"} and ev["judge"] == "rm"
+    assert 0 < ev["data"]["prompts"] <= 32 and ev["data"]["exam_questions"] == 52
+    assert ev["win_rates"]["dpo"]["ci95"][0] <= ev["win_rates"]["dpo"]["win_rate"] <= ev["win_rates"]["dpo"]["ci95"][1]
+    assert re.search(r"^win rate dpo over sft: [0-9.]+ \[[0-9.]+, [0-9.]+\] 95% CI", second, re.M), second[-3000:]
+    assert "[eval] start: one Ray task on CPU, reading rm, dpo and the reference model " in second
     for stage, workers in (("sft", 2), ("rm", 1), ("dpo", 1)):
         plan = json.loads((out / "tiny-cpu" / stage / "plan.json").read_text())
         assert plan["num_workers"] == workers
@@ -179,10 +187,11 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     # run that was interrupted, resumed and restarted, which must have trained exactly the same (loss within 1e-6
     # at every step).
     third, lines = in_process(repo, out, *sft)
-    for stage in ("sft", "rm", "dpo"):
+    for stage in ("sft", "rm", "dpo", "eval"):
         assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage
     assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled"] + ["skipped"] * 3
-    assert [summary(out)["stages"][k]["status"] for k in ("sft", "rm", "dpo")] == ["skipped"] * 3
+    assert [summary(out)["stages"][k]["status"] for k in ("sft", "rm", "dpo", "eval")] == ["skipped"] * 4
+    assert summary(out)["eval"] == ev  # a skipped eval stage keeps its numbers in the summary
 
     resumed = logged_losses(out / "tiny-cpu" / "sft")
     before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
@@ -267,6 +276,7 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
                    "--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
                    "--set", "stages.sft.logging_steps=1",
                    "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
+                   "--set", "stages.eval.enabled=false",  # the resume test above runs it
                    # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
                    # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
                    *formats_data_sets()]

@@ -56,6 +56,8 @@ def text_fields(record: dict, kind: str) -> list[tuple[str, str]]:
     _check_kind(kind)
     if kind == "pretrain":
         return [("text", record["text"])]
+    if kind == "exam":
+        return [("question", record["question"]), *((f"options.{k}", v) for k, v in record["options"].items())]
     out = [(f"conversations.{i}.content", turn["content"]) for i, turn in enumerate(record["conversations"])]
     if kind == "preference":
         out += [("chosen", record["chosen"]), ("rejected", record["rejected"])]
@@ -108,6 +110,10 @@ def map_texts(record: dict, kind: str, fn: Callable[[str, str], str]) -> dict:
     out = dict(record)
     if kind == "pretrain":
         out["text"] = fn("text", record["text"])
+        return out
+    if kind == "exam":  # question and options are text; the answer is option letters
+        out["question"] = fn("question", record["question"])
+        out["options"] = {k: fn("option", v) for k, v in record["options"].items()}
         return out
     out["conversations"] = [{**turn, "content": _map_turn(turn["role"], turn["content"], fn)}
                             for turn in record["conversations"]]

@@ -1,0 +1,63 @@
+"""The report's eval section: the eval stage's results.json (held-out loss per model, answers judged by the reward
+model and the win rates over the reference, exam accuracy). Numbers only: the answers themselves stay in
+runs/<name>/eval/generations.jsonl (owner-only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from medgpt_ray.config import STAGE_KINDS
+from medgpt_ray.report import plots
+from medgpt_ray.report.html import figure, note, section, table
+
+
+def _ordered(names: list[str]) -> list[str]:
+    """Models in the stage graph's order (summary.json's keys are sorted), the base model first."""
+    order = ["base", *STAGE_KINDS]
+    return sorted(names, key=lambda n: order.index(n) if n in order else len(order))
+
+
+def _models(ev: dict[str, Any]) -> str:
+    rows = []
+    for name in _ordered(list(ev["models"])):
+        m = ev["models"][name]
+        ans, exam, pt = m.get("answers", {}), m.get("exam", {}), m.get("pretrain_heldout") or {}
+        rows.append((name, m["heldout"].get("loss"), m["heldout"].get("perplexity"), pt.get("perplexity"),
+                     ans.get("mean_reward"), ans.get("mean_new_tokens"), exam.get("loglik_accuracy"),
+                     exam.get("loglik_sum_accuracy"), exam.get("generated_accuracy")))
+    return table(("model", "held-out loss (responses)", "perplexity", "pretraining text perplexity",
+                  "mean reward", "mean answer tokens", "exam: log-likelihood (per token)", "exam: log-likelihood (sum)",
+                  "exam: generated letter"), rows)
+
+
+def _win_rates(ev: dict[str, Any]) -> str:
+    wins = ev.get("win_rates") or {}
+    if not wins:
+        why = "no reward model (the rm stage is not in the run)" if not ev.get("judge") else "no aligned model"
+        return note(f"no win rates: {why}")
+    rows = [(name, wins[name]["win_rate"], f"[{wins[name]['ci95'][0]}, {wins[name]['ci95'][1]}]", wins[name]["wins"],
+             wins[name]["ties"], wins[name]["losses"], wins[name]["prompts"]) for name in _ordered(list(wins))]
+    body = table(("model", f"win rate over {ev['reference']}", "bootstrap 95% CI", "wins", "ties", "losses",
+                  "prompts"), rows)
+    names = _ordered(list(wins))
+    body += figure(plots.bars(f"win rate over {ev['reference']} (0.5: no better, no worse)", names, {
+        "CI low": [wins[n]["ci95"][0] for n in names], "win rate": [wins[n]["win_rate"] for n in names],
+        "CI high": [wins[n]["ci95"][1] for n in names]}), "win rates", "")
+    return body
+
+
+def eval_section(ev: dict[str, Any] | None) -> str:
+    if not ev:
+        return section("eval", "Evaluation", note("not run: no eval stage in this run (stages.eval.enabled)"))
+    d = ev["data"]
+    body = note(f"held-out: {d['heldout_conversations']} SFT conversations (loss), {d['prompts']} prompts answered "
+                f"greedily by each model, {d['exam_questions']} exam questions (data.exam); judge: "
+                f"{ev.get('judge') or 'none'}; reference: {ev['reference']}")
+    body += _models(ev) + section("eval-wins", "Win rates", _win_rates(ev), level=3)
+    names = [n for n in _ordered(list(ev["models"])) if ev["models"][n].get("exam")]
+    if names:
+        body += figure(plots.bars("exam accuracy", names, {
+            "log-likelihood": [ev["models"][n]["exam"]["loglik_accuracy"] for n in names],
+            "generated letter": [ev["models"][n]["exam"]["generated_accuracy"] for n in names]}),
+            "exam accuracy", "")
+    return section("eval", "Evaluation", body)
