@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from medgpt_ray.config import stage_kind
 from medgpt_ray.stages import speed
 from medgpt_ray.stages.checkpointing import SelectiveCheckpointing
 from medgpt_ray.stages.inputs import Sink, StageInputs
@@ -30,7 +31,9 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
                                         stage_metrics_callback(inp, watch)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
-    if inp.plan.method != "full":
+    # Not for GRPO: TRL generates with the policy outside the Trainer's autocast, where peft's fp32 cast is needed
+    # (bf16 inputs into fp32 adapters fail: the H200 run of bench/real_length_throughput.py --stages grpo).
+    if inp.plan.method != "full" and stage_kind(inp.stage).memory_kind != "grpo":
         callbacks.append(speed.Bf16LoraInputs())
     if inp.plan.compile:
         callbacks.append(speed.CompileDecoderLayers())

@@ -3,8 +3,9 @@
 Runs on the driver, after data preparation: the first SAMPLE_RECORDS records of the stage's train split (hash
 order, so a uniform sample; the records the packed worker sized its step from before) tokenized exactly as the
 stage encodes them — sft by encode_sft with the template and seq_len cut, rm and dpo by encode_preference, each
-pair's longer side, kto each example's prompt and completion — and, for SFT and rm with packing not off, packed by
-the same best-fit decreasing as the workers (rm: whole pairs in rows of 2 x seq_len).
+pair's longer side, kto each example's prompt and completion, grpo each prompt plus max_completion_length — and,
+for SFT and rm with packing not off, packed by the same best-fit decreasing as the workers (rm: whole pairs in
+rows of 2 x seq_len).
 The tokenizer is the base model's: every stage saves the tokenizer it started from unchanged.
 """
 
@@ -38,6 +39,8 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
     for r in records:
         if kind == "kto":  # one completion per example: measured as a pair of it with itself
             r = {**r, "chosen": r["completion"], "rejected": r["completion"]}
+        elif kind == "grpo":  # a prompt record: its rendered prompt, then up to max_completion_length generated
+            r = {**r, "chosen": "-", "rejected": "-"}
         try:
             enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)
         except templates.TemplateTokenizerMismatch:
@@ -46,6 +49,9 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
             over += 1  # the prompt alone fills seq_len (or tools the template cannot render): not trained
             continue
         prompt = len(enc["prompt_ids"])
+        if kind == "grpo":
+            lengths.append(min(prompt + cfg.max_completion_length, cfg.seq_len))
+            continue
         lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
     packed = kind == "rm" and packing_setting(stage, cfg, use_gpu) is not False
     per_row = _pairs_per_row(records, tok, template, cfg) if packed else None

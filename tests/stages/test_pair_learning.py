@@ -3,8 +3,8 @@ model on the default demo's split, its held-out preference accuracy beats both b
 (length, a character-bigram perceptron: data/preference_baselines.py) by at least MARGIN.
 
 Held-out accuracy is each method's own ranking (config.PairAccuracy): the reward model's score (rm), the implicit
-reward beta*log(pi/pi_ref) (dpo), the length-normalised log-probability (orpo, simpo). The pairs are hard on purpose
-(data/sample/README.md), so these train for hundreds of steps, not the usual few: the whole tiny model (a LoRA
+reward beta*log(pi/pi_ref) (dpo, kto), the length-normalised log-probability (orpo, simpo). The pairs are hard on
+purpose (data/sample/README.md), so these train for hundreds of steps, not the usual few: the whole tiny model (a LoRA
 adapter this small learns nothing on them), each test well under a minute on two cores.
 """
 
@@ -27,21 +27,26 @@ SETTINGS = {
     "dpo": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=0.5),
     "orpo": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=3.0),
     "simpo": dict(lr=1e-3, effective_batch=16, max_steps=250),
+    # KTO reads the same pairs unpaired (chosen desirable, rejected undesirable; a pair's halves share a split).
+    "kto": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=0.5),
 }
 
 
 @pytest.fixture(scope="module")
 def shipped(repo, tmp_path_factory):
-    """The default demo's preference files split as its pipeline splits them, and both baselines on that split."""
+    """The default demo's preference files split as its pipeline splits them (as preference pairs, and read as
+    unpaired examples for kto), and both baselines on the preference split."""
     cfg = load_config(repo / "configs" / "tiny-cpu.yaml")
-    d = prepare_kind("preference", [str(repo / p) for p in cfg.data.preference], tmp_path_factory.mktemp("pairs"),
-                     cfg.data.eval_fraction, cfg.data.max_records, cfg.data.pii_types())
-    return d, preference_baselines(d.train_file, d.eval_file)
+    files = [str(repo / p) for p in cfg.data.preference]
+    splits = {kind: prepare_kind(kind, files, tmp_path_factory.mktemp(kind), cfg.data.eval_fraction,
+                                 cfg.data.max_records, cfg.data.pii_types()) for kind in ("preference", "unpaired")}
+    return splits, preference_baselines(splits["preference"].train_file, splits["preference"].eval_file)
 
 
 @pytest.mark.parametrize("stage", list(SETTINGS))
 def test_the_method_ranks_held_out_hard_pairs_better_than_the_baselines(stage, shipped, tiny_model, tmp_path):
-    d, base = shipped
+    splits, base = shipped
+    d = splits[stage_kind(stage).data_kind]
     cfg = stage_kind(stage).config_class(**COMMON, **SETTINGS[stage])
     r = run_stage(StageInputs(stage, cfg, plan_stage(stage, cfg, 1, False), str(tiny_model), "chatml", d.train_file,
                               d.eval_file, str(tmp_path)))

@@ -124,7 +124,8 @@ def prepared(tmp_path_factory, repo, tiny_model):
     out = tmp_path_factory.mktemp("lengths")
     return {kind: prepare_kind(kind, [str(repo / path)], out / "data", 0.1)
             for kind, path in (("sft", "data/sample/sft_sharegpt.jsonl"),
-                               ("preference", "data/sample/reward.jsonl"))}
+                               ("preference", "data/sample/reward.jsonl"),
+                               ("prompt", "data/sample/rl/department_prompts.jsonl"))}
 
 
 def test_the_profile_is_measured_as_the_stage_encodes(prepared, tiny_model):
@@ -172,3 +173,19 @@ def test_the_pipeline_replans_the_stages_that_run_and_prints_what_it_used(prepar
     assert [ln.split("]")[0] for ln in lines] == ["[sft", "[sft", "[ rm", "[ rm"]
     assert "lengths:" in lines[0] and "packed:" in lines[1]
     assert json.loads(json.dumps(out["rm"].to_dict()))["lengths"]["sampled"] == out["rm"].lengths["records"]
+
+
+def test_grpo_is_measured_as_its_prompts_plus_the_completion_budget(prepared, tiny_model):
+    """A prompt record has no answer to encode: each sample is its rendered prompt plus max_completion_length (what
+    TRL pads a generated batch up to), never 0 (the H200 run planned grpo at 1 token before this)."""
+    from medgpt_ray import models, templates
+    from medgpt_ray.config import GRPOStageConfig
+    from medgpt_ray.data.shards import read_records
+
+    cfg = GRPOStageConfig(seq_len=96, max_completion_length=8)
+    prof = measure("grpo", cfg, "chatml", tiny_model, prepared["prompt"].train_file)
+    tok, tpl = models.load_tokenizer(tiny_model), templates.get_template("chatml")
+    first = read_records(prepared["prompt"].train_file, 0, 1)[0]
+    prompt = len(templates.encode_preference(tok, tpl, {**first, "chosen": "-", "rejected": "-"})["prompt_ids"])
+    assert 8 < prof.p50 <= prof.max <= 96 and prof.over_seq_len == 0
+    assert prompt + 8 <= prof.max
