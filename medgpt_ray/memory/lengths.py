@@ -105,17 +105,19 @@ def packed_width(stage: str, seq_len: int) -> int:
     return 2 * seq_len if stage_kind(stage).memory_kind == "rm" else seq_len
 
 
-# rm's `packing: auto` on CPU: off. A small model's attention over packed rows of 2 x seq_len costs more than the
-# padding it saves there (the tiny preset, the demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked);
-# on a GPU a micro-batch's fixed cost and its padding dominate, which packing removes.
-RM_CPU_AUTO = "packing: auto, off for rm on CPU (a small model's attention over 2 x seq_len rows costs more there)"
+# rm's `packing: auto`: off. On CPU a small model's attention over packed rows of 2 x seq_len costs more than the
+# padding it saves (the tiny preset, the demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked). On
+# the H200 (1.5B LoRA, real-length pairs, bench/results/real_length_throughput_1.5b_h200_rm_packed.json) packed rows
+# ran no faster than padded pairs (33,557 against 34,092 tokens/s median): SDPA's dense masked attention over the
+# wider rows costs what the padding saved. They used 20 % less memory (14.5 against 18.0 GiB): `packing: true`.
+RM_AUTO = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
 
 
 def packing_setting(stage: str, cfg: StageConfig, use_gpu: bool) -> str | bool:
     """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
-    the key, and for rm's auto on CPU (RM_CPU_AUTO)."""
+    the key, and for rm's auto (RM_AUTO). `use_gpu` is kept for the device-dependent choices to come."""
     setting = getattr(cfg, "packing", False)
-    if setting == "auto" and stage_kind(stage).memory_kind == "rm" and not use_gpu:
+    if setting == "auto" and stage_kind(stage).memory_kind == "rm":
         return False
     return setting
 

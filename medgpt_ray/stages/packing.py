@@ -44,7 +44,7 @@ import torch
 
 from medgpt_ray.config import ConfigError
 from medgpt_ray.data.shards import read_records
-from medgpt_ray.memory.lengths import RM_CPU_AUTO, SAMPLE_RECORDS, packing_setting, rows_per_step
+from medgpt_ray.memory.lengths import RM_AUTO, SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.stage_plan import packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
 
@@ -312,7 +312,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     setting = packing_setting(inp.stage, inp.cfg, plan.use_gpu)
     mode, why = resolve(setting, model, inp.stage)
     if setting is False and getattr(inp.cfg, "packing", False) == "auto":
-        why = RM_CPU_AUTO
+        why = RM_AUTO
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}
         if plan.packing is not None:

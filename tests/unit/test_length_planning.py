@@ -87,7 +87,8 @@ def test_packed_sft_is_planned_in_rows_of_seq_len():
 def test_packed_rm_is_planned_in_rows_of_two_seq_lens_that_hold_whole_pairs():
     """16 pairs per step at 2 pairs per packed row: 8 rows of 2 x 1024 tokens (a row has the tokens of one pair at
     its longest, what an unpacked micro-batch of one pair is planned for; its mask is (2 x seq_len)^2)."""
-    rm = RMStageConfig(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, effective_batch=16)
+    rm = RMStageConfig(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, effective_batch=16,
+                       packing=True)
     profile = LengthProfile.of([800] * 100, records=100, seq_len=1024, conversations_per_row=2.0)
     packed = plan_stage("rm", rm, 1, True, PRESETS["qwen2.5-1.5b"], CARD, profile)
     assert packed.packing == {"rows_per_step": 8, "conversations_per_step": 16, "conversations_per_row": 2.0}
@@ -146,11 +147,12 @@ def test_the_profile_is_measured_as_the_stage_encodes(prepared, tiny_model):
                    prepared["sft"].train_file).conversations_per_row is None
     pref = measure("dpo", DPOStageConfig(seq_len=256), "chatml", tiny_model, prepared["preference"].train_file)
     assert 0 < pref.p50 <= pref.max <= 256 and pref.conversations_per_row is None
-    rm = measure("rm", RMStageConfig(seq_len=256), "chatml", tiny_model, prepared["preference"].train_file)
+    pairs = prepared["preference"].train_file
+    rm = measure("rm", RMStageConfig(seq_len=256, packing=True), "chatml", tiny_model, pairs)
     assert (rm.p50, rm.max) == (pref.p50, pref.max) and rm.conversations_per_row > 1  # whole pairs a 512-token row
-    for off in (RMStageConfig(seq_len=256, packing=False), RMStageConfig(seq_len=256)):  # auto: off on CPU
+    for off in (RMStageConfig(seq_len=256, packing=False), RMStageConfig(seq_len=256)):  # auto: rm stays padded
         assert measure("rm", off, "chatml", tiny_model, prepared["preference"].train_file,
-                       use_gpu=off.packing is False).conversations_per_row is None
+                       use_gpu=True).conversations_per_row is None
     assert measure("pt", SFTStageConfig(seq_len=256), "chatml", tiny_model, prepared["sft"].train_file) is None
 
 
@@ -169,7 +171,7 @@ def test_the_pipeline_replans_the_stages_that_run_and_prints_what_it_used(prepar
     out = plan_by_lengths(cfg, plans, budget, tiny_model, ["sft", "rm"], prepared, lines.append)
     assert out["sft"].packing is not None and out["sft"].packing["conversations_per_step"] == 8
     assert out["rm"].seq_len_planned is not None and out["rm"].seq_len_planned <= 256
-    assert out["rm"].packing is None  # rm's packing: auto is off on CPU (lengths.packing_setting)
+    assert out["rm"].packing is None  # rm's packing: auto leaves rm padded (lengths.packing_setting)
     assert [ln.split("]")[0] for ln in lines] == ["[sft", "[sft", "[ rm", "[ rm"]
     assert "lengths:" in lines[0] and "packed:" in lines[1]
     assert json.loads(json.dumps(out["rm"].to_dict()))["lengths"]["sampled"] == out["rm"].lengths["records"]
