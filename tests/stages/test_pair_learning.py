@@ -24,11 +24,11 @@ COMMON = dict(method="full", seq_len=384, logging_steps=50, save_steps=10_000)
 # Per method: what learns the pairs from the tiny base model in the fewest steps (seed 42; checked on other seeds).
 SETTINGS = {
     "rm": dict(lr=1e-3, effective_batch=32, max_steps=250),
-    "dpo": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=0.5),
+    "dpo": dict(lr=1e-3, effective_batch=16, max_steps=130, beta=0.5),
     "orpo": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=3.0),
     "simpo": dict(lr=1e-3, effective_batch=16, max_steps=250),
     # KTO reads the same pairs unpaired (chosen desirable, rejected undesirable; a pair's halves share a split).
-    "kto": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=0.5),
+    "kto": dict(lr=1e-3, effective_batch=16, max_steps=140, beta=0.5),
 }
 
 
