@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.stages.sharding import epoch_order, examples_on_every_rank
+from medgpt_ray.stages.sharding import epoch_order, examples_on_every_rank, swap_train_dataloader
 
 
 class PromptGroupSampler:
@@ -61,18 +61,7 @@ def prompt_dataloader(trainer: Any) -> Any:
                                put_on_device=True, dispatch_batches=False, even_batches=False)
 
 
-_CLASSES: dict[type, type] = {}
-
-
 def install_prompt_shard(trainer: Any, shard: dict[str, Any]) -> None:
     """Make this GRPO trainer sample from its worker's shard (its class swapped for a cached subclass)."""
     trainer.medgpt_shard = shard
-    base = type(trainer)
-    if base in _CLASSES.values():
-        return
-    if base not in _CLASSES:
-        _CLASSES[base] = type(f"Shard{base.__name__}", (base,), {
-            "get_train_dataloader": lambda self: prompt_dataloader(self),
-            "__doc__": f"{base.__name__} over its worker's shard of the prompts (stages/prompt_shard.py).",
-        })
-    trainer.__class__ = _CLASSES[base]
+    swap_train_dataloader(trainer, prompt_dataloader, "the prompts (stages/prompt_shard.py)")

@@ -31,7 +31,7 @@ tight fails in its first step (HF's LengthGroupedSampler does the same). The epo
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -203,24 +203,29 @@ def shard_dataloader(trainer):
                                put_on_device=True, dispatch_batches=False, even_batches=False)
 
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, Any], type] = {}
 
 
-def install_shard(trainer, shard: dict[str, Any], group_by_length: bool = False) -> None:
-    """Make this trainer train on its worker's shard as it is (its class swapped for a cached subclass that
-    overrides only get_train_dataloader), its steps grouped by length if asked. `shard` is what read_train_shard
-    said; the loader adds its counts."""
-    trainer.medgpt_shard = shard
-    trainer.medgpt_group_by_length = group_by_length
+def swap_train_dataloader(trainer, loader: Callable[[Any], Any], what: str) -> None:
+    """Swap the trainer's class for a cached subclass that overrides only get_train_dataloader with `loader`
+    (the shard loaders here and in stages/prompt_shard.py); `what` names the data for the class's docstring."""
     base = type(trainer)
     if base in _CLASSES.values():
         return
-    if base not in _CLASSES:
-        _CLASSES[base] = type(f"Shard{base.__name__}", (base,), {
-            "get_train_dataloader": lambda self: shard_dataloader(self),
-            "__doc__": f"{base.__name__} over its worker's shard of the train split (stages/sharding.py).",
+    if (base, loader) not in _CLASSES:
+        _CLASSES[(base, loader)] = type(f"Shard{base.__name__}", (base,), {
+            "get_train_dataloader": lambda self: loader(self),
+            "__doc__": f"{base.__name__} over its worker's shard of {what}.",
         })
-    trainer.__class__ = _CLASSES[base]
+    trainer.__class__ = _CLASSES[(base, loader)]
+
+
+def install_shard(trainer, shard: dict[str, Any], group_by_length: bool = False) -> None:
+    """Make this trainer train on its worker's shard as it is, its steps grouped by length if asked. `shard` is
+    what read_train_shard said; the loader adds its counts."""
+    trainer.medgpt_shard = shard
+    trainer.medgpt_group_by_length = group_by_length
+    swap_train_dataloader(trainer, shard_dataloader, "the train split (stages/sharding.py)")
 
 
 def shard_report(trainer) -> dict[str, Any] | None:
