@@ -113,9 +113,9 @@ def packed_width(stage: str, seq_len: int) -> int:
 RM_AUTO = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
 
 
-def packing_setting(stage: str, cfg: StageConfig, use_gpu: bool) -> str | bool:
+def packing_setting(stage: str, cfg: StageConfig) -> str | bool:
     """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
-    the key, and for rm's auto (RM_AUTO). `use_gpu` is kept for the device-dependent choices to come."""
+    the key, and for rm's auto (RM_AUTO)."""
     setting = getattr(cfg, "packing", False)
     if setting == "auto" and stage_kind(stage).memory_kind == "rm":
         return False

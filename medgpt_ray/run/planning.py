@@ -43,8 +43,7 @@ def plan_by_lengths(cfg: PipelineConfig, plans: dict[str, StagePlan], budget: Bu
         stage_cfg = cfg.stages.get(stage)
         train_file = prepared[stage_kind(stage).data_kind].train_file
         try:
-            lengths = measure(stage, stage_cfg, cfg.template_for(stage), base_model, train_file,
-                              cfg.resources.use_gpu)
+            lengths = measure(stage, stage_cfg, cfg.template_for(stage), base_model, train_file)
         except ValueError as e:  # e.g. no conversation of the split fits seq_len: the stage could not train
             raise ConfigError(f"stages.{stage}: {e}") from None
         if lengths is not None:

@@ -21,10 +21,10 @@ from medgpt_ray.data.shards import num_rows, read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile, packing_setting
 
 
-def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str,
-            use_gpu: bool = True) -> LengthProfile | None:
+def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
+            ) -> LengthProfile | None:
     """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long). Packed
-    where the stage packs on this device (lengths.packing_setting)."""
+    where the stage packs (lengths.packing_setting)."""
     kind = stage_kind(stage).memory_kind
     if kind == "pt":
         return None
@@ -34,13 +34,13 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
     records = read_records(train_file, 0, SAMPLE_RECORDS)
     total = num_rows(train_file)
     if kind == "sft":
-        return _sft_profile(records, total, tok, template, cfg, packing_setting(stage, cfg, use_gpu) is not False)
+        return _sft_profile(records, total, tok, template, cfg, packing_setting(stage, cfg) is not False)
+    if kind == "grpo":
+        return _prompt_profile(records, total, tok, template, cfg)
     lengths, over = [], 0
     for r in records:
         if kind == "kto":  # one completion per example: measured as a pair of it with itself
             r = {**r, "chosen": r["completion"], "rejected": r["completion"]}
-        elif kind == "grpo":  # a prompt record: its rendered prompt, then up to max_completion_length generated
-            r = {**r, "chosen": "-", "rejected": "-"}
         try:
             enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)
         except templates.TemplateTokenizerMismatch:
@@ -49,14 +49,22 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
             over += 1  # the prompt alone fills seq_len (or tools the template cannot render): not trained
             continue
         prompt = len(enc["prompt_ids"])
-        if kind == "grpo":
-            lengths.append(min(prompt + cfg.max_completion_length, cfg.seq_len))
-            continue
         lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
-    packed = kind == "rm" and packing_setting(stage, cfg, use_gpu) is not False
+    packed = kind == "rm" and packing_setting(stage, cfg) is not False
     per_row = _pairs_per_row(records, tok, template, cfg) if packed else None
     return LengthProfile.of(lengths, total, cfg.seq_len, per_row,
                             over_seq_len=over + sum(x >= cfg.seq_len for x in lengths), sampled=len(records))
+
+
+def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
+    """GRPO: each prompt as the stage renders it (left out where it fills seq_len - max_completion_length), plus
+    the max_completion_length tokens a generated batch is padded up to."""
+    from medgpt_ray.stages.dpo import rendered_prompts
+
+    prompts, _, skipped = rendered_prompts(records, tok, template, cfg.seq_len - cfg.max_completion_length, "prompts")
+    lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) + cfg.max_completion_length for p in prompts]
+    return LengthProfile.of(lengths, total, cfg.seq_len, None, over_seq_len=sum(skipped.values()),
+                            sampled=len(records))
 
 
 def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:

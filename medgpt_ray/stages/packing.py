@@ -309,7 +309,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     the split's lengths, memory/lengths.py), or, for a plan made without them, as hold about the planned examples
     in a sample packed here. A config class without the key stays unpacked."""
     plan, unit = inp.plan, kind.unit
-    setting = packing_setting(inp.stage, inp.cfg, plan.use_gpu)
+    setting = packing_setting(inp.stage, inp.cfg)
     mode, why = resolve(setting, model, inp.stage)
     if setting is False and getattr(inp.cfg, "packing", False) == "auto":
         why = RM_AUTO

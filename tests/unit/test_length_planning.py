@@ -151,8 +151,8 @@ def test_the_profile_is_measured_as_the_stage_encodes(prepared, tiny_model):
     rm = measure("rm", RMStageConfig(seq_len=256, packing=True), "chatml", tiny_model, pairs)
     assert (rm.p50, rm.max) == (pref.p50, pref.max) and rm.conversations_per_row > 1  # whole pairs a 512-token row
     for off in (RMStageConfig(seq_len=256, packing=False), RMStageConfig(seq_len=256)):  # auto: rm stays padded
-        assert measure("rm", off, "chatml", tiny_model, prepared["preference"].train_file,
-                       use_gpu=True).conversations_per_row is None
+        assert measure("rm", off, "chatml", tiny_model, prepared["preference"].train_file
+                       ).conversations_per_row is None
     assert measure("pt", SFTStageConfig(seq_len=256), "chatml", tiny_model, prepared["sft"].train_file) is None
 
 
@@ -188,6 +188,7 @@ def test_grpo_is_measured_as_its_prompts_plus_the_completion_budget(prepared, ti
     prof = measure("grpo", cfg, "chatml", tiny_model, prepared["prompt"].train_file)
     tok, tpl = models.load_tokenizer(tiny_model), templates.get_template("chatml")
     first = read_records(prepared["prompt"].train_file, 0, 1)[0]
-    prompt = len(templates.encode_preference(tok, tpl, {**first, "chosen": "-", "rejected": "-"})["prompt_ids"])
+    rendered = templates.render_prompt(tpl, tok, first["conversations"], tools=first.get("tools"))
+    prompt = len(tok(rendered, add_special_tokens=False)["input_ids"])
     assert 8 < prof.p50 <= prof.max <= 96 and prof.over_seq_len == 0
     assert prompt + 8 <= prof.max
