@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 CAP_ENV = "MEDGPT_RAY_BENCH_GPU_CAP_GIB"
+PEAK_FILE = "bench_peak.json"  # the worker's peak allocated GiB, beside the stage's result (a stage that logs no steps)
 
 
 def _stage_module(inputs: Any):
@@ -36,7 +37,21 @@ def _cap() -> None:
 def run(inputs: Any, sink: Callable[[dict[str, Any]], None] | None = None,
         callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     _cap()
-    return _stage_module(inputs).run(inputs, sink, callbacks)
+    result = _stage_module(inputs).run(inputs, sink, callbacks)
+    _write_peak(inputs)
+    return result
+
+
+def _write_peak(inputs: Any) -> None:
+    import json
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        gib = torch.cuda.max_memory_allocated() / 2**30
+        peak = json.dumps({"max_allocated_gib": round(gib, 3)})
+        (Path(inputs.out_dir) / PEAK_FILE).write_text(peak, encoding="utf-8")
 
 
 def build(inputs: Any, sink: Callable[[dict[str, Any]], None] | None = None) -> Any:
