@@ -10,14 +10,19 @@ import ray
 from medgpt_ray.memory.budget import GPUMemory, tightest_local_gpu
 from medgpt_ray.run.ray_logs import route_ray_logs
 
-# Workers inherit these: no doubled prints / dill dumps from Train V2's print patch (FIELD-NOTES).
+# Workers inherit these unless the driver's environment sets them: no doubled prints / dill dumps from Train V2's
+# print patch (FIELD-NOTES). The CUDA allocator grows segments instead of caching fixed blocks: with per-micro-batch
+# padded lengths and the preference losses' full-vocabulary logits, cached blocks fragment; on the H200 under a
+# 24 GiB cap, ORPO on Qwen2.5-0.5B (full) died with 7.3 GiB reserved but unallocated at 15.8 GiB allocated.
 WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
-              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+              "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
 def worker_env() -> dict[str, str]:
     """WORKER_ENV and the driver's own MEDGPT_RAY_* variables (the metrics port, the OOM back-off test hook)."""
-    return {**WORKER_ENV, **{k: v for k, v in os.environ.items() if k.startswith("MEDGPT_RAY_")}}
+    return {**{k: os.environ.get(k, v) for k, v in WORKER_ENV.items()},
+            **{k: v for k, v in os.environ.items() if k.startswith("MEDGPT_RAY_")}}
 
 
 def echo(line: str) -> None:

@@ -151,3 +151,14 @@ def test_ray_auth_token_is_made_owner_only(tmp_path):
     assert tighten_auth_token(token) is True
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and stat.S_IMODE(ray_dir.stat().st_mode) == 0o700
     assert tighten_auth_token(token) is False
+
+
+def test_workers_get_the_growing_cuda_allocator_unless_the_driver_sets_one(monkeypatch):
+    """Fixed cached blocks fragmented under the preference losses' logits (ORPO on the H200 died with 7.3 GiB
+    reserved but unallocated); a user's own PYTORCH_CUDA_ALLOC_CONF wins."""
+    from medgpt_ray.run.ray_env import worker_env
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256")
+    assert worker_env()["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256"

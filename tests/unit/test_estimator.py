@@ -199,3 +199,19 @@ def test_orpo_simpo_and_kto_h200_runs_are_predicted_within_10_percent():
         assert peak <= predicted <= peak * 1.10, (s.stage, s.nll_term, predicted)
         assert tokens_per_second(q15, s, h200) == pytest.approx(tokens_s, rel=0.10), (s.stage, s.nll_term)
     assert estimate(q15, simpo).peak_gib < estimate(q15, orpo).peak_gib - 2.0
+
+
+def test_full_fine_tuning_orpo_simpo_kto_on_05b_h200_runs_are_predicted():
+    """Issue 17's second configuration (bench/results/real_length_throughput_0.5b_h200_full_orpo_simpo_kto.json,
+    Qwen2.5-0.5B, full, amp-bf16, 24 GiB cap): orpo and simpo ran at or under the plan; kto died at 23.69 GiB
+    allocated where 21.93 was predicted (its step 1 peaked at 20.23 before Adam's states, 3.68 GiB, existed), so the
+    full-KTO estimate must now cover ~23.91."""
+    q05 = PRESETS["qwen2.5-0.5b"]
+    base = dict(method="full", precision="amp-bf16", fused_kernels=True)
+    orpo = setup(stage="orpo", micro_batch=4, grad_accum=4, ckpt_fraction=0.875, **base)
+    simpo = setup(stage="orpo", micro_batch=4, grad_accum=4, ckpt_fraction=0.625, nll_term=False, **base)
+    kto = setup(stage="kto", micro_batch=16, ckpt_fraction=0.25, fused_ce=True, compiled=True, kl_batch=True, **base)
+    adam_states = 8 * q05.params / 2**30
+    for s, measured in ((orpo, 20.648), (simpo, 20.867), (kto, 20.231 + adam_states)):
+        predicted = estimate(q05, s).peak_gib
+        assert measured <= predicted <= measured * 1.10, (s.stage, s.nll_term, predicted)
