@@ -35,7 +35,8 @@ def plan_line(p: StagePlan) -> str:
             f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"
-            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}")
+            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
+            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}")
 
 
 def format_plan(plan: StagePlan) -> list[str]:

@@ -9,6 +9,9 @@ writes
                               the answer one of four department names (grpo, kind prompt)
     department_sft.jsonl      ShareGPT conversations answering the same question with the department name, on
                               *other* diagnoses (sft, kind sft)
+    department_pairs.jsonl    MedicalGPT preference pairs (ShareGPT prompt turn, "chosen", "rejected"): the same kind of
+                              question on the RL diagnoses, chosen the right department, rejected a wrong one or the
+                              right one misspelt (rm, kind preference: the reward model the rloo stage is rewarded by)
 
 The SFT file teaches the format and the four answers, not which department treats the prompts' diagnoses: those
 are disjoint from the SFT file's, so after SFT the model answers in the format but guesses the department, and the
@@ -73,6 +76,32 @@ def _unique(rng: random.Random, table: dict[str, tuple[str, ...]], n: int) -> li
     return out
 
 
+PAIRS = 480
+PAIRS_SEED = 20261202  # its own generator: adding the pairs leaves the other two files byte-identical
+
+
+def malformed(dept: str, kind: int) -> str:
+    """The right department in a wrong form: its name cut before 科, 科 doubled, or its stem stuttered."""
+    return (dept[:-1], dept + "科", dept[:-1] + dept)[kind % 3]
+
+
+def department_pairs(n: int = PAIRS) -> list[dict]:
+    """Preference pairs on the RL diagnoses: a question, the right department chosen, and rejected either a wrong
+    department (three pairs in four, the three wrong ones in turn) or the right one in a wrong form (malformed):
+    a reward model trained on wrong departments alone scores the first characters and pays "神经" like "神经科",
+    and an RL policy on it then learns to drop 科. The questions are drawn afresh (other ages, sexes and phrasings
+    than the prompt file's, a few coincide), so the reward model learns the diagnosis -> department map, not the
+    prompts' text."""
+    rng = random.Random(PAIRS_SEED)
+    out = []
+    for i, (q, dept) in enumerate(_unique(rng, RL_DIAGNOSES, n)):
+        wrong = [d for d in DEPARTMENTS if d != dept]
+        rejected = malformed(dept, i // 4) if i % 4 == 3 else wrong[i % len(wrong)]
+        out.append({"conversations": [{"from": "human", "value": q}], "chosen": answer_text(dept),
+                    "rejected": answer_text(rejected)})
+    return out
+
+
 def main() -> None:
     rng = random.Random(20261201)
     prompts = [{"question": q, "answer": dept} for q, dept in _unique(rng, RL_DIAGNOSES, PROMPTS)]
@@ -81,6 +110,8 @@ def main() -> None:
     for name, rows in (("department_prompts.jsonl", prompts), ("department_sft.jsonl", sft)):
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         (HERE / name).write_text(text, encoding="utf-8")
+    pairs = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in department_pairs())
+    (HERE / "department_pairs.jsonl").write_text(pairs, encoding="utf-8")
 
 
 if __name__ == "__main__":
