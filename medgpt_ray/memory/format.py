@@ -58,4 +58,6 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  {tag:10s}{_knobs(alt):46s} {alt['peak_gib']:9.2f} {alt['relative_speed']:6.2f}  {alt['why']}")
     for b in plan.backoffs:
         rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
+    if plan.reward_model_on:
+        rows.append(f"  reward model: on {plan.reward_model_on}")
     return rows

@@ -9,7 +9,7 @@ import pytest
 from medgpt_ray.config import GRPOStageConfig, LoraConfig, RLOOStageConfig
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.estimator import GIB
-from medgpt_ray.memory.format import plan_line
+from medgpt_ray.memory.format import format_plan, plan_line
 from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
 
@@ -31,6 +31,8 @@ def test_the_reward_network_is_counted_against_the_same_grpo_setup_without_it():
     assert rloo.reward_model_on == "the GPU of each training worker, beside the policy (13.17 GiB)"
     assert grpo.reward_model_on is None
     assert plan_line(rloo).endswith("; reward model on the GPU of each training worker, beside the policy (13.17 GiB)")
+    assert format_plan(rloo)[-1] == "  reward model: on the GPU of each training worker, beside the policy (13.17 GiB)"
+    assert not any("reward model" in row for row in format_plan(grpo))
 
 
 def test_full_training_with_a_kl_term_counts_a_frozen_reference():
