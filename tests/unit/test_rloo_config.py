@@ -62,12 +62,16 @@ def test_the_department_pairs_are_what_make_rl_writes(repo):
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pairs)
     assert (repo / "data/sample/rl/department_pairs.jsonl").read_text(encoding="utf-8") == text  # regenerated
     right = {dx: dept for dept, dxs in make_rl.RL_DIAGNOSES.items() for dx in dxs}
-    misspelt = 0
+    kinds = {"of the four": 0, "another department": 0, "misspelt": 0}
     for r in pairs:
         question = r["conversations"][0]["value"]
         dept = next(d for dx, d in right.items() if dx in question)
         assert r["chosen"] == dept and r["rejected"] != dept
-        if r["rejected"] not in make_rl.DEPARTMENTS:  # the right department in a wrong form
-            misspelt += 1
+        if r["rejected"] in make_rl.DEPARTMENTS:
+            kinds["of the four"] += 1
+        elif r["rejected"] in make_rl.OTHER_DEPARTMENTS:
+            kinds["another department"] += 1
+        else:  # the right department in a wrong form
             assert r["rejected"] in {dept[:-1], dept + "科", dept[:-1] + dept}
-    assert misspelt == len(pairs) // 4
+            kinds["misspelt"] += 1
+    assert kinds == {"of the four": 240, "another department": 120, "misspelt": 120}
