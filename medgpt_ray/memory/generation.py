@@ -78,8 +78,9 @@ def reward_model_placement(shape: ModelShape, s: TrainSetup, use_gpu: bool) -> s
     policy on every training worker's device (stages/rewards.py loads it there): its own GPU is issue 18's to do."""
     if not s.reward_network:
         return None
-    return (f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy "
-            f"({reward_network_bytes(shape, s) / 2**30:.2f} GiB)")
+    size = reward_network_bytes(shape, s)
+    size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # the tiny model
+    return f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy ({size_text})"
 
 
 def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:

@@ -57,3 +57,8 @@ def test_7b_lora_rloo_at_24_gib_is_refused_with_the_hints_and_their_numbers():
         assert line in str(err.value), line
     # The last: the policy's GPU without the reward model, the smallest peak less the reward model's 13.17 GiB.
     assert err.value.smallest_peak_gib - RM_GIB == pytest.approx(16.6, abs=0.05)
+
+
+def test_on_cpu_the_reward_model_is_in_each_workers_memory():
+    plan = plan_stage("rloo", RLOOStageConfig(), 1, False)  # the tiny model: its score model is about a MiB
+    assert plan.reward_model_on == "the CPU memory of each training worker, beside the policy (1.1 MiB)"
