@@ -47,18 +47,21 @@ def prompt_rows(records: list[dict], tokenizer, template, prompt_len: int):
     return Dataset.from_dict({"prompt": prompts, "answer": [r.get("answer") for r in kept]}), skipped
 
 
+def online_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """The config keywords GRPOConfig and RLOOConfig share, from the plan and the stage's keys; TRL's own evaluation
+    is off (the stage scores held-out prompts itself, greedily)."""
+    cfg = inp.cfg
+    return {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
+            "include_num_input_tokens_seen": "no",  # the trainer counts prompt + completion tokens itself
+            "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
+            "temperature": cfg.temperature, "beta": cfg.beta, "reward_weights": cfg.reward_weights,
+            "steps_per_generation": inp.plan.steps_per_generation or None, "shuffle_dataset": False}
+
+
 def grpo_args(inp: StageInputs) -> Any:
-    """GRPOConfig from the plan and the stage's keys; TRL's own evaluation is off (the stage scores held-out
-    prompts itself, greedily)."""
     from trl import GRPOConfig
 
-    cfg = inp.cfg
-    kwargs = {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
-              "include_num_input_tokens_seen": "no"}  # GRPO counts prompt + completion tokens itself
-    return GRPOConfig(**kwargs, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-                      temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type,
-                      scale_rewards=cfg.scale_rewards, reward_weights=cfg.reward_weights,
-                      steps_per_generation=inp.plan.steps_per_generation or None, shuffle_dataset=False)
+    return GRPOConfig(**online_kwargs(inp), loss_type=inp.cfg.loss_type, scale_rewards=inp.cfg.scale_rewards)
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:

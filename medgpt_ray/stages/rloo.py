@@ -20,23 +20,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from medgpt_ray.stages.grpo import build_online, run_online
+from medgpt_ray.stages.grpo import build_online, online_kwargs, run_online
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.trainer_args import training_kwargs
 
 
 def rloo_args(inp: StageInputs) -> Any:
-    """RLOOConfig from the plan and the stage's keys; TRL's own evaluation is off (the stage scores held-out prompts
-    itself, greedily)."""
     from trl import RLOOConfig
 
-    cfg = inp.cfg
-    kwargs = {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
-              "include_num_input_tokens_seen": "no"}  # RLOO counts prompt + completion tokens itself
-    return RLOOConfig(**kwargs, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-                      temperature=cfg.temperature, beta=cfg.beta, normalize_advantages=cfg.normalize_advantages,
-                      reward_weights=cfg.reward_weights,
-                      steps_per_generation=inp.plan.steps_per_generation or None, shuffle_dataset=False)
+    return RLOOConfig(**online_kwargs(inp), normalize_advantages=inp.cfg.normalize_advantages)
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:

@@ -17,6 +17,7 @@ from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.rewards import RewardModelScore
 
 LORA = LoraConfig(rank=8, alpha=16, dropout=0.0)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 
 
 @pytest.fixture(scope="module")
