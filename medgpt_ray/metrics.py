@@ -60,7 +60,7 @@ DEFINITIONS: tuple[MetricDef, ...] = (
     MetricDef("medgpt_gpu_utilization_ratio", "gauge", "GPU utilisation, 0-1 (NVML)", TRAIN),
     MetricDef("medgpt_gpu_throttled", "gauge", "1 when NVML reports a thermal/power/slowdown throttle reason", TRAIN),
     MetricDef("medgpt_gpu_throttle_reasons", "gauge", "NVML clocks-event reasons bitmask", TRAIN),
-    # RL stages (grpo): per reward function, and the generation phase
+    # RL stages (grpo, rloo): per reward function, and the generation phase
     MetricDef("medgpt_rl_reward_mean", "gauge", "Mean reward of the last logged steps, per reward function",
               (*TRAIN, "reward")),
     MetricDef("medgpt_rl_reward_std", "gauge", "Reward std of the last logged steps, per reward function",

@@ -23,12 +23,12 @@ from medgpt_ray.config.clean import (
     SignoffConfig,
 )
 from medgpt_ray.config.eval import EvalStageConfig
+from medgpt_ray.config.online_rl import GRPOStageConfig, OnlineRLStageConfig, RLOOStageConfig
 from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind, stage_kind
 from medgpt_ray.config.stages import (
     MEMORY_KNOBS,
     PLAN_RESOLVED_KNOBS,
     DPOStageConfig,
-    GRPOStageConfig,
     KTOStageConfig,
     LengthGroupedStageConfig,
     LoraConfig,
@@ -42,14 +42,15 @@ from medgpt_ray.config.stages import (
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
-           "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "ORPOStageConfig", "PIIConfig",
-           "PairAccuracy", "PipelineConfig", "QualityConfig", "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
+           "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "ORPOStageConfig",
+           "OnlineRLStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig", "QualityConfig", "RLOOStageConfig",
+           "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
            "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
 
 # eval, off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split
-# (config/eval.py); registered here, after the training kinds (config/stages.py). Its module is in run/: it generates
-# with infer/, which stages/ may not import.
+# (config/eval.py); registered here, after the training kinds (config/stages.py, then config/online_rl.py). Its
+# module is in run/: it generates with infer/, which stages/ may not import.
 register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
                               module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
                               reads=("prompt", "exam", "pretrain")))

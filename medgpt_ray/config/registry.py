@@ -1,5 +1,6 @@
 """The stage-kind registry: what a kind is (its config class, data kind, default `from`, memory model, how it is
-judged on preference pairs) and the kinds registered so far (config/stages.py registers the built-in ones)."""
+judged on preference pairs) and the kinds registered so far (config/stages.py and config/online_rl.py register the
+built-in ones)."""
 
 from __future__ import annotations
 

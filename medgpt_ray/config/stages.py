@@ -249,72 +249,6 @@ class KTOStageConfig(LengthGroupedStageConfig):
         return self
 
 
-GRPOLoss = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
-BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
-
-
-class GRPOStageConfig(StageConfig):
-    """GRPO on prompt records (data.prompt): TRL's GRPOTrainer samples `num_generations` completions per prompt with
-    the trainer's own generate, scores them with `reward_funcs`, and trains on the group-relative advantages.
-    `effective_batch` counts completions (TRL's unit): prompts per step x num_generations; each worker's share must
-    hold whole groups. `seq_len` bounds prompt + completion: prompts longer than seq_len - max_completion_length are
-    left out and counted."""
-
-    reward_funcs: Annotated[list[str], Field(min_length=1)] = ["accuracy", "format"]
-    """Reward functions by name (stages/rewards.py): accuracy (answer matches the record's reference; normalised,
-    numeric, Chinese-aware), format (<think>…</think><answer>…</answer>), length (soft penalty beyond
-    length_target tokens), reward_model (the rm stage's score; adds rm to `needs`), or a custom function by import
-    path "package.module:function" with TRL's signature."""
-    reward_weights: list[float] | None = None
-    """One weight per reward function (the reward is their weighted sum); null: 1.0 each."""
-    num_generations: Annotated[int, Field(ge=2)] = 8
-    """Completions sampled per prompt (GRPO's group size G)."""
-    max_completion_length: Annotated[int, Field(ge=1)] = 256
-    """Tokens generated per completion at most."""
-    temperature: Annotated[float, Field(gt=0)] = 1.0
-    """Sampling temperature of the generations."""
-    beta: Annotated[float, Field(ge=0)] = 0.0
-    """KL coefficient against the reference (the adapter-off policy for LoRA, a frozen copy for full); 0: no
-    reference pass (TRL's default)."""
-    loss_type: GRPOLoss = "dapo"
-    """TRL's loss aggregation: grpo (per-sequence mean), dr_grpo, dapo (TRL's default), bnpo."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: by the group's reward std (GRPO), the batch's, or none (Dr. GRPO)."""
-    length_target: Annotated[int, Field(ge=1)] | None = None
-    """The `length` reward's free length in tokens; null: half of max_completion_length."""
-    compile: Auto | bool = False
-    """Compile each decoder layer in place. Off by default here: generation changes the input shape every token."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reward_model_needs_rm(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "reward_model" in (data.get("reward_funcs") or []):
-            needs = list(data.get("needs") or [])
-            data = {**data, "needs": needs if "rm" in needs else [*needs, "rm"]}
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GRPOStageConfig:
-        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} "
-                             f"reward function(s) {self.reward_funcs}")
-        odd = [r for r in self.reward_funcs if r not in BUILTIN_REWARDS and "." not in r and ":" not in r]
-        if odd:
-            raise ValueError(f"reward_funcs: {odd[0]!r} is not one of {', '.join(BUILTIN_REWARDS)} nor an import "
-                             f"path 'package.module:function'")
-        if self.effective_batch % self.num_generations:
-            raise ValueError(f"effective_batch: {self.effective_batch} completions per step is not a multiple of "
-                             f"num_generations {self.num_generations} (each prompt's group is trained whole)")
-        if self.max_completion_length >= self.seq_len:
-            raise ValueError(f"max_completion_length: {self.max_completion_length} leaves no room for the prompt "
-                             f"in seq_len {self.seq_len}")
-        return self
-
-    @property
-    def free_length(self) -> int:
-        return self.length_target or max(self.max_completion_length // 2, 1)
-
-
 register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
 # TRL logs the chosen-first accuracy of DPO, ORPO and CPO (SimPO) as rewards/accuracies, the RewardTrainer as accuracy.
@@ -336,8 +270,7 @@ register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", RE
 register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6},
                               pair_accuracy=PairAccuracy("eval_reward_accuracy", "implicit reward beta*log(pi/pi_ref), "
                                                          "on the unpaired split's held-out pairs")))
-# GRPO, off unless enabled: TRL's GRPOTrainer on prompt records (data.prompt), rewards by name (stages/rewards.py).
-register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
+# The online-RL kinds (grpo, rloo) are registered by config/online_rl.py, which config/__init__ imports next.
 
 
 class StagesConfig(BaseModel):

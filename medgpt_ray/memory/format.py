@@ -35,7 +35,8 @@ def plan_line(p: StagePlan) -> str:
             f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"
-            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}")
+            f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
+            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}")
 
 
 def format_plan(plan: StagePlan) -> list[str]:
@@ -57,4 +58,6 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  {tag:10s}{_knobs(alt):46s} {alt['peak_gib']:9.2f} {alt['relative_speed']:6.2f}  {alt['why']}")
     for b in plan.backoffs:
         rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
+    if plan.reward_model_on:
+        rows.append(f"  reward model: on {plan.reward_model_on}")
     return rows

@@ -1,9 +1,9 @@
-"""GRPO's peak GPU memory: the larger of its two phases (estimator.estimate dispatches here for memory kind grpo).
+"""GRPO's and RLOO's peak GPU memory (memory kind grpo): the larger of their two phases.
 
   generation  weights + optimizer states (+ a frozen reference copy, full training with beta > 0) + the reward
-              model when it is a network + the KV cache of one generate call: 2 (K, V) x layers x kv_heads x
-              head_dim x bytes x generation batch (completions: prompts x num_generations) x (prompt + completion)
-              tokens, + the sampling logits of the batch (fp32) and the prefill's one-layer working set
+              model when it is a network (rloo: always) + the KV cache of one generate call: 2 (K, V) x layers x
+              kv_heads x head_dim x bytes x generation batch (completions: prompts x num_generations) x (prompt +
+              completion) tokens, + the sampling logits of the batch (fp32) and the prefill's one-layer working set
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
 
@@ -21,7 +21,8 @@ from medgpt_ray.memory.shapes import ModelShape
 
 
 def setup_fields(cfg: Any) -> dict[str, Any]:
-    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; GRPO's generation)."""
+    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; GRPO's and RLOO's
+    generation, reward network and reference)."""
     fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
                               "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0}
     if hasattr(cfg, "num_generations"):
@@ -72,9 +73,21 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     return Estimate(train_peak, training, f"training ({train.moment})", train.host_bytes)
 
 
+def reward_model_placement(shape: ModelShape, s: TrainSetup, use_gpu: bool) -> str | None:
+    """Where the reward network is held (plan.json's reward_model_on), None without one. Today always beside the
+    policy on every training worker's device (stages/rewards.py loads it there): its own GPU is issue 18's to do."""
+    if not s.reward_network:
+        return None
+    size = reward_network_bytes(shape, s)
+    size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # the tiny model
+    return f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy ({size_text})"
+
+
 def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
-    """What a GRPO stage that fits nowhere could change: fewer generations per prompt (the generation batch shrinks
-    with them: fewer prompts per step), shorter completions, or QLoRA; each with its predicted peak."""
+    """What a GRPO/RLOO stage that fits nowhere could change: fewer generations per prompt (the generation batch
+    shrinks with them: fewer prompts per step), shorter completions, QLoRA, or (with a reward network) a second GPU
+    for the reward model; each with its predicted peak. The last is the policy's GPU without the reward model: the
+    stages do not place it on its own GPU yet, so it says what that would give."""
     if not s.generations:
         return []
     options = []
@@ -88,6 +101,8 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
             options.append((f"max_completion_length {c}", shorter))
     if s.method != "qlora" and s.precision != "fp32":
         options.append(("method qlora", replace(s, method="qlora", precision="bf16", zero=0, offload="none")))
+    if s.reward_network:
+        options.append(("a second GPU for the reward model (not automatic yet)", replace(s, reward_network=False)))
     out = []
     for label, setup in options:
         gib = peak(shape, setup).peak_gib

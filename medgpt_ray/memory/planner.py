@@ -20,7 +20,7 @@ from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_ki
 from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve_budget
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup
 from medgpt_ray.memory.generation import peak as estimate
-from medgpt_ray.memory.generation import rl_hints, setup_fields
+from medgpt_ray.memory.generation import reward_model_placement, rl_hints, setup_fields
 from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
@@ -272,7 +272,7 @@ def _explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list
         return (f"{label}: {gib(c.peak_gib)}{f' + {gib(c.host_node_gib)} host RAM/node' if c.host_node_gib else ''} "
                 f"({'fits' if c.fits(budget) else 'still over'})")
 
-    hints = rl_hints(shape, best.setup, usable)  # grpo: fewer generations, shorter completions, QLoRA
+    hints = rl_hints(shape, best.setup, usable)  # grpo, rloo: fewer generations, shorter completions, QLoRA, ...
     if s0.method != "qlora" and budget.gpu_gib is not None and not best.setup.generations:  # QLoRA needs a GPU
         hints.append(option("method qlora", replace(s0, method="qlora", precision="bf16", zero=0, offload="none")))
     for seq in (cfg.seq_len // 2, cfg.seq_len // 4, cfg.seq_len // 8):
@@ -330,6 +330,7 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
                         "conversations_per_step": cfg.effective_batch // num_workers,
                         "conversations_per_row": lengths.conversations_per_row if lengths else None}
     plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
+    plan.reward_model_on = reward_model_placement(shape, s, use_gpu)
     reasons.append(f"compile: {plan.compile} ("
                    + ("explicit" if cfg.compile != "auto" else
                       f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")

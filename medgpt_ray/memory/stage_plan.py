@@ -66,6 +66,8 @@ class StagePlan:
     # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
     # completions per worker). None: the kind does not generate, or one call per optimizer step.
     steps_per_generation: int | None = None
+    # A stage with a reward network (rloo; grpo's reward_model reward): which device holds it, and its size.
+    reward_model_on: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/manifest.write_plan writes it)."""

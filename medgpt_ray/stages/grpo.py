@@ -11,12 +11,15 @@ contiguous groups of num_generations, which are then each one worker's. Every wo
 largest shard's prompt count (the steps stay collective).
 
 Held-out: the mean accuracy reward of greedy completions of the held-out prompts, before training and after
-(`eval_accuracy_before`, `eval_accuracy`), with the format reward's mean beside them."""
+(`eval_accuracy_before`, `eval_accuracy`), with the format reward's mean beside them (and the reward model's mean
+score, `eval_reward_model`, when one is among the rewards).
+
+build_online and run_online serve rloo too (stages/rloo.py): TRL's RLOOTrainer takes GRPOTrainer's arguments."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MethodType
 from typing import Any
@@ -29,7 +32,7 @@ from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.prompt_shard import install_prompt_shard
-from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
+from medgpt_ray.stages.rewards import RewardModelScore, accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 
@@ -44,23 +47,34 @@ def prompt_rows(records: list[dict], tokenizer, template, prompt_len: int):
     return Dataset.from_dict({"prompt": prompts, "answer": [r.get("answer") for r in kept]}), skipped
 
 
+def online_kwargs(inp: StageInputs) -> dict[str, Any]:
+    """The config keywords GRPOConfig and RLOOConfig share, from the plan and the stage's keys; TRL's own evaluation
+    is off (the stage scores held-out prompts itself, greedily)."""
+    cfg = inp.cfg
+    return {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
+            "include_num_input_tokens_seen": "no",  # the trainer counts prompt + completion tokens itself
+            "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
+            "temperature": cfg.temperature, "beta": cfg.beta, "reward_weights": cfg.reward_weights,
+            "steps_per_generation": inp.plan.steps_per_generation or None, "shuffle_dataset": False}
+
+
 def grpo_args(inp: StageInputs) -> Any:
-    """GRPOConfig from the plan and the stage's keys; TRL's own evaluation is off (the stage scores held-out
-    prompts itself, greedily)."""
     from trl import GRPOConfig
 
-    cfg = inp.cfg
-    kwargs = {**training_kwargs(inp), "eval_strategy": "no", "eval_steps": None,
-              "include_num_input_tokens_seen": "no"}  # GRPO counts prompt + completion tokens itself
-    return GRPOConfig(**kwargs, num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-                      temperature=cfg.temperature, beta=cfg.beta, loss_type=cfg.loss_type,
-                      scale_rewards=cfg.scale_rewards, reward_weights=cfg.reward_weights,
-                      steps_per_generation=inp.plan.steps_per_generation or None, shuffle_dataset=False)
+    return GRPOConfig(**online_kwargs(inp), loss_type=inp.cfg.loss_type, scale_rewards=inp.cfg.scale_rewards)
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import GRPOTrainer
 
+    return build_online(inp, GRPOTrainer, grpo_args, sink, callbacks)
+
+
+def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[StageInputs], Any], sink: Sink | None,
+                 callbacks: Sequence[TrainerCallback]) -> BuiltStage:
+    """An online-RL trainer (TRL's GRPOTrainer or RLOOTrainer: the same constructor) on this worker's shard of the
+    prompts, with the reward functions the config names (a reward model on the policy's device), LoRA or full, the
+    generation counters and the held-out prompts (`trainer.medgpt_held_out`)."""
     cfg = inp.cfg
     data = open_stage_data(inp)
     tok = data.tokenizer
@@ -72,10 +86,10 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     device = "cuda" if inp.plan.use_gpu else "cpu"
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
                                max_completion_length=cfg.max_completion_length,
-                               reward_model_dir=inp.needs.get("rm"), device=device)
-    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=grpo_args(inp), train_dataset=train_ds,
-                          processing_class=tok, peft_config=peft_config,
-                          callbacks=stage_callbacks(inp, sink, callbacks))
+                               reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage)
+    trainer = trainer_class(model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds,
+                            processing_class=tok, peft_config=peft_config,
+                            callbacks=stage_callbacks(inp, sink, callbacks))
     install_prompt_shard(trainer, data.shard)
     count_generations(trainer)
     trainer.medgpt_held_out = eval_ds
@@ -120,25 +134,38 @@ def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -
 
 def held_out_rewards(trainer: Any, prompts: Any) -> dict[str, Any]:
     """Mean accuracy and format rewards of greedy completions of the held-out prompts (a dataset of prompt rows);
-    the accuracy over the prompts that have a reference answer."""
+    the accuracy over the prompts that have a reference answer. With a reward model among the trainer's rewards,
+    also its mean score of those completions (`eval_reward_model`)."""
+    scorer = next((f for f in trainer.reward_funcs if isinstance(f, RewardModelScore)), None)
     if prompts is None or len(prompts) == 0:
-        return {"eval_accuracy": None, "eval_format": None, "eval_prompts": 0}
+        return {"eval_accuracy": None, "eval_format": None, "eval_prompts": 0,
+                **({"eval_reward_model": None} if scorer else {})}
     completions = greedy_completions(trainer, list(prompts["prompt"]))
     scored = [a for a in accuracy(completions, answer=prompts["answer"]) if a is not None]
     fmt = format_reward(completions)
-    return {"eval_accuracy": sum(scored) / len(scored) if scored else None, "eval_format": sum(fmt) / len(fmt),
-            "eval_prompts": len(completions)}
+    out = {"eval_accuracy": sum(scored) / len(scored) if scored else None, "eval_format": sum(fmt) / len(fmt),
+           "eval_prompts": len(completions)}
+    if scorer is not None:
+        scores = scorer(list(prompts["prompt"]), completions)
+        out["eval_reward_model"] = sum(scores) / len(scores)
+    return out
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
+    return run_online(inp, build, sink, callbacks)
+
+
+def run_online(inp: StageInputs, build_stage: Callable[..., BuiltStage], sink: Sink | None,
+               callbacks: Sequence[TrainerCallback]) -> dict[str, Any]:
+    """Build (with the kind's `build`) and train an online-RL stage; its `eval` holds the held-out greedy rewards
+    after training and, as `<key>_before`, before it (same prompts, greedy decoding)."""
     t0 = time.monotonic()
-    built = build(inp, sink, callbacks)
+    built = build_stage(inp, sink, callbacks)
     trainer = built.trainer
     before = held_out_rewards(trainer, trainer.medgpt_held_out)
     built.eval_size = 0  # no TRL evaluation: the held-out numbers are the greedy rewards below
     result = finish_stage(inp, built, t0, lambda ev: {})
     after = held_out_rewards(trainer, trainer.medgpt_held_out)
-    result["eval"] = {**after, "eval_accuracy_before": before["eval_accuracy"],
-                      "eval_format_before": before["eval_format"]}
+    result["eval"] = {**after, **{f"{k}_before": v for k, v in before.items() if k != "eval_prompts"}}
     write_result(inp, result)
     return result

@@ -1,5 +1,5 @@
-"""The GRPO trainer's loader over its worker's shard of prompt records (stages/sharding.py's rule: a worker trains
-on its shard as it is), in TRL's RepeatSampler order: a generation batch of prompts, each repeated
+"""The online-RL trainers' (GRPO's, RLOO's) loader over its worker's shard of prompt records (stages/sharding.py's
+rule: a worker trains on its shard as it is), in TRL's RepeatSampler order: a generation batch of prompts, each repeated
 `num_generations` times in a row, the whole batch repeated for every micro-batch it feeds (TRL generates once and
 serves the slices). Every worker's groups are whole, so TRL's gathered rewards fall into contiguous groups. The
 epoch's prompt order is epoch_order's (seed, epoch) permutation, padded to the largest shard's prompt count."""
@@ -46,12 +46,12 @@ def prompt_dataloader(trainer: Any) -> Any:
     info.update(examples=n, epoch_examples=examples_on_every_rank(trainer, n))
     per_call = trainer._train_batch_size * args.steps_per_generation  # completions per generate call, this worker
     if per_call % trainer.num_generations:
-        raise ValueError(f"grpo: a worker's generation batch of {per_call} completions does not hold whole groups "
-                         f"of num_generations {trainer.num_generations}")
+        raise ValueError(f"{type(trainer).__name__}: a worker's generation batch of {per_call} completions does not "
+                         f"hold whole groups of num_generations {trainer.num_generations}")
     prompts = per_call // trainer.num_generations
     if info["epoch_examples"] < prompts:
-        raise ValueError(f"grpo: {info['epoch_examples']} prompts per worker, fewer than the {prompts} one "
-                         f"generation batch takes (effective_batch / num_generations / workers)")
+        raise ValueError(f"{type(trainer).__name__}: {info['epoch_examples']} prompts per worker, fewer than the "
+                         f"{prompts} one generation batch takes (effective_batch / num_generations / workers)")
     seed = args.data_seed if args.data_seed is not None else args.seed
     sampler = PromptGroupSampler(n, info["epoch_examples"], prompts, trainer.num_generations,
                                  trainer.num_iterations * args.steps_per_generation, seed)
@@ -62,6 +62,6 @@ def prompt_dataloader(trainer: Any) -> Any:
 
 
 def install_prompt_shard(trainer: Any, shard: dict[str, Any]) -> None:
-    """Make this GRPO trainer sample from its worker's shard (its class swapped for a cached subclass)."""
+    """Make this GRPO or RLOO trainer sample from its worker's shard (its class swapped for a cached subclass)."""
     trainer.medgpt_shard = shard
     swap_train_dataloader(trainer, prompt_dataloader, "the prompts (stages/prompt_shard.py)")

@@ -1,13 +1,14 @@
-"""The GRPO stage's reward functions, selectable by name in `stages.grpo.reward_funcs`, in TRL's signature
-`f(prompts, completions, completion_ids, **columns) -> list[float | None]` (a None is a reward that does not apply:
-TRL leaves it out of the means):
+"""The online-RL stages' reward functions, selectable by name in `stages.grpo.reward_funcs` (and rloo's), in TRL's
+signature `f(prompts, completions, completion_ids, **columns) -> list[float | None]` (a None is a reward that does
+not apply: TRL leaves it out of the means):
 
   accuracy      1.0 when the completion's answer matches the record's reference answer (stages/answer_match.py:
                 normalised exact or numeric match, Chinese-aware), else 0.0; None for a record without one.
   format        1.0 for <think>…</think><answer>…</answer> (nothing else around them), else 0.0.
   length        a soft penalty: 0.0 up to `length_target` completion tokens, then falling linearly to -1.0 at
                 max_completion_length.
-  reward_model  the score of a finished rm stage's model (stages.grpo.needs rm) on prompt + completion.
+  reward_model  the score of a finished rm stage's model (stages.<kind>.needs rm) on prompt + completion; rloo's
+                reward always.
 
 Any other entry is a custom function by import path, "package.module:function" (or "package.module.function"),
 called with the same arguments."""
@@ -118,8 +119,8 @@ def import_reward(path: str) -> RewardFunc:
 
 
 def reward_functions(names: Sequence[str], *, length_target: int, max_completion_length: int,
-                     reward_model_dir: str | None = None, device: str = "cpu") -> list[RewardFunc]:
-    """The reward functions `stages.grpo.reward_funcs` names, in its order."""
+                     reward_model_dir: str | None = None, device: str = "cpu", stage: str = "grpo") -> list[RewardFunc]:
+    """The reward functions `stages.<stage>.reward_funcs` names, in its order."""
     out: list[RewardFunc] = []
     for name in names:
         if name == "accuracy":
@@ -130,8 +131,8 @@ def reward_functions(names: Sequence[str], *, length_target: int, max_completion
             out.append(length_penalty(length_target, max_completion_length))
         elif name == "reward_model":
             if reward_model_dir is None:
-                raise ValueError("reward_funcs: reward_model needs the output of a finished rm stage "
-                                 "(stages.grpo.needs: [rm])")
+                raise ValueError(f"reward_funcs: reward_model needs the output of a finished rm stage "
+                                 f"(stages.{stage}.needs: [rm])")
             out.append(RewardModelScore(reward_model_dir, device=device))
         else:
             out.append(import_reward(name))

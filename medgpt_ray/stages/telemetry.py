@@ -19,7 +19,7 @@ GIB = 2**30
 # NVML clocks-event reasons that mean "slowed down" (not idle or app-clock settings): SW power cap, HW slowdown,
 # SW/HW thermal slowdown, power brake.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
-# What TRL's GRPOTrainer (and stages/grpo.py) log, exported as the RL gauges.
+# What TRL's GRPOTrainer and RLOOTrainer (and stages/grpo.py) log, exported as the RL gauges.
 RL_LOGS = (("kl", "medgpt_rl_kl"), ("completions/mean_length", "medgpt_rl_completion_length"),
            ("generation/generations_per_s", "medgpt_rl_generations_per_second"),
            ("generation/tokens_per_s", "medgpt_rl_generation_tokens_per_second"))
@@ -139,7 +139,7 @@ class StageMetrics(TrainerCallback):
                           *RL_LOGS):
             if isinstance(logs.get(key), int | float) and math.isfinite(logs[key]):
                 self._set(name, float(logs[key]))
-        for key, value in logs.items():  # TRL's GRPO: rewards/<function>/mean and /std
+        for key, value in logs.items():  # TRL's GRPO and RLOO: rewards/<function>/mean and /std
             parts = key.split("/")
             if len(parts) == 3 and parts[0] == "rewards" and parts[2] in ("mean", "std") and \
                     isinstance(value, int | float) and math.isfinite(value):

@@ -21,15 +21,7 @@ from medgpt_ray.stages.inputs import StageInputs
 EXAM = "data/sample/exam"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as a Ray worker of one CPU gets: on a busy 2-core box two threads are ~10x slower."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 
 
 @pytest.fixture(scope="module")

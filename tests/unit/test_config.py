@@ -69,7 +69,7 @@ def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
     plans, errors = plan_all(cfg, probe=lambda: None, default_gpu_gib=24.0)
     assert errors == {}
     every = ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto"]
-    expected = ["sft", "grpo"] if name == "tiny-cpu-rl.yaml" else every[:7 if "alignment" in name else 4]
+    expected = ["sft", "rm", "grpo", "rloo"] if name == "tiny-cpu-rl.yaml" else every[:7 if "alignment" in name else 4]
     expected += ["eval"] if name.startswith("tiny-cpu") and name != "tiny-cpu-rl.yaml" else []  # the demo configs
     assert list(plans) == cfg.enabled_stages() == expected
     shape = model_shape(cfg)

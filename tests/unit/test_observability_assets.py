@@ -31,8 +31,14 @@ def test_dashboard_queries_exported_metrics_only(repo):
     assert {v["name"] for v in dash["templating"]["list"]} >= {"run", "stage"}
     # Every panel the issue asks for is there.
     titles = " | ".join(p["title"].lower() for p in dash["panels"])
-    for word in ("loss", "tokens/s", "memory vs budget", "temperature", "funnel", "timeline"):
+    for word in ("loss", "tokens/s", "memory vs budget", "temperature", "funnel", "timeline", "reward per function",
+                 "generations/s"):
         assert word in titles
+    # The stage variable offers every registered kind (the RL panels' grpo and rloo among them).
+    from medgpt_ray.config import STAGE_KINDS
+
+    stage = next(v for v in dash["templating"]["list"] if v["name"] == "stage")
+    assert stage["query"].split(",") == list(STAGE_KINDS)
 
 
 def test_alert_rules_use_exported_metrics_and_load_in_promtool(repo):

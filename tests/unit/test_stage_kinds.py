@@ -104,24 +104,28 @@ def test_the_planner_and_the_stage_dispatch_take_the_kind_from_the_registry(echo
 
 
 def test_built_in_kinds_are_registry_entries_too():
-    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto", "grpo", "eval"]
+    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto", "grpo", "rloo", "eval"]
     assert {k: (v.data_kind, v.default_from, v.memory_kind) for k, v in STAGE_KINDS.items()} == {
         "pt": ("pretrain", None, "pt"), "sft": ("sft", "pt", "sft"), "rm": ("preference", "sft", "rm"),
         "dpo": ("preference", "sft", "dpo"), "orpo": ("preference", "sft", "orpo"),
         "simpo": ("preference", "sft", "orpo"), "kto": ("unpaired", "sft", "kto"),
-        "grpo": ("prompt", "sft", "grpo"), "eval": ("sft", "sft", "sft")}
+        "grpo": ("prompt", "sft", "grpo"), "rloo": ("prompt", "sft", "grpo"), "eval": ("sft", "sft", "sft")}
     # eval trains nothing (one Ray task, no model of its own) and reads the prompt, exam and pretraining data too.
     assert [k for k, v in STAGE_KINDS.items() if not v.trains] == ["eval"]
     assert STAGE_KINDS["eval"].reads == ("prompt", "exam", "pretrain")
     # The reference-free kinds are there but off unless a config enables them.
     assert make().enabled_stages() == ["pt", "sft", "rm", "dpo"]
     assert make(orpo={"enabled": True}).enabled_stages()[-1] == "orpo"
-    with pytest.raises(ValueError, match="unknown stage kind 'rloo'"):
-        make(rloo={})
+    with pytest.raises(ValueError, match="unknown stage kind 'ppo'"):
+        make(ppo={})
     # grpo's reward_model reward reads the rm stage: `needs` rm, a disabled rm is an error naming the key.
     assert make(grpo={"enabled": True, "reward_funcs": ["reward_model"]}).depends_on("grpo") == ["sft", "rm"]
     with pytest.raises(ValueError, match="stages.grpo.needs: stage 'rm' is disabled"):
         make(grpo={"enabled": True, "reward_funcs": ["reward_model"]}, rm={"enabled": False})
+    # rloo is always rewarded by the rm stage's model: it needs rm with no `needs` given.
+    assert make(rloo={"enabled": True}).depends_on("rloo") == ["sft", "rm"]
+    with pytest.raises(ValueError, match="stages.rloo.needs: stage 'rm' is disabled"):
+        make(rloo={"enabled": True}, rm={"enabled": False})
 
 
 def test_from_round_trips_through_the_resolved_config():

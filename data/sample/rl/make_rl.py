@@ -9,6 +9,10 @@ writes
                               the answer one of four department names (grpo, kind prompt)
     department_sft.jsonl      ShareGPT conversations answering the same question with the department name, on
                               *other* diagnoses (sft, kind sft)
+    department_pairs.jsonl    MedicalGPT preference pairs (ShareGPT prompt turn, "chosen", "rejected"): the same kind of
+                              question on the RL diagnoses, chosen the right department, rejected a wrong one (of the
+                              four or another) or the right one misspelt (rm, kind preference: the reward model
+                              the rloo stage is rewarded by)
 
 The SFT file teaches the format and the four answers, not which department treats the prompts' diagnoses: those
 are disjoint from the SFT file's, so after SFT the model answers in the format but guesses the department, and the
@@ -73,6 +77,38 @@ def _unique(rng: random.Random, table: dict[str, tuple[str, ...]], n: int) -> li
     return out
 
 
+PAIRS = 480
+PAIRS_SEED = 20261202  # its own generator: adding the pairs leaves the other two files byte-identical
+
+
+# Real departments outside the four: plausible wrong answers (a policy rewarded by a reward model that never saw
+# "内科" learns to answer it for 心内科 and 消化科 alike).
+OTHER_DEPARTMENTS = ("内科", "外科", "急诊科", "全科")
+
+
+def malformed(dept: str, kind: int) -> str:
+    """The right department in a wrong form: its name cut before 科, 科 doubled, or its stem stuttered."""
+    return (dept[:-1], dept + "科", dept[:-1] + dept)[kind % 3]
+
+
+def department_pairs(n: int = PAIRS) -> list[dict]:
+    """Preference pairs on the RL diagnoses: a question, the right department chosen, and rejected in turn: another
+    of the four departments (two pairs in four, the three in turn), a real department outside them, or the right
+    one in a wrong form (malformed). A reward model trained on the four alone scores the first characters: it pays
+    "神经" like "神经科" and "内科" like "心内科", and an RL policy rewarded by it learns to answer those. The questions
+    are drawn afresh (other ages, sexes and phrasings than the prompt file's, a few coincide), so the reward model
+    learns the diagnosis -> department map, not the prompts' text."""
+    rng = random.Random(PAIRS_SEED)
+    out = []
+    for i, (q, dept) in enumerate(_unique(rng, RL_DIAGNOSES, n)):
+        wrong = [d for d in DEPARTMENTS if d != dept]
+        rejected = (wrong[(i // 4 + i) % 3], wrong[(i // 4 + i) % 3], OTHER_DEPARTMENTS[(i // 4) % 4],
+                    malformed(dept, i // 4))[i % 4]
+        out.append({"conversations": [{"from": "human", "value": q}], "chosen": answer_text(dept),
+                    "rejected": answer_text(rejected)})
+    return out
+
+
 def main() -> None:
     rng = random.Random(20261201)
     prompts = [{"question": q, "answer": dept} for q, dept in _unique(rng, RL_DIAGNOSES, PROMPTS)]
@@ -81,6 +117,8 @@ def main() -> None:
     for name, rows in (("department_prompts.jsonl", prompts), ("department_sft.jsonl", sft)):
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         (HERE / name).write_text(text, encoding="utf-8")
+    pairs = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in department_pairs())
+    (HERE / "department_pairs.jsonl").write_text(pairs, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""The online-RL stage kinds' config (grpo, rloo): prompt records (data.prompt), completions sampled by the trainer's
+own generate, scored by reward functions by name (stages/rewards.py). The keys both share live in
+OnlineRLStageConfig; each kind adds its trainer's own. Registered here, after config/stages.py's kinds."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from medgpt_ray.config.base import Auto
+from medgpt_ray.config.registry import StageKind, register_stage_kind
+from medgpt_ray.config.stages import StageConfig
+
+BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
+
+
+class OnlineRLStageConfig(StageConfig):
+    """An online-RL stage: each step samples `num_generations` completions per prompt with the trainer's own
+    generate, scores them with `reward_funcs`, and trains on advantages taken within each prompt's group.
+    `effective_batch` counts completions (TRL's unit): prompts per step x num_generations; each worker's share must
+    hold whole groups. `seq_len` bounds prompt + completion: prompts longer than seq_len - max_completion_length are
+    left out and counted."""
+
+    reward_funcs: Annotated[list[str], Field(min_length=1)] = ["accuracy", "format"]
+    """Reward functions by name (stages/rewards.py): accuracy (answer matches the record's reference; normalised,
+    numeric, Chinese-aware), format (<think>…</think><answer>…</answer>), length (soft penalty beyond
+    length_target tokens), reward_model (the rm stage's score; adds rm to `needs`), or a custom function by import
+    path "package.module:function" with TRL's signature."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (the reward is their weighted sum); null: 1.0 each."""
+    num_generations: Annotated[int, Field(ge=2)] = 8
+    """Completions sampled per prompt (the group: GRPO's G, RLOO's k)."""
+    max_completion_length: Annotated[int, Field(ge=1)] = 256
+    """Tokens generated per completion at most."""
+    temperature: Annotated[float, Field(gt=0)] = 1.0
+    """Sampling temperature of the generations."""
+    length_target: Annotated[int, Field(ge=1)] | None = None
+    """The `length` reward's free length in tokens; null: half of max_completion_length."""
+    compile: Auto | bool = False
+    """Compile each decoder layer in place. Off by default here: generation changes the input shape every token."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reward_model_needs_rm(cls, data: Any) -> Any:
+        # The kind's default reward_funcs count too: rloo's is [reward_model], so it needs rm unless told otherwise.
+        if isinstance(data, dict) and "reward_model" in (data.get("reward_funcs")
+                                                         or cls.model_fields["reward_funcs"].default):
+            needs = list(data.get("needs") or [])
+            data = {**data, "needs": needs if "rm" in needs else [*needs, "rm"]}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OnlineRLStageConfig:
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights: {len(self.reward_weights)} weights for {len(self.reward_funcs)} "
+                             f"reward function(s) {self.reward_funcs}")
+        odd = [r for r in self.reward_funcs if r not in BUILTIN_REWARDS and "." not in r and ":" not in r]
+        if odd:
+            raise ValueError(f"reward_funcs: {odd[0]!r} is not one of {', '.join(BUILTIN_REWARDS)} nor an import "
+                             f"path 'package.module:function'")
+        if self.effective_batch % self.num_generations:
+            raise ValueError(f"effective_batch: {self.effective_batch} completions per step is not a multiple of "
+                             f"num_generations {self.num_generations} (each prompt's group is trained whole)")
+        if self.max_completion_length >= self.seq_len:
+            raise ValueError(f"max_completion_length: {self.max_completion_length} leaves no room for the prompt "
+                             f"in seq_len {self.seq_len}")
+        return self
+
+    @property
+    def free_length(self) -> int:
+        return self.length_target or max(self.max_completion_length // 2, 1)
+
+
+GRPOLoss = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+
+
+class GRPOStageConfig(OnlineRLStageConfig):
+    """GRPO on prompt records (data.prompt): TRL's GRPOTrainer, trained on the group-relative advantages (each
+    completion's reward against its group's mean, scaled by `scale_rewards`)."""
+
+    beta: Annotated[float, Field(ge=0)] = 0.0
+    """KL coefficient against the reference (the adapter-off policy for LoRA, a frozen copy for full); 0: no
+    reference pass (TRL's default)."""
+    loss_type: GRPOLoss = "dapo"
+    """TRL's loss aggregation: grpo (per-sequence mean), dr_grpo, dapo (TRL's default), bnpo."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage scaling: by the group's reward std (GRPO), the batch's, or none (Dr. GRPO)."""
+
+
+class RLOOStageConfig(OnlineRLStageConfig):
+    """RLOO (MedicalGPT's "PPO" stage) on prompt records (data.prompt): TRL's RLOOTrainer, rewarded by the rm stage's
+    model (always: rloo needs rm), each completion's advantage its reward less the mean of the other k - 1 of its
+    group (REINFORCE leave-one-out), the KL to the reference subtracted from the reward."""
+
+    reward_funcs: Annotated[list[str], Field(min_length=1)] = ["reward_model"]
+    """Reward functions by name (stages/rewards.py); must hold reward_model (the rm stage's score), the RL reward of
+    this kind. Rule rewards may join it: accuracy, format, length, or a custom "package.module:function"."""
+    beta: Annotated[float, Field(ge=0)] = 0.05
+    """KL coefficient: beta x the completion's summed log-ratio to the reference is subtracted from its reward (the
+    reference is the adapter-off policy for LoRA, a frozen copy for full); 0: no reference pass. TRL's default 0.05."""
+    normalize_advantages: bool = False
+    """Normalise the advantages over each generation batch to mean 0 and std 1 (TRL's normalize_advantages)."""
+
+    @model_validator(mode="after")
+    def _rewarded_by_the_rm(self) -> RLOOStageConfig:
+        if "reward_model" not in self.reward_funcs:
+            raise ValueError(f"reward_funcs: {self.reward_funcs} has no reward_model: rloo is rewarded by the rm "
+                             f"stage's model (add reward_model; rule rewards may join it), or use grpo for rule "
+                             f"rewards alone")
+        return self
+
+
+# Off unless enabled: GRPO on TRL's GRPOTrainer, RLOO on TRL's RLOOTrainer; rloo plans as grpo does (generation
+# phase + training phase, memory/generation.py) with the reward model always resident.
+register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
+register_stage_kind(StageKind("rloo", RLOOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5},
+                              memory_model="grpo"))
