@@ -68,13 +68,25 @@ def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:
         ray.train.report(metrics, checkpoint=None)
 
 
+# TRL's names for the held-out pair accuracy and margin (DPO, ORPO, CPO/SimPO) and the ones the stage result, the
+# summary and a sweep's `metric` use: a sweep on eval_reward_accuracy reads it at every evaluation, not only the last.
+TRL_PAIR_METRICS = {"eval_rewards/accuracies": "eval_reward_accuracy", "eval_rewards/margins": "eval_reward_margin"}
+
+
 class EvalToRayTrain(TrainerCallback):
     """Every evaluation becomes a Ray Train report on every rank (what Tune's scheduler reads)."""
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        values = {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, int | float)}
-        values["step"] = state.global_step
+        values = eval_report_values(metrics or {}, state.global_step)
         _report(values, "eval.json", values)
+
+
+def eval_report_values(metrics: dict[str, Any], step: int) -> dict[str, Any]:
+    """An evaluation's numbers as Ray Train reports them: the scalars, TRL's pair metrics under our names too."""
+    values: dict[str, Any] = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+    values.update({ours: values[trl] for trl, ours in TRL_PAIR_METRICS.items() if trl in values})
+    values["step"] = step
+    return values
 
 
 def final_metrics(result: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

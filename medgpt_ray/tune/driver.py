@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -269,6 +270,10 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
                                       callbacks=[_slot_releaser(pool_name, namespace),
                                                  TrialLines(echo, sweep.metric, trials)]))
     echo(f"{concurrent} trial(s) at a time; trials under {exp}")
+    # Some metrics exist only in a stage's last report (kto's pair accuracy, grpo's held-out accuracy reward), not
+    # at its evaluations during training: Tune would refuse those reports. ASHA skips a report without the metric;
+    # a metric no trial reports at all is an error below, with what the stage does report.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     grid = tuner.fit()
     ray.kill(pool)
     return _summarise(grid, sweep, out, echo)
@@ -281,11 +286,16 @@ def _summarise(grid, sweep, out: Path, echo: Callable[[str], None]) -> dict[str,
         params = {k: v for k, v in (r.config or {}).items()}
         status = "error" if r.error else "pruned" if m.get("pruned") else "done" if m.get("completed") else "stopped"
         value = m.get(sweep.metric)
-        rows.append({"trial": (m.get("trial_id") or r.path.rsplit("_", 1)[-1])[:10], "status": status,
+        rows.append({"trial": m.get("trial_id") or r.path.rsplit("_", 1)[-1], "status": status,
                      "predicted_peak_gib": m.get("predicted_peak_gib"), "measured_peak_gib": m.get("measured_peak_gib"),
                      sweep.metric: None if status == "pruned" or value is None else value, "params": params,
                      "predicted_run_s": m.get("predicted_run_s"), "reason": m.get("reason")})
     ran = [r for r in rows if r["status"] in ("done", "stopped") and r[sweep.metric] is not None]
+    finished = [r.metrics for r in grid if not r.error and (r.metrics or {}).get("completed")]
+    if finished and not ran:
+        reported = sorted(k for k, v in finished[0].items() if k.startswith("eval_") and isinstance(v, int | float))
+        raise ConfigError(f"sweep metric: no trial reported {sweep.metric!r}; the {sweep.stage} stage reports "
+                          f"{', '.join(reported) or 'no eval_ metric'}")
     pruned = [r for r in rows if r["status"] == "pruned"]
     saved = sum(r["predicted_run_s"] or 0 for r in pruned)
     best = (min if sweep.mode == "min" else max)(ran, key=lambda r: r[sweep.metric]) if ran else None

@@ -124,13 +124,15 @@ def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> floa
 
 
 def format_table(rows: list[dict[str, Any]], metric: str) -> str:
-    head = f"{'trial':<10}{'status':<9}{'pred GiB':>9}{'meas GiB':>9}{metric:>12}  params"
+    """One line per trial; columns as wide as their longest cell (Tune's trial ids, a metric's name)."""
+    tw, mw = max([len("trial"), *(len(str(r["trial"])) for r in rows)]) + 1, max(12, len(metric) + 1)
+    head = f"{'trial':<{tw}}{'status':<9}{'pred GiB':>9}{'meas GiB':>9}{metric:>{mw}}  params"
     lines = [head, "-" * len(head)]
     for r in rows:
         pred, meas, m = r.get("predicted_peak_gib"), r.get("measured_peak_gib"), r.get(metric)
         cells = ["" if pred is None else f"{pred:.3f}", "" if meas is None else f"{meas:.2f}",
                  "" if m is None else f"{m:.4f}"]
-        lines.append(f"{r['trial']:<10}{r['status']:<9}{cells[0]:>9}{cells[1]:>9}{cells[2]:>12}  "
+        lines.append(f"{r['trial']:<{tw}}{r['status']:<9}{cells[0]:>9}{cells[1]:>9}{cells[2]:>{mw}}  "
                      f"{json.dumps(r['params'], sort_keys=True)}")
     return "\n".join(lines)
 

@@ -57,7 +57,8 @@ def test_missing_model_path_is_an_error(tmp_path):
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Every shipped sweep, with the shipped config it is meant for (a new sweep must be added here).
-SWEEP_CONFIGS = {"sft-lora.yaml": "qwen2.5-7b-4x4090.yaml", "sft-tiny.yaml": "tiny-cpu.yaml"}
+SWEEP_CONFIGS = {"sft-lora.yaml": "qwen2.5-7b-4x4090.yaml", "sft-tiny.yaml": "tiny-cpu.yaml",
+                 "orpo-tiny.yaml": "tiny-cpu-alignment.yaml"}
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))

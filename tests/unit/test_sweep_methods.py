@@ -58,3 +58,16 @@ def test_a_kto_sweep_searches_beta_the_weights_and_the_loss(repo, tmp_path):
     assert plan.examples_per_step == trial.stages.kto.effective_batch and plan.micro_batch >= 1
     with pytest.raises(ConfigError, match=r"micro_batch: 1 is below 2"):
         trial_config(base, "kto", {"loss_type": "kto", "micro_batch": 1})
+
+
+def test_evaluations_report_the_pair_accuracy_under_the_name_a_sweep_asks_for():
+    """A real ORPO sweep on eval_reward_accuracy failed at its first evaluation: TRL logs rewards/accuracies, the
+    stage result and the summary say eval_reward_accuracy, and Tune requires the metric in every report."""
+    from medgpt_ray.run.stage_runner import eval_report_values
+
+    trl = {"eval_loss": 6.19, "eval_rewards/accuracies": 0.47, "eval_rewards/margins": -0.002, "epoch": 0.38,
+           "note": "not a number"}
+    values = eval_report_values(trl, 30)
+    assert values["eval_reward_accuracy"] == 0.47 and values["eval_reward_margin"] == -0.002
+    assert values["eval_rewards/accuracies"] == 0.47 and values["step"] == 30 and "note" not in values
+    assert "eval_reward_accuracy" not in eval_report_values({"eval_loss": 1.0}, 1)  # sft: nothing invented
