@@ -86,11 +86,9 @@ def eval_numbers(stage_dir: Path) -> dict[str, Any]:
     plan = rlt._read_json(stage_dir / "plan.json") or {}
     plan.pop("alternatives", None)
     generated: dict[str, Any] = {}
-    rows = [json.loads(x) for x in (stage_dir / "generations.jsonl").read_text().splitlines()] \
-        if (stage_dir / "generations.jsonl").is_file() else []
     for name, m in (results.get("models") or {}).items():
         answers = m.get("answers") or {}
-        new = sum(r["new_tokens"] for r in rows if r["model"] == name)
+        new = round(answers.get("mean_new_tokens", 0) * answers.get("prompts", 0))
         if answers.get("generate_seconds"):
             generated[name] = {"new_tokens": new, "seconds": answers["generate_seconds"],
                                "new_tokens_per_s": round(new / answers["generate_seconds"], 1)}

@@ -50,7 +50,8 @@ STAGE_ACTIVATION_SCALE = {"pt": 1.0, "sft": 1.0, "rm": 0.9, "dpo": 0.88, "orpo":
 # Qwen2.5-0.5B full, mb 16 x 1024, 25 % checkpointed, compiled, step 1 peaked at 20.23 GiB before Adam's states
 # (3.68 GiB) existed, i.e. 23.91 from step 2 on against 21.93 predicted at 0.88; step 3 died at 23.69 GiB allocated
 # (bench/results/real_length_throughput_0.5b_h200_full_orpo_simpo_kto.json). Set a little above, on the safe side.
-KTO_FULL_ACTIVATION_SCALE = 1.03
+# (stage, method) -> scale, where a method keeps other than its stage's STAGE_ACTIVATION_SCALE.
+METHOD_ACTIVATION_SCALE = {("kto", "full"): 1.03}
 # Stages whose trainer scores against a reference model (adapter-off policy for LoRA, a frozen copy for full).
 REFERENCE_STAGES = ("dpo", "kto")
 # Compiled decoder layers (stages/speed.py) under the reward model keep less per layer than eager ones: inductor's
@@ -236,8 +237,7 @@ def _activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     full, deepspeed = s.method == "full", s.zero > 0
     b: dict[str, float] = {}
     tokens = s.tokens()
-    stage_scale = KTO_FULL_ACTIVATION_SCALE if (s.stage, s.method) == ("kto", "full") else \
-        STAGE_ACTIVATION_SCALE[s.stage]
+    stage_scale = METHOD_ACTIVATION_SCALE.get((s.stage, s.method), STAGE_ACTIVATION_SCALE[s.stage])
     scale = stage_scale * (QLORA_ACTIVATION_SCALE if s.method == "qlora" else 1.0)
     per_layer = _layer_activation_bytes(shape, s)
     if s.compiled and s.stage == "rm":
