@@ -17,8 +17,7 @@ torch.profiler table of the top CUDA kernels by time (attention kernels vs the r
 
     python3 bench/packed_attention_probe.py --model qwen2.5-1.5b --out $OUT   (GPU machine, about two minutes)
 
-Not yet run to the end: its first H200 run (one packed row per forward, since changed to the stage's 12 rows per
-forward) measured padded 24,583 tokens/s and did not finish flex attention's compile inside its 170 s.
+Measured on the H200: bench/results/packed_attention_probe_1.5b_h200.json (bench/README.md reads it).
 """
 
 from __future__ import annotations
@@ -121,6 +120,15 @@ def kernel_table(model: Any, batch_list: list[dict[str, Any]], top: int = 12) ->
     return out
 
 
+def write(doc: dict[str, Any], out_dir: Path) -> None:
+    base = next((r for r in doc["runs"] if r["variant"] == "padded" and "tokens_per_s" in r), None)
+    if base:
+        doc["over_padded"] = {r["variant"]: round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+                              for r in doc["runs"] if "tokens_per_s" in r}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "packed_attention_probe.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-1.5b")
@@ -167,15 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             run = {"variant": variant, "attn": impl, "error": f"{type(e).__name__}: {e}"[:1500]}
         doc["runs"].append(run)
         print(json.dumps({k: v for k, v in run.items() if k != "kernels"}), flush=True)
+        write(doc, Path(a.out))  # after every variant: a timeout keeps what finished
         del model
         torch.cuda.empty_cache()
-    base = next((r for r in doc["runs"] if r["variant"] == "padded" and "tokens_per_s" in r), None)
-    if base:
-        doc["over_padded"] = {r["variant"]: round(r["tokens_per_s"] / base["tokens_per_s"], 3)
-                              for r in doc["runs"] if "tokens_per_s" in r}
-    out = Path(a.out) / "packed_attention_probe.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(doc.get("over_padded")), flush=True)
     return 0
 

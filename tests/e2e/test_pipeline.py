@@ -122,7 +122,9 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
            # pt is off here: skipping a finished pt after a killed driver is the job test's; sft starts from the base.
            "--set", "stages.pt.enabled=false",
            # One worker each: rm and dpo (both from sft) fit the 2 CPUs side by side, as a wave of the stage graph.
-           "--set", "stages.rm.num_workers=1", "--set", "stages.dpo.num_workers=1"]
+           "--set", "stages.rm.num_workers=1", "--set", "stages.dpo.num_workers=1",
+           # The eval stage's wiring, not its statistics (tests/stages/test_eval_stage.py): 8 answers of 16 tokens.
+           "--set", "stages.eval.max_prompts=8", "--set", "stages.eval.max_new_tokens=16"]
     proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env(), cwd=repo, start_new_session=True)
     ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
@@ -166,7 +168,7 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert s["stages"]["eval"]["status"] == "done"
     ev = s["eval"]
     assert ev["reference"] == "sft" and set(ev["models"]) == {"sft", "dpo"} and ev["judge"] == "rm"
-    assert 0 < ev["data"]["prompts"] <= 32 and ev["data"]["exam_questions"] == 52
+    assert 0 < ev["data"]["prompts"] <= 8 and ev["data"]["exam_questions"] == 52
     assert ev["win_rates"]["dpo"]["ci95"][0] <= ev["win_rates"]["dpo"]["win_rate"] <= ev["win_rates"]["dpo"]["ci95"][1]
     assert re.search(r"^win rate dpo over sft: [0-9.]+ \[[0-9.]+, [0-9.]+\] 95% CI", second, re.M), second[-3000:]
     assert "[eval] start: one Ray task on CPU, reading rm, dpo and the reference model " in second

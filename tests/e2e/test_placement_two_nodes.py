@@ -13,12 +13,16 @@ from tests.placement_probe import run_placed
 
 
 @pytest.fixture
-def two_gpu_nodes(own_ray_connection):
+def two_gpu_nodes(own_ray_connection, monkeypatch):
     import ray
     from ray.cluster_utils import Cluster
 
     # A CPU-only head and two "4-GPU boxes" advertising their per-GPU tokens, as cluster/start-node.sh does.
     temp_dir = ray_temp_root()  # not /tmp/ray: another cluster on this machine may own it
+    # Cluster writes the head's address to $RAY_TMPDIR/ray/ray_current_cluster whatever temp_dir says: ours, not
+    # /tmp/ray's (another cluster's file, or no such directory on a fresh machine: FileNotFoundError).
+    (temp_dir / "ray").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", str(temp_dir))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "temp_dir": str(temp_dir),
                                                             "dashboard_host": "127.0.0.1"})
     nodes = [cluster.add_node(num_cpus=1, num_gpus=4, resources={f"medgpt_gpu_{i}": 1 for i in range(4)})

@@ -26,7 +26,7 @@ SETTINGS = {
     "rm": dict(lr=1e-3, effective_batch=32, max_steps=250),
     "dpo": dict(lr=1e-3, effective_batch=16, max_steps=130, beta=0.5),
     "orpo": dict(lr=1e-3, effective_batch=16, max_steps=200, beta=3.0),
-    "simpo": dict(lr=1e-3, effective_batch=16, max_steps=250),
+    "simpo": dict(lr=1e-3, effective_batch=16, max_steps=120),  # 0.751 at 90 steps, 0.912 at 150 (bar 0.639)
     # KTO reads the same pairs unpaired (chosen desirable, rejected undesirable; a pair's halves share a split).
     "kto": dict(lr=1e-3, effective_batch=16, max_steps=140, beta=0.5),
 }

@@ -1,0 +1,193 @@
+"""GRPO and RLOO on a Qwen2.5 shape, through the pipeline, under a 24 GiB cap (issue 18: "on the GPU machine the
+1.5B-shape grpo and rloo stages run through the pipeline with measured peak <= planned").
+
+One pipeline run, exactly as `jobs/pipeline.py` runs it (run/pipeline's Pipeline on local Ray, every stage planned
+for --gpu-mem-gib and placed, one worker): sft and rm for --train-steps optimizer steps each (they only make the
+models the RL stages start from and are rewarded by), then grpo (from sft; rewards accuracy + length) and rloo (from
+sft, rewarded by the rm stage's model) for --steps steps each. The model is random-init weights of the shape
+(bench/memory_calibration.prepare_model) with the tiny preset's tokenizer; the data is
+bench/make_real_length_corpus.py's real-length corpus, and the prompts are its SFT records' first question with the
+first answer as the reference ({"question", "answer"}: MedicalGPT's GRPO format), so their lengths are real ones
+(QA of a few dozen tokens, consultations of a few hundred). Random weights rarely stop early: every completion runs
+to max_completion_length, the worst case for the KV cache the planner sizes.
+
+Measured per RL stage, from its metrics.jsonl and its worker: the plan (generation batch, micro-batch, predicted
+peak), the worker's peak allocated GiB (capped_stage's bench_peak.json: generation included, which the per-step
+gpu_peak_gib also covers), generations/s and generated tokens/s, training tokens/s, completion length, wall time.
+The JSON under --out is written when the run ends, also when it is stopped (SIGTERM: `timeout` before the call's
+limit), with what finished.
+
+    # the GPU machine (the wheelhouse with ray etc. installed as in bench/real_length_throughput.py's docstring):
+    timeout 560 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --out $OUT
+    # here (CPU, the tiny preset, a few minutes):
+    .venv/bin/python bench/rl_stage_run.py --model tiny --steps 2 --train-steps 2 --num-generations 4 \\
+        --max-completion-length 16 --set stages.grpo.seq_len=256 --set stages.rloo.seq_len=256 --out /tmp/rsr
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(ROOT), str(BENCH)]
+
+import capped_stage  # noqa: E402
+import real_length_throughput as rlt  # noqa: E402
+
+RESULTS = "rl_stage_run.json"
+TRAINED = ("sft", "rm")
+RL = ("grpo", "rloo")
+# What TRL logs per step that says how generation went, besides our generation counters (stages/grpo.py).
+RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions/max_length",
+           "generation/generations_per_s", "generation/tokens_per_s", "tokens_per_s", "gpu_peak_gib", "time_s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
+    ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
+                                     "configs/qwen2.5-7b-4x4090.yaml)")
+    ap.add_argument("--gpu-mem-gib", type=float, default=24.0)
+    ap.add_argument("--gpu-type", default="detected")
+    ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo")
+    ap.add_argument("--steps", type=int, default=4, help="optimizer steps of each RL stage")
+    ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm")
+    ap.add_argument("--num-generations", type=int, default=8)
+    ap.add_argument("--max-completion-length", type=int, default=256)
+    ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
+    ap.add_argument("--prompts-per-step", type=int, default=4, help="effective_batch = this x --num-generations")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--sft-records", type=int, default=4000)
+    ap.add_argument("--pref-records", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default="/tmp/medgpt-rsr")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    a.config = a.config or str(rlt.CONFIGS["tiny" if a.model == "tiny" else "gpu"])
+    a.effective_batch = None
+    a.rl = [s for s in a.stages.split(",") if s]
+    if not a.rl or set(a.rl) - set(RL):
+        ap.error(f"--stages: a subset of {','.join(RL)}, not {a.stages}")
+    return a
+
+
+def write_prompts(sft_file: str, out: Path) -> int:
+    """The corpus's SFT records as GRPO prompts: first question, first answer as the reference."""
+    n = 0
+    with open(sft_file, encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
+        for raw in src:
+            turns = json.loads(raw)["conversations"]
+            q = next((t["value"] for t in turns if t["from"] == "human"), None)
+            ans = next((t["value"] for t in turns if t["from"] == "gpt"), None)
+            if q and ans:
+                dst.write(json.dumps({"question": q, "answer": ans}, ensure_ascii=False) + "\n")
+                n += 1
+    return n
+
+
+def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: Path, use_gpu: bool) -> list[str]:
+    """real_length_throughput's one-stage sets made sft -> rm -> grpo / rloo."""
+    from medgpt_ray.config import STAGE_KINDS
+
+    sets = [s for s in rlt.base_sets(a, "sft", "rl-run", model, data, use_gpu)
+            if not s.startswith(("stages.", "data.preference=", "data.prompt="))]
+    sets += [f"data.preference=[{data['preference']}]", f"data.prompt=[{prompts}]"]
+    sets += [f"stages.{s}.enabled={str(s in (*TRAINED, *a.rl)).lower()}" for s in STAGE_KINDS]
+    for s in TRAINED:
+        sets += [f"stages.{s}.max_steps={a.train_steps}", f"stages.{s}.logging_steps=1",
+                 f"stages.{s}.save_steps=1000000"]
+    for s in a.rl:
+        sets += [f"stages.{s}.max_steps={a.steps}", f"stages.{s}.logging_steps=1", f"stages.{s}.save_steps=1000000",
+                 f"stages.{s}.num_generations={a.num_generations}",
+                 f"stages.{s}.max_completion_length={a.max_completion_length}",
+                 f"stages.{s}.seq_len={a.rl_seq_len}",
+                 f"stages.{s}.effective_batch={a.prompts_per_step * a.num_generations}"]
+    if "grpo" in a.rl:
+        sets += ["stages.grpo.reward_funcs=[accuracy,length]"]
+    return sets + a.sets
+
+
+def rl_numbers(stage_dir: Path) -> dict[str, Any]:
+    """One RL stage: its plan, predicted and measured peak, per-step generation and training numbers, medians."""
+    plan = rlt._read_json(stage_dir / "plan.json") or {}
+    plan.pop("alternatives", None)
+    rows = []
+    if (stage_dir / "metrics.jsonl").is_file():
+        for line in (stage_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+            r = json.loads(line) if line.strip() else {}
+            if "loss" in r:
+                rows.append({"step": r.get("step"), **{k: r[k] for k in RL_LOGS if k in r}})
+    medians = {k: round(statistics.median(r[k] for r in rows[1:] if k in r), 3)
+               for k in RL_LOGS if k != "time_s" and sum(k in r for r in rows[1:])}
+    worker_peak = (rlt._read_json(stage_dir / capped_stage.PEAK_FILE) or {}).get("max_allocated_gib")
+    step_peaks = [r["gpu_peak_gib"] for r in rows if "gpu_peak_gib" in r]
+    measured = max([p for p in (worker_peak, *step_peaks) if p is not None], default=None)
+    pred = (plan.get("prediction") or {}).get("peak_gib")
+    receipt = rlt._read_json(stage_dir / "result.json") or {}
+    out = {"wall_s": receipt.get("wall_s"), "steps": len(rows), "predicted_peak_gib": pred,
+           "measured_peak_gib": measured, "worker_peak_gib": worker_peak,
+           "medians_after_first_step": medians, "per_step": rows, "plan": plan,
+           "result": {k: v for k, v in receipt.items() if isinstance(v, int | float | str) or v is None}}
+    if measured and pred:
+        out["peak_over_prediction_pct"] = round(100 * (measured - pred) / pred, 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import torch
+
+    from medgpt_ray.config import load_config
+    from medgpt_ray.run.pipeline import RunOptions
+    from medgpt_ray.run.ray_env import connect_ray
+
+    # `timeout` sends SIGTERM: end like Ctrl-C, so the finally below still writes what finished.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    use_gpu = torch.cuda.is_available()
+    t0 = time.monotonic()
+    model, corpus = rlt.prepare(a, use_gpu)
+    prompts = Path(a.workdir) / "prompts.jsonl"
+    n_prompts = write_prompts(corpus["files"]["sft"], prompts)
+    if use_gpu:
+        os.environ[capped_stage.CAP_ENV] = str(a.gpu_mem_gib)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    connect_ray(log_file=Path(a.workdir) / "ray.log", verbose=a.verbose, worker_logs=a.verbose)
+    sets = run_sets(a, model, corpus["files"], prompts, use_gpu)
+    doc: dict[str, Any] = {"command": shlex.join(["python", *sys.argv]), **rlt.environment(use_gpu),
+                           "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "sets": sets,
+                           "prompts": n_prompts, "corpus_measured": corpus.get("measured")}
+    cfg = load_config(a.config, sets)
+    pipeline = rlt.bench_pipeline()(cfg, RunOptions(), "local")
+    shutil.rmtree(pipeline.run_dir, ignore_errors=True)
+    try:
+        pipeline.run()
+        doc["status"] = "ok"
+    except BaseException as e:  # also Ray's SIGTERM exit under `timeout`: what finished is still measured below
+        doc.update(status="failed", error=f"{type(e).__name__}: {e}"[-3000:])
+    finally:
+        doc["wall_s"] = round(time.monotonic() - t0, 1)
+        run_dir = Path(pipeline.run_dir)
+        doc["stages"] = {s: rl_numbers(run_dir / s) for s in a.rl}
+        out = Path(a.out) / RESULTS
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    brief = {s: {k: v for k, v in d.items() if k not in ("per_step", "plan", "result")}
+             for s, d in doc["stages"].items()}
+    print(json.dumps({"status": doc["status"], "stages": brief, "out": str(out)}, indent=1), flush=True)
+    return 0 if doc["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
