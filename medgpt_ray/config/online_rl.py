@@ -39,6 +39,11 @@ class OnlineRLStageConfig(StageConfig):
     """The `length` reward's free length in tokens; null: half of max_completion_length."""
     compile: Auto | bool = False
     """Compile each decoder layer in place. Off by default here: generation changes the input shape every token."""
+    reward_model_gpu: bool = False
+    """Hold the reward model (the reward_model reward) in one Ray actor of its own, on a GPU of its own that the
+    placement picks beside the stage's GPUs (plan.json's reward_model_gpu; a CPU run: a process of its own),
+    instead of beside the policy in every training worker: the policy's GPU is planned without it. Needs a GPU on
+    the node that the stage's workers do not use."""
 
     @model_validator(mode="before")
     @classmethod
@@ -62,6 +67,9 @@ class OnlineRLStageConfig(StageConfig):
         if self.effective_batch % self.num_generations:
             raise ValueError(f"effective_batch: {self.effective_batch} completions per step is not a multiple of "
                              f"num_generations {self.num_generations} (each prompt's group is trained whole)")
+        if self.reward_model_gpu and "reward_model" not in self.reward_funcs:
+            raise ValueError(f"reward_model_gpu: true places the reward model, and reward_funcs {self.reward_funcs} "
+                             f"has no reward_model")
         if self.max_completion_length >= self.seq_len:
             raise ValueError(f"max_completion_length: {self.max_completion_length} leaves no room for the prompt "
                              f"in seq_len {self.seq_len}")

@@ -26,8 +26,10 @@ def setup_fields(cfg: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
                               "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0}
     if hasattr(cfg, "num_generations"):
+        # A reward model in an actor of its own (reward_model_gpu) is not on the policy's device.
         fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
-                      reward_network="reward_model" in cfg.reward_funcs, reference=cfg.beta > 0)
+                      reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu,
+                      reference=cfg.beta > 0)
     return fields
 
 
@@ -73,21 +75,36 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     return Estimate(train_peak, training, f"training ({train.moment})", train.host_bytes)
 
 
-def reward_model_placement(shape: ModelShape, s: TrainSetup, use_gpu: bool) -> str | None:
-    """Where the reward network is held (plan.json's reward_model_on), None without one. Today always beside the
-    policy on every training worker's device (stages/rewards.py loads it there): its own GPU is issue 18's to do."""
-    if not s.reward_network:
+SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py RewardModelScore)
+
+
+def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: bool,
+                           usable_gib: float | None) -> str | None:
+    """Where the reward network is held (plan.json's reward_model_on), None without one: beside the policy on every
+    training worker's device, or (reward_model_gpu) in an actor on a device of its own, which must then hold the
+    network and one scoring forward; ValueError with the numbers when that GPU is too small."""
+    own = bool(getattr(cfg, "reward_model_gpu", False))
+    if not (s.reward_network or own):
         return None
-    size = reward_network_bytes(shape, s)
+    size = reward_network_bytes(shape, replace(s, reward_network=True))
     size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # the tiny model
-    return f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy ({size_text})"
+    if not own:
+        return f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy ({size_text})"
+    e = 4 if s.precision == "fp32" else 2
+    scoring = e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate)
+    need = (size + scoring + RUNTIME_OVERHEAD_BYTES) / 2**30
+    if use_gpu and usable_gib is not None and need > usable_gib:
+        raise ValueError(f"reward_model_gpu: the reward model's own GPU needs {need:.1f} GiB (network {size_text}, "
+                         f"scoring {SCORING_BATCH} x {s.seq_len} tokens) of {usable_gib:.1f} GiB usable")
+    where = "a GPU of its own (a Ray actor; the placement picks it)" if use_gpu else "a Ray actor of its own (CPU)"
+    return f"{where}: {size_text}, {need:.2f} GiB with one scoring forward"
 
 
 def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
     """What a GRPO/RLOO stage that fits nowhere could change: fewer generations per prompt (the generation batch
     shrinks with them: fewer prompts per step), shorter completions, QLoRA, or (with a reward network) a second GPU
-    for the reward model; each with its predicted peak. The last is the policy's GPU without the reward model: the
-    stages do not place it on its own GPU yet, so it says what that would give."""
+    for the reward model (reward_model_gpu); each with its predicted peak (the last: the policy's GPU without the
+    reward model)."""
     if not s.generations:
         return []
     options = []
@@ -102,7 +119,8 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
     if s.method != "qlora" and s.precision != "fp32":
         options.append(("method qlora", replace(s, method="qlora", precision="bf16", zero=0, offload="none")))
     if s.reward_network:
-        options.append(("a second GPU for the reward model (not automatic yet)", replace(s, reward_network=False)))
+        options.append(("reward_model_gpu: true (the reward model on a GPU of its own)",
+                        replace(s, reward_network=False)))
     out = []
     for label, setup in options:
         gib = peak(shape, setup).peak_gib

@@ -1,11 +1,9 @@
 """Turn a stage's config into a StagePlan: the fastest configuration predicted to fit the GPU.
 
-Every `auto` knob (method lora/qlora, micro-batch, checkpointing fraction, fused
-CE, ZeRO stage and offload) is searched; explicit values are kept and checked.
-The effective batch stays what the config says: micro-batch x accumulation x
-workers. Candidates are scored by the estimator (peak memory) and the throughput
-model (tokens/s); the fastest one whose peak fits budget - margin wins, and the
-plan records it with the best rejected alternatives and why.
+Every `auto` knob (method lora/qlora, micro-batch, checkpointing fraction, fused CE, ZeRO stage and offload) is
+searched; explicit values are kept and checked. The effective batch stays what the config says: micro-batch x
+accumulation x workers. Candidates are scored by the estimator (peak memory) and the throughput model (tokens/s);
+the fastest one whose peak fits budget - margin wins, and the plan records it with the best rejected alternatives.
 """
 
 from __future__ import annotations
@@ -330,10 +328,12 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
                         "conversations_per_step": cfg.effective_batch // num_workers,
                         "conversations_per_row": lengths.conversations_per_row if lengths else None}
     plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
-    plan.reward_model_on = reward_model_placement(shape, s, use_gpu)
-    reasons.append(f"compile: {plan.compile} ("
-                   + ("explicit" if cfg.compile != "auto" else
-                      f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
+    try:
+        plan.reward_model_on = reward_model_placement(shape, s, cfg, use_gpu, budget.usable_gib)
+    except ValueError as e:
+        raise PlanError(f"stages.{stage}.{e}") from None
+    reasons.append(f"compile: {plan.compile} (" + ("explicit" if cfg.compile != "auto" else
+                   f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
     plan.deepspeed = deepspeed_config(plan, cfg)
     offload = bool(chosen.host_node_gib)
     plan.prediction = Prediction(

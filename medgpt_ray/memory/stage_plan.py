@@ -68,6 +68,8 @@ class StagePlan:
     steps_per_generation: int | None = None
     # A stage with a reward network (rloo; grpo's reward_model reward): which device holds it, and its size.
     reward_model_on: str | None = None
+    # reward_model_gpu stages: the physical GPU (PCI bus order) the placement gave the reward model's actor.
+    reward_model_gpu: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/manifest.write_plan writes it)."""

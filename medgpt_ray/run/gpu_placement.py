@@ -60,8 +60,29 @@ def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: di
         env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
         echo(f"[{s:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
              f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
+    taken = {g for s in (gpu_stages if parallel else []) for g in plans[s].placement.gpus}
+    for s in gpu_stages:
+        if getattr(cfg.stages.get(s), "reward_model_gpu", False):
+            plans[s] = place_reward_model(s, plans[s], topo, taken)
+            write_plan(run_dir / s, plans[s])
+            taken.add(plans[s].reward_model_gpu)
+            echo(f"[{s:>3}] reward model on GPU {plans[s].reward_model_gpu}, its own (a Ray actor beside the "
+                 f"workers on GPUs {plans[s].placement.gpus})")
     used = [g for s in gpu_stages for g in plans[s].placement.gpus] if parallel else []
+    used += [plans[s].reward_model_gpu for s in gpu_stages if parallel and plans[s].reward_model_gpu is not None]
     if len(used) != len(set(used)):
         raise ConfigError(f"stages {', '.join(gpu_stages)} run side by side on overlapping GPUs {used}; "
                           f"give them disjoint stages.<stage>.placement lists or leave them on auto")
     return plans
+
+
+def place_reward_model(stage: str, plan: StagePlan, topo: Topology, taken: set[int]) -> StagePlan:
+    """The plan with a GPU for its reward model's actor: the lowest-numbered one of the node that neither this
+    stage's workers nor a stage beside it use (the scores it sends back are a few floats: no link to optimise)."""
+    free = [g for g in range(topo.n) if g not in plan.placement.gpus and g not in taken]
+    if not free:
+        raise ConfigError(f"stages.{stage}.reward_model_gpu: the reward model needs a GPU of its own and the node's "
+                          f"{topo.n} GPU(s) are taken ({sorted({*plan.placement.gpus, *taken})}); use fewer workers "
+                          f"(stages.{stage}.num_workers) or set reward_model_gpu: false")
+    on = (plan.reward_model_on or "").split(": ", 1)[-1]
+    return replace(plan, reward_model_gpu=free[0], reward_model_on=f"GPU {free[0]}, its own (a Ray actor): {on}")

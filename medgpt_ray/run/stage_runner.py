@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from medgpt_ray.placement.device import chosen_gpu, ray_train_resources
 from medgpt_ray.run.placed_torch import torch_config_for
 from medgpt_ray.run.ray_env import worker_env
+from medgpt_ray.run.reward_actor import reward_model_actor
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import is_rank_zero
 
@@ -121,18 +122,24 @@ def _worker_loop(config: dict[str, Any]) -> None:
 
 def run_stage_on_ray(inputs: StageInputs, opts: RayOptions):
     """Build the stage's TorchTrainer (workers placed on the plan's GPUs) and fit it."""
+    plan = inputs.plan
+    base_env = worker_env() if opts.env is None else opts.env
+    scaling, env = ray_train_resources(plan.placement, plan.num_workers, plan.use_gpu, opts.cpus_per_worker,
+                                       ray.cluster_resources(), base_env)
+    with reward_model_actor(inputs, base_env) as placed_inputs:  # reward_model_gpu: the rm in an actor of its own
+        return _fit(placed_inputs, opts, scaling, env)
+
+
+def _fit(inputs: StageInputs, opts: RayOptions, scaling: dict[str, Any], env: dict[str, str]):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    plan = inputs.plan
-    scaling, env = ray_train_resources(plan.placement, plan.num_workers, plan.use_gpu, opts.cpus_per_worker,
-                                       ray.cluster_resources(), worker_env() if opts.env is None else opts.env)
     trainer = TorchTrainer(
         _worker_loop,
         train_loop_config={"inputs": inputs, "progress": opts.progress, "report_evals": opts.report_evals,
                            "extra_metrics": opts.extra_metrics},
         scaling_config=ScalingConfig(**scaling),
-        torch_config=torch_config_for(plan.placement is not None),
+        torch_config=torch_config_for(inputs.plan.placement is not None),
         # Ray Train's INFO lines (resource requests, every report) drown our progress lines.
         run_config=RunConfig(name=opts.name, storage_path=opts.storage_path, callbacks=opts.callbacks,
                              logging_config=ray.LoggingConfig(log_level="WARNING"),

@@ -32,7 +32,7 @@ from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.prompt_shard import install_prompt_shard
-from medgpt_ray.stages.rewards import RewardModelScore, accuracy, format_reward, reward_functions
+from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 
@@ -86,7 +86,8 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
     device = "cuda" if inp.plan.use_gpu else "cpu"
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
                                max_completion_length=cfg.max_completion_length,
-                               reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage)
+                               reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
+                               remote=inp.reward_scorer)
     trainer = trainer_class(model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds,
                             processing_class=tok, peft_config=peft_config,
                             callbacks=stage_callbacks(inp, sink, callbacks))
@@ -95,7 +96,10 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
     trainer.medgpt_held_out = eval_ds
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_prompts": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
-                              "skipped_too_long": skipped["too_long"]},
+                              "skipped_too_long": skipped["too_long"],
+                              # Where the reward_model reward was computed: each worker, or the actor of its own.
+                              **({"reward_model_scored_by": "actor" if inp.reward_scorer else "worker"}
+                                 if "reward_model" in cfg.reward_funcs else {})},
                       save_kwargs={"template": data.template})
 
 
@@ -136,7 +140,8 @@ def held_out_rewards(trainer: Any, prompts: Any) -> dict[str, Any]:
     """Mean accuracy and format rewards of greedy completions of the held-out prompts (a dataset of prompt rows);
     the accuracy over the prompts that have a reference answer. With a reward model among the trainer's rewards,
     also its mean score of those completions (`eval_reward_model`)."""
-    scorer = next((f for f in trainer.reward_funcs if isinstance(f, RewardModelScore)), None)
+    # The rm's score, loaded here (RewardModelScore) or served by an actor (reward_model_gpu): TRL's name for it.
+    scorer = next((f for f in trainer.reward_funcs if getattr(f, "__name__", None) == "reward_model"), None)
     if prompts is None or len(prompts) == 0:
         return {"eval_accuracy": None, "eval_format": None, "eval_prompts": 0,
                 **({"eval_reward_model": None} if scorer else {})}

@@ -32,6 +32,9 @@ class StageInputs:
     report_to: str = "none"  # "tensorboard": rank 0 writes event files under out_dir/tb (stages/tensorboard.py)
     # Other data kinds the stage reads (its kind's `reads`, config/registry.py): kind -> [train file, held-out file]
     data_files: dict[str, list[str]] = field(default_factory=dict)
+    # The `reward_model` reward when the reward model is held elsewhere (reward_model_gpu: run/reward_actor.py's
+    # client of its actor); None: each worker loads the rm stage's model beside the policy.
+    reward_scorer: Any = None
 
     @classmethod
     def of(cls, cfg: PipelineConfig, stage: str, plan: StagePlan, model_path: str, train_file: str, eval_file: str,

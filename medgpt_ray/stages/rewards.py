@@ -119,8 +119,10 @@ def import_reward(path: str) -> RewardFunc:
 
 
 def reward_functions(names: Sequence[str], *, length_target: int, max_completion_length: int,
-                     reward_model_dir: str | None = None, device: str = "cpu", stage: str = "grpo") -> list[RewardFunc]:
-    """The reward functions `stages.<stage>.reward_funcs` names, in its order."""
+                     reward_model_dir: str | None = None, device: str = "cpu", stage: str = "grpo",
+                     remote: RewardFunc | None = None) -> list[RewardFunc]:
+    """The reward functions `stages.<stage>.reward_funcs` names, in its order; `remote`, when given, is the
+    reward_model reward (a scorer whose model is held elsewhere: run/reward_actor.py), else it is loaded here."""
     out: list[RewardFunc] = []
     for name in names:
         if name == "accuracy":
@@ -129,6 +131,8 @@ def reward_functions(names: Sequence[str], *, length_target: int, max_completion
             out.append(format_reward)
         elif name == "length":
             out.append(length_penalty(length_target, max_completion_length))
+        elif name == "reward_model" and remote is not None:
+            out.append(remote)
         elif name == "reward_model":
             if reward_model_dir is None:
                 raise ValueError(f"reward_funcs: reward_model needs the output of a finished rm stage "

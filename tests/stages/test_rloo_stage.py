@@ -53,7 +53,7 @@ def rloo_inputs(data, model: Path, reward_model: Path, out: Path, **keys) -> Sta
 
 def test_rloo_trains_two_steps_on_the_reward_model(data, tiny_model, reward_model, tmp_path):
     r = run_stage(rloo_inputs(data, tiny_model, reward_model, tmp_path))
-    assert r["steps"] == 2 and r["train_prompts"] > 0
+    assert r["steps"] == 2 and r["train_prompts"] > 0 and r["reward_model_scored_by"] == "worker"
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in logged if "rewards/reward_model/mean" in s]
     assert [s["step"] for s in steps] == [1, 2], logged  # the reward model's reward, every step

@@ -1,6 +1,7 @@
 """RLOO's memory plan (memory kind grpo, memory/generation.py): GRPO's two phases with the reward model network always
 resident (the rm stage's merged model, beside the policy) and the reference; the plan says where the reward model is,
-and a refusal lists the hints with numbers, among them a second GPU for the reward model."""
+a refusal lists the hints with numbers, among them a GPU of its own for the reward model (reward_model_gpu), and that
+key plans the policy's GPU without it and checks the reward model's own GPU."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_7b_lora_rloo_at_24_gib_is_refused_with_the_hints_and_their_numbers():
     for line in ("stages.rloo: nothing fits 22.0 GiB", "smallest predicted peak: 29.8 GiB",
                  "num_generations 4 (same prompts per step): 28.8 GiB (still over)",
                  "max_completion_length 256: 29.6 GiB (still over)", "method qlora: 20.8 GiB (fits)",
-                 "a second GPU for the reward model (not automatic yet): 16.6 GiB (fits)"):
+                 "reward_model_gpu: true (the reward model on a GPU of its own): 16.6 GiB (fits)"):
         assert line in str(err.value), line
     # The last: the policy's GPU without the reward model, the smallest peak less the reward model's 13.17 GiB.
     assert err.value.smallest_peak_gib - RM_GIB == pytest.approx(16.6, abs=0.05)
@@ -62,3 +63,28 @@ def test_7b_lora_rloo_at_24_gib_is_refused_with_the_hints_and_their_numbers():
 def test_on_cpu_the_reward_model_is_in_each_workers_memory():
     plan = plan_stage("rloo", RLOOStageConfig(), 1, False)  # the tiny model: its score model is about a MiB
     assert plan.reward_model_on == "the CPU memory of each training worker, beside the policy (1.1 MiB)"
+
+
+def test_with_reward_model_gpu_7b_lora_rloo_fits_24_gib_and_the_reward_model_is_planned_on_its_own_gpu():
+    rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
+    plan = plan_stage("rloo", RLOOStageConfig(**KW, reward_model_gpu=True), 1, True, Q7, rtx4090)
+    assert plan.prediction.peak_gib <= 22.0 and "reward_model" not in plan.prediction.breakdown_gib
+    # Where it is and what its own GPU must hold: the network and one scoring forward of 16 x seq_len tokens.
+    assert plan.reward_model_on.startswith("a GPU of its own (a Ray actor; the placement picks it): 13.17 GiB, ")
+    own = float(plan.reward_model_on.split(", ")[-1].split(" GiB")[0])
+    assert RM_GIB < own < 22.0
+    assert plan.reward_model_gpu is None  # the GPU itself: the placement's (run/gpu_placement.place_reward_model)
+
+
+def test_a_reward_model_too_big_for_its_own_gpu_is_refused_with_the_numbers():
+    small = make_budget(16.0, 2.0, "t", True, "t")
+    with pytest.raises(PlanError, match=r"stages\.rloo\.reward_model_gpu: the reward model's own GPU needs "
+                                        r"1[45]\.\d GiB \(network 13\.17 GiB, scoring 16 x 1024 tokens\) of "
+                                        r"14\.0 GiB usable"):
+        plan_stage("rloo", RLOOStageConfig(**{**KW, "method": "qlora"}, reward_model_gpu=True), 1, True, Q7, small)
+
+
+def test_reward_model_gpu_needs_a_reward_model():
+    with pytest.raises(ValueError, match="reward_model_gpu: true places the reward model, and reward_funcs"):
+        GRPOStageConfig(reward_funcs=["accuracy"], reward_model_gpu=True)
+

@@ -230,3 +230,37 @@ def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
         place_wave(clash, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
     with pytest.raises(ConfigError, match=r"stages.rm.placement: .*in 0..7"):
         place_wave(cfg(rm={"placement": [0, 8, 1, 2]}), topo, ["rm"], plans, False, tmp_path, lines.append)
+
+
+def test_a_reward_model_of_its_own_gets_a_gpu_no_worker_uses_or_the_stage_is_refused(tmp_path):
+    from medgpt_ray.config import ConfigError, PipelineConfig
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import plan_stage
+    from medgpt_ray.memory.shapes import load_shape
+    from medgpt_ray.run.gpu_placement import place_wave
+
+    def cfg(workers: int) -> PipelineConfig:
+        return PipelineConfig.model_validate({
+            "model": {"path": "tiny"}, "resources": {"num_workers": workers, "use_gpu": True},
+            "stages": {"rm": {"method": "lora"}, "rloo": {"enabled": True, "method": "lora", "reward_model_gpu": True,
+                                                         "effective_batch": 8 * workers, "seq_len": 512}}})
+
+    topo = load_topology_file("4x4090-single-socket")
+    budget = make_budget(24, 2, "rtx4090", True, "test")
+    (tmp_path / "rloo").mkdir()
+    lines: list[str] = []
+    c = cfg(3)
+    plans = {"rloo": plan_stage("rloo", c.stages.rloo, 3, True, load_shape("qwen2.5-1.5b"), budget)}
+    placed = place_wave(c, topo, ["rloo"], plans, False, tmp_path, lines.append)["rloo"]
+    assert placed.reward_model_gpu not in placed.placement.gpus and 0 <= placed.reward_model_gpu < 4
+    assert placed.reward_model_on.startswith(f"GPU {placed.reward_model_gpu}, its own (a Ray actor): ")
+    saved = json.loads((tmp_path / "rloo" / "plan.json").read_text())
+    assert saved["reward_model_gpu"] == placed.reward_model_gpu
+    assert lines[-1] == (f"[rloo] reward model on GPU {placed.reward_model_gpu}, its own (a Ray actor beside the "
+                         f"workers on GPUs {placed.placement.gpus})")
+    # Four workers take the box's four GPUs: no GPU is left for the reward model.
+    c4 = cfg(4)
+    plans4 = {"rloo": plan_stage("rloo", c4.stages.rloo, 4, True, load_shape("qwen2.5-1.5b"), budget)}
+    with pytest.raises(ConfigError, match=r"stages\.rloo\.reward_model_gpu: the reward model needs a GPU of its own "
+                                          r"and the node's 4 GPU\(s\) are taken \(\[0, 1, 2, 3\]\)"):
+        place_wave(c4, topo, ["rloo"], plans4, False, tmp_path, lines.append)
