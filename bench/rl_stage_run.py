@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gpu-type", default="detected")
     ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps of each RL stage")
-    ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm")
+    ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm (0: neither runs, "
+                                                               "grpo starts from the base model; not with rloo)")
     ap.add_argument("--num-generations", type=int, default=8)
     ap.add_argument("--max-completion-length", type=int, default=256)
     ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
@@ -80,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.rl = [s for s in a.stages.split(",") if s]
     if not a.rl or set(a.rl) - set(RL):
         ap.error(f"--stages: a subset of {','.join(RL)}, not {a.stages}")
+    if a.train_steps == 0 and "rloo" in a.rl:
+        ap.error("--train-steps 0: rloo needs the rm stage")
     return a
 
 
@@ -104,7 +107,8 @@ def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: P
     sets = [s for s in rlt.base_sets(a, "sft", "rl-run", model, data, use_gpu)
             if not s.startswith(("stages.", "data.preference=", "data.prompt="))]
     sets += [f"data.preference=[{data['preference']}]", f"data.prompt=[{prompts}]"]
-    sets += [f"stages.{s}.enabled={str(s in (*TRAINED, *a.rl)).lower()}" for s in STAGE_KINDS]
+    trained = TRAINED if a.train_steps else ()  # --train-steps 0: grpo from the base model, no rm
+    sets += [f"stages.{s}.enabled={str(s in (*trained, *a.rl)).lower()}" for s in STAGE_KINDS]
     for s in TRAINED:
         sets += [f"stages.{s}.max_steps={a.train_steps}", f"stages.{s}.logging_steps=1",
                  f"stages.{s}.save_steps=1000000"]
