@@ -103,10 +103,11 @@ class TrainSetup:
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
+    gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
 
     def generation_batch(self) -> int:
         """Completions one generate call holds on one worker (TRL's default: one call per optimizer step)."""
-        return self.micro_batch * self.grad_accum
+        return self.micro_batch * (self.gen_steps or self.grad_accum)
 
     def sequences(self) -> int:
         """Sequences in one forward: rm, dpo and orpo score chosen and rejected together; kto one per example."""

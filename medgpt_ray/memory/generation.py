@@ -8,8 +8,9 @@
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
 
 `peak(shape, setup)` is the estimate the planner uses for every kind: estimator.estimate unless the setup generates.
-The generation batch per worker is micro_batch x steps_per_generation (TRL's default: grad_accum, one generate
-call per optimizer step). Not calibrated on a GPU yet (issue 18): the terms are the analytic ones."""
+The generation batch per worker is micro_batch x steps_per_generation, which the planner chooses (generation_choices:
+the largest that fits is the fastest, memory/throughput.py). Measured on the H200 under a 24 GiB cap
+(bench/results/rl_stage_run_*): 1.5B grpo 16.57 GiB (21.18 predicted), rloo 18.58 (19.57), 7B grpo 21.02 (21.78)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ def setup_fields(cfg: Any) -> dict[str, Any]:
                       reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu,
                       reference=cfg.beta > 0)
     return fields
+
+
+def generation_choices(s: TrainSetup, num_generations: int):
+    """`s` with each generation batch the planner may choose (TRL's steps_per_generation: micro-batches per generate
+    call, a divisor of grad_accum), each call holding whole groups of num_generations completions (a worker's share
+    of TRL's group normalisation, stages/prompt_shard.py); just `s` for a stage that does not generate. Fewer
+    micro-batches per call: a smaller KV cache, more calls (memory/throughput.py prices each)."""
+    if not s.generations:
+        yield s
+        return
+    for d in range(1, s.grad_accum + 1):
+        if s.grad_accum % d == 0 and (s.micro_batch * d) % num_generations == 0:
+            yield replace(s, gen_steps=d)
 
 
 def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -110,8 +124,9 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
     options = []
     for g in (s.generations // 2, s.generations // 4):
         if g >= 2 and s.micro_batch * s.grad_accum * g // s.generations >= 1:
+            fewer = replace(s, generations=g, grad_accum=max(s.grad_accum * g // s.generations, 1), gen_steps=0)
             options.append((f"num_generations {g} (same prompts per step)",
-                            replace(s, generations=g, grad_accum=max(s.grad_accum * g // s.generations, 1))))
+                            min(generation_choices(fewer, g), key=TrainSetup.generation_batch, default=fewer)))
     for c in (s.completion_len // 2, s.completion_len // 4):
         if c >= 16:
             shorter = replace(s, completion_len=c, seq_len=s.seq_len - s.completion_len + c)

@@ -17,8 +17,8 @@ from typing import Any
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, GpuProbe, gib, make_budget, resolve_budget
 from medgpt_ray.memory.estimator import Estimate, SetupError, TrainSetup
+from medgpt_ray.memory.generation import generation_choices, reward_model_placement, rl_hints, setup_fields
 from medgpt_ray.memory.generation import peak as estimate
-from medgpt_ray.memory.generation import reward_model_placement, rl_hints, setup_fields
 from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, planned_seq_len, rows_per_step
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
@@ -232,13 +232,13 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             continue
         if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
             continue  # nothing would fuse the layer ops this estimate assumes fused
-        yield TrainSetup(
+        yield from generation_choices(TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
             optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
             **setup_fields(cfg), fused_kernels=kernels,
-            compiled=compiles(cfg, use_gpu, method, zero), packed=packed)
+            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), getattr(cfg, "num_generations", 0))
 
 
 def _candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:
@@ -327,7 +327,7 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
         plan.packing = {"rows_per_step": opts["per_worker"][0],
                         "conversations_per_step": cfg.effective_batch // num_workers,
                         "conversations_per_row": lengths.conversations_per_row if lengths else None}
-    plan.compile = compiles(cfg, use_gpu, s.method, s.zero)
+    plan.compile, plan.steps_per_generation = compiles(cfg, use_gpu, s.method, s.zero), s.gen_steps or None
     try:
         plan.reward_model_on = reward_model_placement(shape, s, cfg, use_gpu, budget.usable_gib)
     except ValueError as e:

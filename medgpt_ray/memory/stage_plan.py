@@ -109,7 +109,7 @@ class StagePlan:
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None,
             dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            **setup_fields(cfg))
+            gen_steps=self.steps_per_generation or 0, **setup_fields(cfg))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs

@@ -118,7 +118,19 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
         per_step += 2 * (n - 1) / n * 2 * trainable / (gpu.pcie_gbs * 1e9 / 2)
         if s.zero == 3:
             seconds += 3 * 2 * shape.params * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
+    if s.generations:
+        # Sampling: completion_len decode steps per generate call, one call per gen_steps micro-batches.
+        seconds += s.completion_len * decode_step_seconds(shape, s, gpu) / (s.gen_steps or s.grad_accum)
     return seconds + per_step / s.grad_accum
+
+
+def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
+    """One token of one generate call (HF generate, KV cache): a forward's eager ops one by one, or reading the
+    weights once, whichever is longer; the batch barely matters. The H200 measured 45-70 ms for Qwen2.5-1.5B and
+    7B alike (28 layers each, LoRA: bench/results/generate_speed_probe_1.5b_h200.json, rl_stage_run_*)."""
+    per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
+    kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
+    return max(kernels * LAUNCH_SECONDS, 2 * shape.params / (gpu.mem_bw_gbs * 1e9))
 
 
 def tokens_per_second(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:

@@ -57,6 +57,23 @@ def test_the_trainer_gets_the_stage_keys(prompts, tiny_model, tmp_path):
     assert t.reward_func_names == ["accuracy", "length"] and t.ref_model is None  # LoRA: the adapter-off policy
 
 
+def test_a_plan_that_samples_a_step_in_two_generate_calls_trains_so(prompts, tiny_model, tmp_path):
+    # The planner splits a step's sampling when one call's KV cache would not fit (memory/generation.py
+    # generation_choices): micro-batch 4 x accumulation 2, one micro-batch (one group of 4) per generate call.
+    from dataclasses import replace
+
+    inp = grpo_inputs(prompts, tiny_model, tmp_path, micro_batch=4)
+    inp = replace(inp, plan=replace(inp.plan, steps_per_generation=1))
+    assert (inp.plan.micro_batch, inp.plan.grad_accum) == (4, 2)
+    built = build_stage(inp)
+    assert built.trainer.args.steps_per_generation == 1
+    calls = []
+    generate = built.trainer._generate
+    built.trainer._generate = lambda batch: calls.append(len(batch)) or generate(batch)
+    built.trainer.train()
+    assert calls == [4, 4, 4, 4]  # 2 steps x 2 calls of 4 completions (one prompt's group each)
+
+
 def test_config_errors_name_the_key():
     with pytest.raises(ValueError, match="effective_batch: 6 completions per step is not a multiple of "
                                          "num_generations 4"):

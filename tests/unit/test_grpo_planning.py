@@ -41,13 +41,38 @@ def test_the_peak_is_the_larger_phase_and_a_reward_network_adds_its_weights():
     assert with_rm.peak_gib - e.peak_gib == pytest.approx(2 * (Q7.params - Q7.head_params + Q7.hidden) / GIB)
 
 
-def test_7b_lora_grpo_at_24_gib_is_refused_with_numbers_and_what_would_fit():
+def test_7b_lora_grpo_at_24_gib_samples_in_smaller_generate_calls_when_one_call_does_not_fit():
+    rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
+    plan = plan_stage("grpo", GRPOStageConfig(**KW), 1, True, Q7, rtx4090)
+    assert plan.prediction.peak_gib <= 22.0 and plan.micro_batch * plan.grad_accum == 64
+    # All 64 completions in one generate call (TRL's default) would not fit: the planner splits the step's
+    # sampling into calls of whole groups (steps_per_generation micro-batches each).
+    calls = plan.grad_accum // plan.steps_per_generation
+    batch = plan.micro_batch * plan.steps_per_generation
+    assert calls > 1 and batch % 8 == 0
+    one_call = replace(plan.train_setup(GRPOStageConfig(**KW)), gen_steps=plan.grad_accum)
+    assert estimate(Q7, one_call).peak_gib > 22.0 and estimate(Q7, one_call).moment == "generation"
+    chosen = plan.train_setup(GRPOStageConfig(**KW))
+    assert kv_cache_bytes(Q7, chosen) / GIB == pytest.approx(3.5 * batch / 64, abs=0.01)
+    assert estimate(Q7, chosen).peak_gib == pytest.approx(plan.prediction.peak_gib, abs=0.01)
+
+
+def test_a_plan_that_fits_samples_the_whole_step_in_one_generate_call():
+    # Each call costs completion_len decode steps whatever its batch (memory/throughput.decode_step_seconds):
+    # the largest generation batch that fits is the fastest.
+    plan = plan_stage("grpo", GRPOStageConfig(**{**KW, "effective_batch": 32}), 1, True, Q7,
+                      make_budget(48.0, 2.0, "t", True, "t"))
+    assert plan.steps_per_generation == plan.grad_accum
+
+
+def test_7b_lora_grpo_is_refused_with_numbers_and_what_would_fit_when_even_one_group_per_call_is_too_big():
     with pytest.raises(PlanError) as err:
-        plan_stage("grpo", GRPOStageConfig(**KW), 1, True, Q7, make_budget(24.0, 2.0, "rtx4090", True, "t"))
+        plan_stage("grpo", GRPOStageConfig(**{**KW, "seq_len": 4096, "max_completion_length": 2048}), 1, True, Q7,
+                   make_budget(20.0, 2.0, "t", True, "t"))
     text = str(err.value)
-    assert "nothing fits 22.0 GiB" in text and "smallest predicted peak: 22.6 GiB" in text
-    assert "num_generations 4 (same prompts per step): 18.6 GiB (fits)" in text
-    assert "max_completion_length 256: 21.7 GiB (fits)" in text and "method qlora: 13.6 GiB (fits)" in text
+    assert "nothing fits 18.0 GiB" in text and "smallest predicted peak:" in text
+    assert "num_generations 4 (same prompts per step):" in text and "method qlora:" in text
+    assert "max_completion_length 1024:" in text
 
 
 def test_7b_lora_grpo_fits_with_fewer_generations_and_the_plan_says_why():
