@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -44,25 +42,11 @@ TRAINED = ("sft", "rm", "dpo")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
-    ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
-                                     "configs/qwen2.5-7b-4x4090.yaml)")
-    ap.add_argument("--gpu-mem-gib", type=float, default=24.0)
-    ap.add_argument("--gpu-type", default="detected")
+    rlt.add_pipeline_run_args(ap, "/tmp/medgpt-esr")
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps of each training stage")
     ap.add_argument("--max-prompts", type=int, default=64, help="stages.eval.max_prompts")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="stages.eval.max_new_tokens")
-    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--sft-records", type=int, default=4000)
-    ap.add_argument("--pref-records", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default="/tmp/medgpt-esr")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--verbose", action="store_true")
-    a = ap.parse_args(argv)
-    a.config = a.config or str(rlt.CONFIGS["tiny" if a.model == "tiny" else "gpu"])
-    a.effective_batch = None  # each stage's own, from the config
-    return a
+    return rlt.pipeline_run_defaults(ap.parse_args(argv))
 
 
 def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], use_gpu: bool) -> list[str]:
@@ -103,30 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from medgpt_ray.config import load_config
-    from medgpt_ray.run.pipeline import RunOptions
-    from medgpt_ray.run.ray_env import connect_ray
 
     use_gpu = torch.cuda.is_available()
     t0 = time.monotonic()
     model, corpus = rlt.prepare(a, use_gpu)
-    if use_gpu:
-        os.environ[capped_stage.CAP_ENV] = str(a.gpu_mem_gib)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    connect_ray(log_file=Path(a.workdir) / "ray.log", verbose=a.verbose, worker_logs=a.verbose)
+    rlt.start_bench_ray(a, use_gpu)
     sets = run_sets(a, model, corpus["files"], use_gpu)
     doc: dict[str, Any] = {"command": shlex.join(["python", *sys.argv]), **rlt.environment(use_gpu),
                            "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "steps": a.steps,
                            "sets": sets}
     cfg = load_config(a.config, sets)
-    pipeline = rlt.bench_pipeline()(cfg, RunOptions(), "local")
-    shutil.rmtree(pipeline.run_dir, ignore_errors=True)
-    try:
-        pipeline.run()
-        doc["status"] = "ok"
-    except Exception as e:  # the stages that finished are still measured below
-        doc.update(status="failed", error=f"{type(e).__name__}: {e}"[-3000:])
+    run_dir = rlt.run_fresh_pipeline(cfg, doc)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
-    run_dir = Path(pipeline.run_dir)
     doc["stages"] = {s: {k: v for k, v in rlt.collect(run_dir / s, min(2, a.steps - 1)).items() if k != "plan"}
                      for s in TRAINED}
     doc["eval"] = eval_numbers(run_dir / "eval")

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import shutil
 import signal
 import statistics
 import sys
@@ -55,11 +53,7 @@ RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
-    ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
-                                     "configs/qwen2.5-7b-4x4090.yaml)")
-    ap.add_argument("--gpu-mem-gib", type=float, default=24.0)
-    ap.add_argument("--gpu-type", default="detected")
+    rlt.add_pipeline_run_args(ap, "/tmp/medgpt-rsr")
     ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps of each RL stage")
     ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm (0: neither runs, "
@@ -68,16 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-completion-length", type=int, default=256)
     ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
     ap.add_argument("--prompts-per-step", type=int, default=4, help="effective_batch = this x --num-generations")
-    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--sft-records", type=int, default=4000)
-    ap.add_argument("--pref-records", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default="/tmp/medgpt-rsr")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--verbose", action="store_true")
-    a = ap.parse_args(argv)
-    a.config = a.config or str(rlt.CONFIGS["tiny" if a.model == "tiny" else "gpu"])
-    a.effective_batch = None
+    a = rlt.pipeline_run_defaults(ap.parse_args(argv))
     a.rl = [s for s in a.stages.split(",") if s]
     if not a.rl or set(a.rl) - set(RL):
         ap.error(f"--stages: a subset of {','.join(RL)}, not {a.stages}")
@@ -154,39 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from medgpt_ray.config import load_config
-    from medgpt_ray.run.pipeline import RunOptions
-    from medgpt_ray.run.ray_env import connect_ray
 
-    # `timeout` sends SIGTERM: end like Ctrl-C, so the finally below still writes what finished.
+    # `timeout` sends SIGTERM: end like Ctrl-C, so what finished is still measured and written.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     use_gpu = torch.cuda.is_available()
     t0 = time.monotonic()
     model, corpus = rlt.prepare(a, use_gpu)
     prompts = Path(a.workdir) / "prompts.jsonl"
     n_prompts = write_prompts(corpus["files"]["sft"], prompts)
-    if use_gpu:
-        os.environ[capped_stage.CAP_ENV] = str(a.gpu_mem_gib)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH), str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    connect_ray(log_file=Path(a.workdir) / "ray.log", verbose=a.verbose, worker_logs=a.verbose)
+    rlt.start_bench_ray(a, use_gpu)
     sets = run_sets(a, model, corpus["files"], prompts, use_gpu)
     doc: dict[str, Any] = {"command": shlex.join(["python", *sys.argv]), **rlt.environment(use_gpu),
                            "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "sets": sets,
                            "prompts": n_prompts, "corpus_measured": corpus.get("measured")}
     cfg = load_config(a.config, sets)
-    pipeline = rlt.bench_pipeline()(cfg, RunOptions(), "local")
-    shutil.rmtree(pipeline.run_dir, ignore_errors=True)
-    try:
-        pipeline.run()
-        doc["status"] = "ok"
-    except BaseException as e:  # also Ray's SIGTERM exit under `timeout`: what finished is still measured below
-        doc.update(status="failed", error=f"{type(e).__name__}: {e}"[-3000:])
-    finally:
-        doc["wall_s"] = round(time.monotonic() - t0, 1)
-        run_dir = Path(pipeline.run_dir)
-        doc["stages"] = {s: rl_numbers(run_dir / s) for s in a.rl}
-        out = Path(a.out) / RESULTS
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    run_dir = rlt.run_fresh_pipeline(cfg, doc)
+    doc["wall_s"] = round(time.monotonic() - t0, 1)
+    doc["stages"] = {s: rl_numbers(run_dir / s) for s in a.rl}
+    out = Path(a.out) / RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     brief = {s: {k: v for k, v in d.items() if k not in ("per_step", "plan", "result")}
              for s, d in doc["stages"].items()}
     print(json.dumps({"status": doc["status"], "stages": brief, "out": str(out)}, indent=1), flush=True)
