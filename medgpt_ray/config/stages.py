@@ -146,6 +146,13 @@ class RMStageConfig(LengthGroupedStageConfig):
     counts pairs: a step takes as many packed rows as hold about that many (logged as pairs_per_step). Evaluation
     stays unpacked. Packed rows ignore group_by_length. In the fingerprint: it changes which pairs share a step."""
 
+    center_rewards_coefficient: Annotated[float, Field(ge=0)] | None = None
+    """Adds this x mean((chosen score + rejected score)^2) to the Bradley-Terry loss (TRL's RewardConfig key, Eisenstein
+    et al. 2023; TRL suggests 0.01): scores centred on 0 per pair, the right answer above 0 and the wrong ones below,
+    whatever the prompt. Without it only score differences within a pair are trained, and a policy rewarded by the
+    model (rloo) can climb whatever score offsets an answer has across prompts instead of being right (the tiny
+    toy's rm: configs/tiny-cpu-rl.yaml). null: off."""
+
 
 # Every loss TRL 1.16's DPOTrainer implements (trl/trainer/dpo_trainer.py), and the ones that read label_smoothing.
 DPOLoss = Literal["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",

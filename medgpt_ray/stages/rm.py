@@ -68,7 +68,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     kwargs = training_kwargs(train_inp)
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
-    args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None, **bucket_kwargs(inp))
+    args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None,
+                        center_rewards_coefficient=getattr(inp.cfg, "center_rewards_coefficient", None),
+                        **bucket_kwargs(inp))
     trainer = (PackedRewardTrainer if collator is not None else RewardTrainer)(
         model=model,
         args=args,

@@ -97,6 +97,24 @@ def test_auto_leaves_rm_padded(data, tiny_model, tmp_path):
     assert built.extras["packing"] == {"mode": None, "why": RM_AUTO}
 
 
+def test_center_rewards_coefficient_reaches_the_trainer_and_its_loss(data, tiny_model, tmp_path):
+    """stages.rm.center_rewards_coefficient (configs/tiny-cpu-rl.yaml: rloo's reward model) is TRL's: the loss gains
+    coefficient x mean((chosen + rejected)^2); off (null) by default."""
+    plain = build_stage(stage_inputs(data, tiny_model, tmp_path / "plain", max_steps=1, effective_batch=4))
+    centred = build_stage(stage_inputs(data, tiny_model, tmp_path / "centred", max_steps=1, effective_batch=4,
+                                       center_rewards_coefficient=0.5))
+    assert plain.trainer.args.center_rewards_coefficient is None
+    assert centred.trainer.args.center_rewards_coefficient == 0.5
+    batch = plain.trainer.data_collator([plain.trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        rewards = plain.trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
+        base = plain.trainer.compute_loss(plain.trainer.model, dict(batch)).item()
+        centred.trainer.model.load_state_dict(plain.trainer.model.state_dict())
+        loss = centred.trainer.compute_loss(centred.trainer.model, dict(batch)).item()
+    chosen, rejected = rewards.chunk(2)  # TRL's collator: the chosen sequences, then the rejected
+    assert loss == pytest.approx(base + 0.5 * ((chosen + rejected) ** 2).mean().item(), rel=1e-4, abs=1e-5)
+
+
 def test_a_sequence_is_scored_at_its_last_non_pad_token_as_the_padded_model_scores_it():
     ids, positions = [5, 6, 7, 0, 8, 9, 0, 0], [0, 1, 2, 3, 0, 1, 2, 3]  # pad 0; the 2nd sequence ends in pads
     assert reward_packing.scored_tokens(ids, positions, pad_id=0) == [2, 5]

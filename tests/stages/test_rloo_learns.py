@@ -2,27 +2,32 @@
 raises the mean accuracy reward of greedy completions on >= 64 held-out prompts by >= 0.15 (same prompts, same
 seed); the reward the policy is trained on is the rm stage's model, the accuracy reward only measures it.
 
-Not yet (issue 18). With the config's earlier SFT (lr 1e-2 x 40) the held-out accuracy reward goes 0.240 -> 0.208
-and the reward model's mean score of the greedy answers -0.598 -> -1.413 on 96 prompts: the SFT model answers 呼吸科 to
-every diagnosis, and RLOO moves it to another single department. The reward model is not the obstacle: rm full at lr
-1e-3 x 600 steps reaches held-out pair accuracy 1.0 and puts the right department first for 63 of 64 prompts (LoRA
-at 5e-3 x 200 stays at 0.33). Tried: rloo full at lr 1e-3 x 40-120 steps, k 4 or 8, beta 0, 0.05 and 0.5,
-normalize_advantages on and off, temperature 0.7-1.0, and LoRA at lr 1e-2 x 60.
-- Pairs that rejected only wrong departments: the policy hacked the reward model with answers cut before 科 ("神经"
-  for "神经科", scored alike): accuracy 0.24 -> 0.0 in 4 settings.
-- Misspelt answers rejected too: "心心科" to every prompt (0.0; reward model score -2.14 -> 1.60).
-- Other real departments rejected as well (the shipped pairs, data/sample/rl/make_rl.py): no hacking, no learning
-  (0.240 -> 0.208). From an SFT at lr 1e-3 x 200 steps (0.406 before): 0.385; on the earlier pairs 0.4375, with
-  "内科" answered for 心内科 and 消化科.
-- From the SFT that GRPO learns from (lr 3e-3 x 100, 0.417 before): rloo full lr 1e-3 x 150, k 8, beta 0.1: the
-  training reward (the reward model's score of the samples) rises 0.17 -> ~2, but held-out greedy accuracy stays
-  (0.417 -> 0.406) and the reward model's held-out score falls (2.25 -> 1.96).
-101 s in one torch thread on the 2-core box while another training run shared it (sft 4 s, rm 24 s, rloo 70 s;
-rloo alone 47 s when idle); in two threads there, 284 s for the same numbers."""
+It does: 0.417 -> 0.646 on 96 held-out prompts (the reward model's mean score of the greedy answers -0.575 -> 1.162).
+What made it learn: the rm stage's center_rewards_coefficient 0.01, and rloo at 8 prompts x 4 a step x 200 steps.
+- The scoring was never the problem: RewardModelScore (prompt + completion + <|im_end|>, right-padded, scored at the
+  last non-pad token) gives the rm stage's ids and scores to 1e-6, and its held-out pair accuracy (0.9375) exactly.
+- The reward model was: uncentred (pair accuracy 0.94, the easy misspelt/other-department pairs), the right department
+  came first on only 63-67 of 96 held-out prompts, and answers carried offsets across prompts (心内科 on a non-heart
+  prompt -10 to -12, other wrong departments -5 to +2; "always 消化科" -0.42 against "always 心内科" -6.66). RLOO
+  climbed those offsets, not the map: the rm score of the samples rose (0.5 -> 1.2, or 0.17 -> ~2 at k 8) while their
+  accuracy fell (0.36 -> 0.24) and the policy ended answering one department to every prompt (0.208 held-out from a
+  better-ranking uncentred rm: pairs 3 in 4 of the four departments, lr 3e-3). Centred, the same pairs and steps give
+  pair accuracy 1.0, the right department first on 96 of 96 held-out prompts, right ~+3.5 and wrong ~-3.5 on every
+  prompt (no answer better on average), an accuracy in all but name.
+- RLOO itself learns: on the accuracy reward (200 steps x 32, beta 0) 0.417 -> 0.792.
+- With the centred rm, beta 0 lets the policy drift to 8-token garbage the rm scores ~0 (above a wrong department's
+  -3.5): 0.0 held-out; beta 0.5 keeps it near the SFT. Fewer samples do not reach +0.15: 60 steps x 64: 0.406;
+  120 steps, temperature 0.7, max_completion_length 5: 0.510; 4 prompts x 8 x 150 steps: 0.479; lr 2e-3 x 100: 0.198;
+  rm 300 steps (right first on 50 of 96), rloo 160 steps: 0.271.
+- Earlier (before the SFT GRPO learns from): pairs that rejected only wrong departments were hacked with answers cut
+  before 科 ("神经"), misspelt rejections with "心心科" (0.0 both); LoRA (rm 5e-3 x 200: 0.33 pair accuracy, rloo 1e-2
+  x 60) did not learn either.
+142 s in one torch thread on the 2-core box while another engineer's runs shared it (load average ~3-4; user+sys CPU
+time 147 s): over the ~90 s wanted. Most of an rloo step is TRL's chunked log-prob head, three passes a step (policy,
+reference, training) over prompt and completion, in torch ops on CPU."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -36,13 +41,6 @@ from medgpt_ray.stages.inputs import StageInputs
 CHAIN = {"sft": "sft", "rm": "preference", "rloo": "prompt"}  # stage -> the data kind it trains on
 
 
-# Opt-in while it does not pass: ~100 s of a 2-core CI run to confirm a known failure (the suite's budget is 20 min).
-# MEDGPT_RAY_OPEN_ISSUE_TESTS=1 runs it (a strict xfail: a pass fails, so the marks go the day RLOO learns this).
-@pytest.mark.skipif(not os.environ.get("MEDGPT_RAY_OPEN_ISSUE_TESTS"), reason="issue 18, open: RLOO does not learn "
-                    "the toy task yet; MEDGPT_RAY_OPEN_ISSUE_TESTS=1 runs this ~100 s strict xfail")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "issue 18, open: the tiny policy does not learn the diagnosis -> department map from the reward model in budget "
-    "(the numbers and what was tried: this module's docstring); strict: a pass fails, this mark goes the day it does"))
 @pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 def test_rloo_on_the_reward_model_raises_the_held_out_accuracy_reward(repo, tiny_model, tmp_path):
     t0 = time.monotonic()
