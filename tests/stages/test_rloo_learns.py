@@ -28,6 +28,7 @@ reference, training) over prompt and completion, in torch ops on CPU."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -41,6 +42,10 @@ from medgpt_ray.stages.inputs import StageInputs
 CHAIN = {"sft": "sft", "rm": "preference", "rloo": "prompt"}  # stage -> the data kind it trains on
 
 
+# Opt-in: ~150 s of CPU, over the ~90 s a learning test may take in the suite's 20-minute budget (the docstring says
+# where the time goes). MEDGPT_RAY_SLOW_TESTS=1 runs it.
+@pytest.mark.skipif(not os.environ.get("MEDGPT_RAY_SLOW_TESTS"), reason="~150 s, over the suite's per-test budget; "
+                    "MEDGPT_RAY_SLOW_TESTS=1 runs it")
 @pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 def test_rloo_on_the_reward_model_raises_the_held_out_accuracy_reward(repo, tiny_model, tmp_path):
     t0 = time.monotonic()
