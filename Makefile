@@ -10,15 +10,20 @@ venv: $(STAMP)
 
 # DeepSpeed ships only as an sdist whose setup imports torch: install torch
 # (the CPU wheel on disk) first, then build DeepSpeed without isolation so pip
-# does not fetch a multi-GB CUDA torch just to build it. --no-compile: pip would
-# byte-compile every module of torch, ray and the rest (~1 min on 2 cores);
-# Python compiles the ones a run imports, once, on first import.
+# does not fetch a multi-GB CUDA torch just to build it. --no-compile, then
+# compileall on every core: pip byte-compiles module by module on one core
+# (~64 s here), compileall -j 0 takes ~36 s. The .pyc files are needed: CI sets
+# PYTHONDONTWRITEBYTECODE=1, and without them every Ray worker compiles torch,
+# ray and transformers from source at start-up (the Ray tests ran 2-2.5x longer).
+# compileall exits 1 for the few files in the packages that are not Python 3
+# source (test data, templates); those are never imported.
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --no-compile --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
 	$(VPY) -m pip install -q --no-compile torch==2.13.0
 	DS_BUILD_OPS=0 $(VPY) -m pip install -q --no-compile --no-build-isolation deepspeed==0.19.8
 	$(VPY) -m pip install -q --no-compile -e '.[dev]'
+	$(VPY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	# DeepSpeed builds its CPU shared-memory comm op on first use in a stage worker (~30-45 s on 2 cores, again for
 	# every new venv): build it here, into the directory the workers use (stages' start_worker). Without a compiler
 	# the workers build nothing and DeepSpeed falls back to plain torch.distributed.

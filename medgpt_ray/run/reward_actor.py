@@ -58,17 +58,18 @@ class RemoteRewardModel:
         return ray.get(self.actor.score.remote(list(prompts), list(completions)))
 
 
-def start_reward_actor(model_dir: str, gpu: int | None, env: dict[str, str]) -> Any:
-    """The actor on physical GPU `gpu` (None: a CPU process, no CPU of the stage's taken), `env` its environment
-    (the workers'; the GPU binding added)."""
-    options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+def start_reward_actor(model_dir: str, use_gpu: bool, gpu: int | None, env: dict[str, str]) -> Any:
+    """The actor: on physical GPU `gpu` when the placement chose one, on any GPU Ray gives it when it did not (a
+    stage run without a placement), else a CPU process taking none of the stage's CPUs; `env` its environment (the
+    workers'; the GPU binding added)."""
+    options: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0, "num_gpus": 1 if use_gpu else 0}
     env = dict(env)
-    if gpu is not None:
+    if use_gpu and gpu is not None:
         token = GPU_TOKEN.format(gpu)
-        options.update(num_gpus=1, resources={token: 1} if token in ray.cluster_resources() else None)
+        options["resources"] = {token: 1} if token in ray.cluster_resources() else None
         env.update({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": str(gpu)})
     options["runtime_env"] = {"env_vars": env}
-    return ray.remote(RewardModelServer).options(**options).remote(model_dir, gpu is not None)
+    return ray.remote(RewardModelServer).options(**options).remote(model_dir, use_gpu)
 
 
 @contextmanager
@@ -80,7 +81,7 @@ def reward_model_actor(inputs: StageInputs, env: dict[str, str]) -> Iterator[Sta
         return
     if "rm" not in inputs.needs:
         raise ValueError(f"stages.{inputs.stage}.reward_model_gpu: no finished rm stage was given to serve")
-    actor = start_reward_actor(inputs.needs["rm"], inputs.plan.reward_model_gpu if inputs.plan.use_gpu else None, env)
+    actor = start_reward_actor(inputs.needs["rm"], inputs.plan.use_gpu, inputs.plan.reward_model_gpu, env)
     try:
         yield replace(inputs, reward_scorer=RemoteRewardModel(actor))
     finally:
