@@ -34,6 +34,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import capped_stage  # noqa: E402
+import pipeline_bench  # noqa: E402
 import real_length_throughput as rlt  # noqa: E402
 
 RESULTS = "eval_stage_run.json"
@@ -42,11 +43,11 @@ TRAINED = ("sft", "rm", "dpo")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rlt.add_pipeline_run_args(ap, "/tmp/medgpt-esr")
+    pipeline_bench.add_pipeline_run_args(ap, "/tmp/medgpt-esr")
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps of each training stage")
     ap.add_argument("--max-prompts", type=int, default=64, help="stages.eval.max_prompts")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="stages.eval.max_new_tokens")
-    return rlt.pipeline_run_defaults(ap.parse_args(argv))
+    return pipeline_bench.pipeline_run_defaults(ap.parse_args(argv))
 
 
 def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], use_gpu: bool) -> list[str]:
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                            "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "steps": a.steps,
                            "sets": sets}
     cfg = load_config(a.config, sets)
-    run_dir = rlt.run_fresh_pipeline(cfg, doc)
+    run_dir = pipeline_bench.run_fresh_pipeline(cfg, doc)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     doc["stages"] = {s: {k: v for k, v in rlt.collect(run_dir / s, min(2, a.steps - 1)).items() if k != "plan"}
                      for s in TRAINED}

@@ -97,29 +97,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def add_pipeline_run_args(ap: argparse.ArgumentParser, workdir: str) -> None:
-    """The arguments of a benchmark that runs the pipeline on the real-length corpus (bench/eval_stage_run.py,
-    bench/rl_stage_run.py): the model, config, card, overrides, corpus and directories."""
-    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
-    ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
-                                     "configs/qwen2.5-7b-4x4090.yaml)")
-    ap.add_argument("--gpu-mem-gib", type=float, default=24.0)
-    ap.add_argument("--gpu-type", default="detected")
-    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--sft-records", type=int, default=4000)
-    ap.add_argument("--pref-records", type=int, default=1000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", default=workdir)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--verbose", action="store_true")
-
-
-def pipeline_run_defaults(a: argparse.Namespace) -> argparse.Namespace:
-    a.config = a.config or str(CONFIGS["tiny" if a.model == "tiny" else "gpu"])
-    a.effective_batch = None  # each stage's own, from the config
-    return a
-
-
 # --- configuration ---------------------------------------------------------------------------------------------
 
 
@@ -359,22 +336,6 @@ def prepare(a: argparse.Namespace, use_gpu: bool) -> tuple[str, dict[str, Any]]:
     corpus = corpus_gen.make_corpus(where, a.sft_records, a.pref_records, a.seed, str(tok_dir))
     cached.write_text(json.dumps(corpus, ensure_ascii=False, indent=1), encoding="utf-8")
     return model, corpus
-
-
-def run_fresh_pipeline(cfg: Any, doc: dict[str, Any]) -> Path:
-    """Run the benchmark pipeline of `cfg` from scratch (its run directory removed first: never a resumed or skipped
-    stage), `doc` told the status (a failure or `timeout`'s SIGTERM is a result: what finished is still measured);
-    returns the run directory."""
-    from medgpt_ray.run.pipeline import RunOptions
-
-    pipeline = bench_pipeline()(cfg, RunOptions(), "local")
-    shutil.rmtree(pipeline.run_dir, ignore_errors=True)
-    try:
-        pipeline.run()
-        doc["status"] = "ok"
-    except BaseException as e:  # noqa: BLE001  (also Ray's exit on SIGTERM)
-        doc.update(status="failed", error=f"{type(e).__name__}: {e}"[-3000:])
-    return Path(pipeline.run_dir)
 
 
 def start_bench_ray(a: argparse.Namespace, use_gpu: bool) -> None:

@@ -41,6 +41,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import capped_stage  # noqa: E402
+import pipeline_bench  # noqa: E402
 import real_length_throughput as rlt  # noqa: E402
 
 RESULTS = "rl_stage_run.json"
@@ -53,7 +54,7 @@ RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    rlt.add_pipeline_run_args(ap, "/tmp/medgpt-rsr")
+    pipeline_bench.add_pipeline_run_args(ap, "/tmp/medgpt-rsr")
     ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps of each RL stage")
     ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm (0: neither runs, "
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-completion-length", type=int, default=256)
     ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
     ap.add_argument("--prompts-per-step", type=int, default=4, help="effective_batch = this x --num-generations")
-    a = rlt.pipeline_run_defaults(ap.parse_args(argv))
+    a = pipeline_bench.pipeline_run_defaults(ap.parse_args(argv))
     a.rl = [s for s in a.stages.split(",") if s]
     if not a.rl or set(a.rl) - set(RL):
         ap.error(f"--stages: a subset of {','.join(RL)}, not {a.stages}")
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                            "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "sets": sets,
                            "prompts": n_prompts, "corpus_measured": corpus.get("measured")}
     cfg = load_config(a.config, sets)
-    run_dir = rlt.run_fresh_pipeline(cfg, doc)
+    run_dir = pipeline_bench.run_fresh_pipeline(cfg, doc)
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     doc["stages"] = {s: rl_numbers(run_dir / s) for s in a.rl}
     out = Path(a.out) / RESULTS
