@@ -177,10 +177,7 @@ class PipelineConfig(_Strict):
         """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
         ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
         if ev is not None and ev.enabled and not ev.needs:
-            start = ev.from_ if ev.from_ is not None else stage_kind("eval").default_from
-            while start is not None and not self.stages.get(start).enabled:
-                up = self.stages.get(start)
-                start = up.from_ if up.from_ is not None else stage_kind(start).default_from
+            start = self.start_of("eval")
             others = [s for s in self.enabled_stages() if s not in ("eval", start)]
             if others:
                 ev.needs = others
@@ -197,6 +194,30 @@ class PipelineConfig(_Strict):
             if off:
                 raise ValueError(f"stages.{s}.needs: stage '{off[0]}' is disabled (stages.{off[0]}.enabled: false)")
         return self
+
+    @model_validator(mode="after")
+    def _reward_shares_the_base(self) -> PipelineConfig:
+        """An online-RL stage's reward_shared_base resolved (auto -> true or false), or refused when true cannot
+        hold (stages/reward_adapter.py: the rm's LoRA adapter on this stage's own base)."""
+        for s in self.enabled_stages():
+            c = self.stages.get(s)
+            if not isinstance(c, OnlineRLStageConfig) or "rm" not in c.needs or c.reward_shared_base is False:
+                continue
+            blocker = c.shared_base_blocker(self.stages.get("rm"), self.start_of("rm"), self.start_of(s))
+            if c.reward_shared_base is True and blocker:
+                raise ValueError(f"stages.{s}.reward_shared_base: true, but {blocker}")
+            c.reward_shared_base = blocker is None
+        return self
+
+    def start_of(self, stage: str) -> str | None:
+        """The enabled stage whose model `stage` starts from; None: the base model (a disabled stage hands over
+        its own input; run/dag.effective_from)."""
+        c = self.stages.get(stage)
+        up = c.from_ if c.from_ is not None else stage_kind(stage).default_from
+        while up is not None and not self.stages.get(up).enabled:
+            u = self.stages.get(up)
+            up = u.from_ if u.from_ is not None else stage_kind(up).default_from
+        return up
 
     def depends_on(self, stage: str) -> list[str]:
         """The stages `stage` starts from or reads, as configured (enabled or not)."""

@@ -44,6 +44,11 @@ class OnlineRLStageConfig(StageConfig):
     placement picks beside the stage's GPUs (plan.json's reward_model_gpu; a CPU run: a process of its own),
     instead of beside the policy in every training worker: the policy's GPU is planned without it. Needs a GPU on
     the node that the stage's workers do not use."""
+    reward_shared_base: Auto | bool = "auto"
+    """The reward_model reward as the rm stage's LoRA adapter + score head on this stage's own base (the policy's
+    LoRA and the reward adapter on one frozen base, the reference all adapters off: no second network). auto: when
+    rm trains with LoRA/QLoRA from the same stage as this one and neither this stage trains in full nor
+    reward_model_gpu is on; true: the same, refused when that does not hold; false: the rm's merged model."""
 
     @model_validator(mode="before")
     @classmethod
@@ -70,6 +75,10 @@ class OnlineRLStageConfig(StageConfig):
         if self.reward_model_gpu and "reward_model" not in self.reward_funcs:
             raise ValueError(f"reward_model_gpu: true places the reward model, and reward_funcs {self.reward_funcs} "
                              f"has no reward_model")
+        if self.reward_shared_base is True and (self.reward_model_gpu or "reward_model" not in self.reward_funcs):
+            raise ValueError("reward_shared_base: true puts the reward model's adapter beside the policy, and "
+                             + ("reward_model_gpu: true holds it in an actor" if self.reward_model_gpu else
+                                f"reward_funcs {self.reward_funcs} has no reward_model"))
         if self.max_completion_length >= self.seq_len:
             raise ValueError(f"max_completion_length: {self.max_completion_length} leaves no room for the prompt "
                              f"in seq_len {self.seq_len}")
@@ -78,6 +87,22 @@ class OnlineRLStageConfig(StageConfig):
     @property
     def free_length(self) -> int:
         return self.length_target or max(self.max_completion_length // 2, 1)
+
+    def shared_base_blocker(self, rm: StageConfig, rm_start: str | None, own_start: str | None) -> str | None:
+        """Why the reward model cannot share this stage's base (None: it can): the rm stage's LoRA adapter only
+        applies to the model rm started from, and only a LoRA policy leaves that base frozen."""
+        if "reward_model" not in self.reward_funcs:
+            return f"reward_funcs {self.reward_funcs} has no reward_model"
+        if self.reward_model_gpu:
+            return "reward_model_gpu: true holds the reward model in an actor of its own"
+        if self.method == "full":
+            return "this stage trains in full (method: full): no frozen base to share"
+        if rm.method == "full":
+            return "the rm stage trains in full (method: full): its reward is a merged network"
+        if rm_start != own_start:
+            return (f"the rm stage starts from {rm_start or 'the base model'}, this stage from "
+                    f"{own_start or 'the base model'}")
+        return None
 
 
 GRPOLoss = Literal["grpo", "dr_grpo", "dapo", "bnpo"]

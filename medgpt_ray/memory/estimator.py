@@ -102,6 +102,7 @@ class TrainSetup:
     generations: int = 0  # GRPO: completions per prompt (0: no generation phase; memory/generation.peak adds it)
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
+    reward_adapter: bool = False  # GRPO: the reward is the rm's LoRA adapter + score head on the policy's base
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
     gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
 

@@ -6,6 +6,10 @@
               completion) tokens, + the sampling logits of the batch (fp32) and the prefill's one-layer working set
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
+  scoring     with a shared base (reward_shared_base, stages/reward_adapter.py) the reward model is no network: the
+              rm's LoRA adapter (fp32, as PEFT holds adapters) + score head sit in both phases above, and scoring is
+              a third moment: weights + optimizer states + adapter + one no-grad forward of SCORING_BATCH sequences
+              (the separate network's scoring forward is not a phase of its own: the measured peaks stayed under)
 
 `peak(shape, setup)` is the estimate the planner uses for every kind: estimator.estimate unless the setup generates.
 The generation batch per worker is micro_batch x steps_per_generation, which the planner chooses (generation_choices:
@@ -20,6 +24,8 @@ from typing import Any
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape
 
+SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
+
 
 def setup_fields(cfg: Any) -> dict[str, Any]:
     """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; GRPO's and RLOO's
@@ -27,10 +33,12 @@ def setup_fields(cfg: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
                               "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0}
     if hasattr(cfg, "num_generations"):
-        # A reward model in an actor of its own (reward_model_gpu) is not on the policy's device.
+        # A reward model in an actor of its own (reward_model_gpu) is not on the policy's device; with a shared base
+        # (reward_shared_base, resolved by the pipeline config) it is an adapter on the policy's base, no network.
+        shared = getattr(cfg, "reward_shared_base", False) is True
         fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
-                      reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu,
-                      reference=cfg.beta > 0)
+                      reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
+                      reward_adapter=shared, reference=cfg.beta > 0)
     return fields
 
 
@@ -59,6 +67,20 @@ def reward_network_bytes(shape: ModelShape, s: TrainSetup) -> float:
     return (4 if s.precision == "fp32" else 2) * (shape.params - shape.head_params + shape.hidden)
 
 
+def reward_adapter_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """The rm stage's LoRA adapter on the policy's base (PEFT holds it in fp32; the rm's rank taken as this
+    stage's) and its 1-wide score head."""
+    if not s.reward_adapter:
+        return 0.0
+    return 4 * shape.lora_params(s.lora_rank) + (4 if s.precision == "fp32" else 2) * shape.hidden
+
+
+def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """One no-grad scoring forward's working set: SCORING_BATCH sequences of seq_len through one layer."""
+    e = 4 if s.precision == "fp32" else 2
+    return e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate)
+
+
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
     """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
     return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
@@ -67,8 +89,9 @@ def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
 def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     train_setup = replace(s, generations=0)  # the training pass: estimator's own terms for memory kind grpo
     train = estimate(shape, train_setup)
-    rm = reward_network_bytes(shape, s)
-    training = {**train.breakdown, **({"reward_model": rm} if rm else {})}
+    rm, adapter = reward_network_bytes(shape, s), reward_adapter_bytes(shape, s)
+    training = {**train.breakdown, **({"reward_model": rm} if rm else {}), **({"reward_adapter": adapter} if adapter
+                                                                              else {})}
     static_keys = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")
     generation = {k: v for k, v in train.breakdown.items() if k in static_keys}
     if s.reference and s.method == "full" and "reference_model" not in generation:
@@ -78,35 +101,45 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     prompt_len = max(s.seq_len - s.completion_len, 1)
     generation.update({
         "reward_model": rm,
+        "reward_adapter": adapter,
         "kv_cache": kv_cache_bytes(shape, s),
         "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
         "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.intermediate),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
     })
-    gen_peak, train_peak = sum(generation.values()), sum(training.values())
-    if gen_peak > train_peak:
-        return Estimate(gen_peak, {k: v for k, v in generation.items() if v}, "generation", train.host_bytes)
-    return Estimate(train_peak, training, f"training ({train.moment})", train.host_bytes)
+    phases = [(training, f"training ({train.moment})"), (generation, "generation")]
+    if adapter:
+        phases.append(({**{k: v for k, v in generation.items() if k in (*static_keys, "reward_adapter")},
+                        "scoring_forward": scoring_bytes(shape, s), "runtime_overhead": RUNTIME_OVERHEAD_BYTES},
+                       "reward scoring"))
+    terms, moment = max(phases, key=lambda p: sum(p[0].values()))  # the first of equals: training
+    return Estimate(sum(terms.values()), {k: v for k, v in terms.items() if v}, moment, train.host_bytes)
 
 
-SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py RewardModelScore)
+
+def _size_text(size: float) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # MiB: the tiny model
 
 
 def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: bool,
                            usable_gib: float | None) -> str | None:
-    """Where the reward network is held (plan.json's reward_model_on), None without one: beside the policy on every
-    training worker's device, or (reward_model_gpu) in an actor on a device of its own, which must then hold the
-    network and one scoring forward; ValueError with the numbers when that GPU is too small."""
+    """Where the reward model is held (plan.json's reward_model_on), None without one: beside the policy on every
+    training worker's device, as an adapter on the policy's own base there (shared base), or (reward_model_gpu) in
+    an actor on a device of its own, which must then hold the network and one scoring forward; ValueError with the
+    numbers when that GPU is too small."""
     own = bool(getattr(cfg, "reward_model_gpu", False))
+    where = "the GPU" if use_gpu else "the CPU memory"
+    if s.reward_adapter:
+        return (f"the policy's own base (shared base): the rm stage's LoRA adapter + score head in {where} of each "
+                f"training worker ({_size_text(reward_adapter_bytes(shape, s))}; a scoring forward of "
+                f"{SCORING_BATCH} x {s.seq_len} tokens {_size_text(scoring_bytes(shape, s))}), no second network")
     if not (s.reward_network or own):
         return None
-    size = reward_network_bytes(shape, replace(s, reward_network=True))
-    size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # the tiny model
+    size_text = _size_text(reward_network_bytes(shape, replace(s, reward_network=True)))
     if not own:
-        return f"{'the GPU' if use_gpu else 'the CPU memory'} of each training worker, beside the policy ({size_text})"
-    e = 4 if s.precision == "fp32" else 2
-    scoring = e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate)
-    need = (size + scoring + RUNTIME_OVERHEAD_BYTES) / 2**30
+        return f"{where} of each training worker, beside the policy ({size_text})"
+    need = (reward_network_bytes(shape, replace(s, reward_network=True)) + scoring_bytes(shape, s)
+            + RUNTIME_OVERHEAD_BYTES) / 2**30
     if use_gpu and usable_gib is not None and need > usable_gib:
         raise ValueError(f"reward_model_gpu: the reward model's own GPU needs {need:.1f} GiB (network {size_text}, "
                          f"scoring {SCORING_BATCH} x {s.seq_len} tokens) of {usable_gib:.1f} GiB usable")
@@ -136,6 +169,9 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
     if s.reward_network:
         options.append(("reward_model_gpu: true (the reward model on a GPU of its own)",
                         replace(s, reward_network=False)))
+        if s.method != "full":
+            options.append(("rm with LoRA from this stage's `from` (reward_shared_base: its adapter on the policy's "
+                            "base, no second network)", replace(s, reward_network=False, reward_adapter=True)))
     out = []
     for label, setup in options:
         gib = peak(shape, setup).peak_gib

@@ -2,7 +2,9 @@
 
 Each step samples `num_generations` completions per prompt with the trainer's own generate (no vLLM), scores them
 with the reward functions the config names (stages/rewards.py), and trains on the group-relative advantages. With
-LoRA the reference of the KL term (beta > 0) is the adapter-off policy; full training loads a frozen copy.
+LoRA the reference of the KL term (beta > 0) is the adapter-off policy; full training loads a frozen copy. The
+reward_model reward is the rm's merged model beside the policy, an actor's (reward_model_gpu), or with
+reward_shared_base the rm's LoRA adapter on the policy's own base (stages/reward_adapter.py).
 
 Data: each worker reads its own shard of the train split (stages/sharding.py), and the trainer's loader is swapped
 for one over that shard that repeats every prompt `num_generations` times in a row (TRL's RepeatSampler order), so
@@ -32,6 +34,7 @@ from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.prompt_shard import install_prompt_shard
+from medgpt_ray.stages.reward_adapter import SharedBaseScore, reward_adapter_for
 from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
@@ -84,23 +87,39 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     device = "cuda" if inp.plan.use_gpu else "cpu"
+    shared = shared_base_scorer(inp)
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
                                max_completion_length=cfg.max_completion_length,
                                reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
-                               remote=inp.reward_scorer)
+                               remote=shared or inp.reward_scorer)
     trainer = trainer_class(model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds,
                             processing_class=tok, peft_config=peft_config,
                             callbacks=stage_callbacks(inp, sink, callbacks))
+    if shared is not None:
+        shared.attach(trainer.model)  # the reward adapter beside the policy's, before any wrapping or optimizer
     install_prompt_shard(trainer, data.shard)
     count_generations(trainer)
     trainer.medgpt_held_out = eval_ds
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_prompts": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
                               "skipped_too_long": skipped["too_long"],
-                              # Where the reward_model reward was computed: each worker, or the actor of its own.
-                              **({"reward_model_scored_by": "actor" if inp.reward_scorer else "worker"}
+                              # Where the reward_model reward was computed: each worker (its own network, or
+                              # the rm's adapter on the policy's base), or the actor of its own.
+                              **({"reward_model_scored_by": "shared_base" if shared else
+                                  "actor" if inp.reward_scorer else "worker"}
                                  if "reward_model" in cfg.reward_funcs else {})},
                       save_kwargs={"template": data.template})
+
+
+def shared_base_scorer(inp: StageInputs) -> SharedBaseScore | None:
+    """The reward_model reward on the policy's own base (stages/reward_adapter.py) when the config resolved
+    reward_shared_base true (the rm trained with LoRA from this stage's `from`) and no actor holds the reward model;
+    its adapter files checked now (a clear error when rm kept none, or kept one of another base)."""
+    cfg = inp.cfg
+    if getattr(cfg, "reward_shared_base", False) is not True or inp.reward_scorer is not None \
+            or "reward_model" not in cfg.reward_funcs or "rm" not in inp.needs:
+        return None
+    return SharedBaseScore(reward_adapter_for(inp.needs["rm"], inp.model_path, inp.stage), inp.needs["rm"])
 
 
 def count_generations(trainer: Any) -> None:

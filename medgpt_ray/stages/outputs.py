@@ -87,8 +87,10 @@ def loss_summary(log_history: list[dict[str, Any]]) -> dict[str, Any]:
 
 def save_outputs(trainer, inp: StageInputs, tokenizer, lora: bool, template=None, seq_cls: bool = False) -> None:
     """adapter/ (LoRA) and model/: a plain HF directory that the next stage and users load directly.
-    The adapter is merged on rank 0 into the base reloaded from disk (never into 4-bit weights)."""
+    The adapter is merged on rank 0 into the base reloaded from disk (never into 4-bit weights). A LoRA reward
+    model (seq_cls) also keeps reward_adapter/: its adapter and score head for an RL stage on the same base."""
     from medgpt_ray import models, templates
+    from medgpt_ray.stages.reward_adapter import save_reward_adapter
 
     trainer.save_model(str(inp.out / ("adapter" if lora else "model")))
     barrier()
@@ -100,6 +102,8 @@ def save_outputs(trainer, inp: StageInputs, tokenizer, lora: bool, template=None
             tokenizer.save_pretrained(inp.out / "adapter")
             models.merge_adapter_from_disk(Path(inp.model_path), inp.out / "adapter", inp.out / "model",
                                            models.torch_dtype(inp.plan.precision), seq_cls=seq_cls)
+            if seq_cls:
+                save_reward_adapter(inp.out / "adapter", inp.out, inp.model_path, inp.plan.method)
         else:
             tokenizer.save_pretrained(inp.out / "model")
     barrier()

@@ -122,7 +122,8 @@ def reward_functions(names: Sequence[str], *, length_target: int, max_completion
                      reward_model_dir: str | None = None, device: str = "cpu", stage: str = "grpo",
                      remote: RewardFunc | None = None) -> list[RewardFunc]:
     """The reward functions `stages.<stage>.reward_funcs` names, in its order; `remote`, when given, is the
-    reward_model reward (a scorer whose model is held elsewhere: run/reward_actor.py), else it is loaded here."""
+    reward_model reward (a scorer whose model is held elsewhere: run/reward_actor.py, or the rm's adapter on the
+    policy's own base: stages/reward_adapter.py), else the rm's merged model is loaded here."""
     out: list[RewardFunc] = []
     for name in names:
         if name == "accuracy":

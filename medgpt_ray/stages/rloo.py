@@ -6,7 +6,9 @@ them with the reward model (stages/rewards.py's RewardModelScore: the rm stage's
 policy's device) and any rule rewards the config adds, subtracts beta x the completion's log-ratio to the reference
 from its reward, and trains on the leave-one-out advantage: a completion's reward less the mean of the other k - 1 of
 its group. With LoRA the reference is the adapter-off policy (no second copy); full training with beta > 0 loads a
-frozen copy.
+frozen copy. When rm trained with LoRA from this stage's `from` (reward_shared_base, resolved by the config), the
+reward model is no network either: the rm's adapter + score head on the policy's own base (stages/reward_adapter.py),
+one base holding the policy's adapter, the reward adapter and (all adapters off) the reference.
 
 Built and run as grpo is (stages/grpo.py build_online/run_online): the same prompt shards in TRL's group order,
 generation counters and held-out greedy scores, where `eval_reward_model` (the reward model's mean score of the

@@ -17,6 +17,7 @@ from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
 from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
@@ -86,7 +87,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": packed.get("pairs", len(train_ds)),
                               "skipped_too_long": skipped["too_long"],
-                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed},
+                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed,
+                              # LoRA: the adapter and score head an RL stage on the same base scores with
+                              **({"reward_adapter": str(inp.out / REWARD_ADAPTER)} if peft_config else {})},
                       save_kwargs={"seq_cls": True})
 
 
