@@ -111,9 +111,10 @@ class SharedBaseScore:
         if not isinstance(model, PeftModel):
             raise TypeError(f"reward_shared_base: the policy is a {type(model).__name__}, not a LoRA (PEFT) model: "
                             f"the reward adapter shares a frozen base only with a LoRA/QLoRA policy")
-        device = model.get_input_embeddings().weight.device
+        device, was_training = model.get_input_embeddings().weight.device, model.training
         model.load_adapter(str(self.adapter_dir), adapter_name=ADAPTER_NAME, is_trainable=False,
                            torch_device=str(device))
+        model.train(was_training)  # a frozen adapter's load_adapter puts the whole model in eval mode
         # The policy's checkpoints and output adapter hold the policy's adapters only (PEFT saves every adapter).
         policy = [a for a in model.peft_config if a != ADAPTER_NAME]
         model.save_pretrained = functools.partial(model.save_pretrained, selected_adapters=policy)
