@@ -66,7 +66,8 @@ class StagePlan:
     # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
     # completions per worker). None: the kind does not generate, or one call per optimizer step.
     steps_per_generation: int | None = None
-    # A stage with a reward network (rloo; grpo's reward_model reward): which device holds it, and its size.
+    # A stage with a reward model (rloo; grpo's reward_model reward): which device holds it and its size, or that
+    # it is an adapter on the policy's own base (reward_shared_base).
     reward_model_on: str | None = None
     # reward_model_gpu stages: the physical GPU (PCI bus order) the placement gave the reward model's actor.
     reward_model_gpu: int | None = None

@@ -1,7 +1,10 @@
 """Reward model: TRL RewardTrainer (Bradley–Terry on chosen vs rejected), held-out pairwise accuracy.
 
 With `packing` on (the default where the model's attention allows it) the train split's pairs are packed into rows
-of 2 x seq_len tokens and trained padding-free (stages/reward_packing.py); evaluation stays unpacked."""
+of 2 x seq_len tokens and trained padding-free (stages/reward_packing.py); evaluation stays unpacked.
+
+Trained with LoRA, it also keeps its adapter and score head beside the merged model (reward_adapter/,
+stages/reward_adapter.py) for an online-RL stage that shares the base (reward_shared_base)."""
 
 from __future__ import annotations
 

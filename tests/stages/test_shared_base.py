@@ -114,6 +114,7 @@ class Snapshot(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.after = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+        self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
 
 
 def test_rloo_trains_its_adapter_on_the_shared_base_and_the_reward_adapter_stays(data, tiny_model, lora_rm,
@@ -134,6 +135,7 @@ def test_rloo_trains_its_adapter_on_the_shared_base_and_the_reward_adapter_stays
     policy = [n for n in watch.before if ".default." in n]
     assert reward and policy
     assert all(torch.equal(watch.before[n], watch.after[n]) for n in reward)
+    assert watch.trainable == set(policy)  # after steps with the adapter-off reference pass: the policy's alone
     assert any(not torch.equal(watch.before[n], watch.after[n]) for n in policy)
     assert isinstance(r["eval"]["eval_reward_model"], float)  # the held-out greedy completions, scored the same way
     assert (tmp_path / "adapter" / "adapter_config.json").is_file() and not (tmp_path / "adapter" / "reward").exists()
