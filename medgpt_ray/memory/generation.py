@@ -76,9 +76,12 @@ def reward_adapter_bytes(shape: ModelShape, s: TrainSetup) -> float:
 
 
 def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
-    """One no-grad scoring forward's working set: SCORING_BATCH sequences of seq_len through one layer."""
+    """One no-grad scoring forward's working set: SCORING_BATCH sequences of seq_len through one layer. On the
+    shared base PEFT's mixed-batch forward also copies each adapted input (x[rows], then cast to the fp32
+    adapter's dtype): at the widest, down_proj's, 2 + 4 bytes per element beside the input itself."""
     e = 4 if s.precision == "fp32" else 2
-    return e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate)
+    mixed = (e + 4) * SCORING_BATCH * s.seq_len * shape.intermediate if s.reward_adapter else 0
+    return e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate) + mixed
 
 
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
@@ -138,8 +141,8 @@ def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: 
     size_text = _size_text(reward_network_bytes(shape, replace(s, reward_network=True)))
     if not own:
         return f"{where} of each training worker, beside the policy ({size_text})"
-    need = (reward_network_bytes(shape, replace(s, reward_network=True)) + scoring_bytes(shape, s)
-            + RUNTIME_OVERHEAD_BYTES) / 2**30
+    need = (reward_network_bytes(shape, replace(s, reward_network=True))
+            + scoring_bytes(shape, replace(s, reward_adapter=False)) + RUNTIME_OVERHEAD_BYTES) / 2**30
     if use_gpu and usable_gib is not None and need > usable_gib:
         raise ValueError(f"reward_model_gpu: the reward model's own GPU needs {need:.1f} GiB (network {size_text}, "
                          f"scoring {SCORING_BATCH} x {s.seq_len} tokens) of {usable_gib:.1f} GiB usable")

@@ -156,7 +156,10 @@ class SharedBaseScore:
             seen["hidden"] = out[0] if isinstance(out, tuple) else out.last_hidden_state
 
         hook = self._backbone.register_forward_hook(keep)
-        try:  # the base + the reward adapter only; the LM head on one position (its logits are not used)
+        # The base + the reward adapter only; the LM head on one position (its logits are not used). PEFT's
+        # mixed-batch path casts each adapted input to the adapter's dtype itself: a bf16 base with fp32 adapters
+        # needs no autocast, also with stages/speed.py's Bf16LoraInputs (PEFT's input cast off) during training.
+        try:
             self.model(**batch, adapter_names=[ADAPTER_NAME] * len(texts), logits_to_keep=1, use_cache=False)
         finally:
             hook.remove()
