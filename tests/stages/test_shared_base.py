@@ -146,3 +146,26 @@ def test_a_missing_reward_adapter_is_a_clear_error(tmp_path, tiny_model):
     with pytest.raises(ValueError, match=r"stages\.rloo\.reward_shared_base: the rm stage's output .* has no reward "
                                          r"adapter \(adapter_config\.json, .* missing .*Rerun rm"):
         reward_adapter_for(str(tmp_path / "model"), str(tiny_model), "rloo")
+
+
+def test_a_bf16_base_with_fp32_adapters_scores_without_autocast(tiny_model, lora_rm):
+    """The GPU layout (bf16 base, PEFT's fp32 adapters, Bf16LoraInputs' input cast off) scored outside the
+    Trainer's autocast, as TRL calls reward functions: PEFT's mixed batch casts the inputs; bf16-close to the merged
+    model in bf16 (0.007 apart here, on scores from -0.7 to 1.1)."""
+    from peft import get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = get_peft_model(models.load_causal_lm(tiny_model, "bf16", "lora"),
+                           models.lora_config(LoraConfig(rank=8, alpha=16), "CAUSAL_LM"))
+    scorer = SharedBaseScore(reward_adapter_for(lora_rm["output_model"], str(tiny_model), "rloo"),
+                             lora_rm["output_model"])
+    scorer.attach(model)
+    assert scorer.head.weight.dtype == torch.bfloat16
+    assert {p.dtype for n, p in model.named_parameters() if f"lora_A.{ADAPTER_NAME}" in n} == {torch.float32}
+    for layer in model.modules():
+        if isinstance(layer, BaseTunerLayer):
+            layer.cast_input_dtype_enabled = False
+    merged = RewardModelScore(lora_rm["output_model"])
+    merged._load()
+    merged._model.to(torch.bfloat16)
+    assert scorer(PROMPTS, COMPLETIONS) == pytest.approx(merged(PROMPTS, COMPLETIONS), abs=2e-2)
