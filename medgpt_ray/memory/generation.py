@@ -153,8 +153,9 @@ def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: 
 def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
     """What a GRPO/RLOO stage that fits nowhere could change: fewer generations per prompt (the generation batch
     shrinks with them: fewer prompts per step), shorter completions, QLoRA, or (with a reward network) a second GPU
-    for the reward model (reward_model_gpu); each with its predicted peak (the last: the policy's GPU without the
-    reward model)."""
+    for the reward model (reward_model_gpu) or, for a LoRA policy, the rm's adapter on the policy's base
+    (reward_shared_base); each with its predicted peak (reward_model_gpu's: the policy's GPU without the reward
+    model)."""
     if not s.generations:
         return []
     options = []
