@@ -4,6 +4,7 @@
 # loads (posseg, lac_small, analyse: 19 MB -> ~8 MB), pydantic and jsonschema. The image has pyarrow,
 # numpy, psutil and pyyaml. py-spy (3 MB) for `clean_throughput.py --profile`. Run from the project root once .venv exists; carry ".whl-clean" and start with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-clean/*.whl \
+#     && python3 -m compileall -q -j 0 /tmp/site \
 #     && export PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH || exit 1;
 set -euo pipefail
 DEST=${1:-.whl-clean}
