@@ -6,6 +6,7 @@ stage ends."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -39,8 +40,22 @@ def test_the_actor_holds_its_gpu_scores_like_the_worker_would_and_ends_with_the_
         scores = client(PROMPTS, COMPLETIONS)
         local = RewardModelScore(str(reward_model))(PROMPTS, COMPLETIONS)
         assert scores == pytest.approx(local, abs=1e-4) and len(set(scores)) == 3
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(client.actor.where.remote(), timeout=60)
+    assert actor_dies_within(client.actor, 60)
+
+
+def actor_dies_within(actor, seconds: float) -> bool:
+    """True once a call to `actor` fails with RayActorError: ray.kill is asynchronous, so a call made right after it
+    may still be answered; the actor must be gone within `seconds`."""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.where.remote(), timeout=seconds)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def test_an_rloo_stage_is_rewarded_by_the_actor(ray_cluster, data, tiny_model, reward_model, tmp_path):  # noqa: F811
