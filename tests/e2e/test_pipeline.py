@@ -38,6 +38,8 @@ def pipeline_cmd(repo: Path, out: Path, *extra: str) -> list[str]:
 
 
 SFT_STEPS = 16
+# The job test kills its driver at step 6, after checkpoint-4: 8 steps leave the resumed job steps 5-8 to train.
+JOB_SFT_STEPS = 8
 
 
 def metrics_rows(stage_dir: Path) -> list[dict]:
@@ -275,7 +277,7 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
             cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", job_id, *flags,
                    "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config",
                    "configs/tiny-cpu.yaml", "--set", f"output_dir={out}", *FAST,
-                   "--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
+                   "--set", f"stages.sft.max_steps={JOB_SFT_STEPS}", "--set", "stages.sft.save_steps=4",
                    "--set", "stages.sft.logging_steps=1",
                    "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
                    "--set", "stages.eval.enabled=false",  # the resume test above runs it
@@ -317,13 +319,13 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
         submit("medgpt-e2e")
         logs = job_logs("medgpt-e2e")
         assert "on cluster Ray" in logs
-        assert "[ pt] done in manifest" in logs and f"[sft] step {SFT_STEPS}/{SFT_STEPS}" in logs
+        assert "[ pt] done in manifest" in logs and f"[sft] step {JOB_SFT_STEPS}/{JOB_SFT_STEPS}" in logs
         assert "summary of run 'tiny-cpu'" in logs
         statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
         assert statuses == ["skipped", "done", "disabled", "disabled"]
         sft_result = json.loads((sft_dir / "result.json").read_text())
-        assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == SFT_STEPS
-        assert logged_steps(sft_dir) == list(range(1, SFT_STEPS + 1))  # the killed job's later steps not twice
+        assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == JOB_SFT_STEPS
+        assert logged_steps(sft_dir) == list(range(1, JOB_SFT_STEPS + 1))  # the killed job's later steps not twice
         again = {k: v for k, v in killed_losses.items() if k > 4}
         assert sorted(again) == [5, 6]
         assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
