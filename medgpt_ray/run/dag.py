@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig, StageKind, stage_kind
+from medgpt_ray.config import PipelineConfig, StageKind
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.run.manifest import sha256_json
 
@@ -16,12 +16,7 @@ from medgpt_ray.run.manifest import sha256_json
 def effective_from(cfg: PipelineConfig, stage: str) -> str | None:
     """The enabled stage whose model `stage` starts from; None: the base model (ARCHITECTURE.md: a disabled
     stage's dependants start from its input)."""
-    c = cfg.stages.get(stage)
-    up = c.from_ if c.from_ is not None else stage_kind(stage).default_from
-    while up is not None and not cfg.stages.get(up).enabled:
-        u = cfg.stages.get(up)
-        up = u.from_ if u.from_ is not None else stage_kind(up).default_from
-    return up
+    return cfg.start_of(stage)
 
 
 def dependencies(cfg: PipelineConfig, stage: str) -> list[str]:

@@ -14,12 +14,12 @@ from transformers import TrainerCallback
 
 from medgpt_ray import models
 from medgpt_ray.config import LoraConfig, RLOOStageConfig, StageConfig
-from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import run_stage
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.reward_adapter import ADAPTER_NAME, SharedBaseScore, reward_adapter_for
 from medgpt_ray.stages.rewards import RewardModelScore
+from tests.stages.test_rloo_stage import data  # noqa: F401  (the department prompts and pairs)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 PROMPTS = ["<|im_start|>user\n胸痛，去哪个科室？<|im_end|>\n<|im_start|>assistant\n", "头痛看什么科", "x"] * 3
@@ -28,16 +28,7 @@ COMPLETIONS = ["心内科", "神经内科 and a longer answer than the others", 
 
 
 @pytest.fixture(scope="module")
-def data(repo, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shared-data")
-    rl = repo / "data/sample/rl"
-    return {"prompt": prepare_kind("prompt", [str(rl / "department_prompts.jsonl")], out, 0.1, max_records=48),
-            "preference": prepare_kind("preference", [str(rl / "department_pairs.jsonl")], out, 0.1,
-                                       max_records=32)}
-
-
-@pytest.fixture(scope="module")
-def lora_rm(data, tiny_model, tmp_path_factory) -> dict:
+def lora_rm(data, tiny_model, tmp_path_factory) -> dict:  # noqa: F811
     """A finished rm stage trained with LoRA (dropout on: scoring must switch it off), 2 steps."""
     cfg = StageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.1), lr=1e-2, max_steps=2, seq_len=96,
                       effective_batch=4, logging_steps=1, save_steps=100, warmup_ratio=0.0)
@@ -117,8 +108,8 @@ class Snapshot(TrainerCallback):
         self.trainable = {n for n, p in model.named_parameters() if p.requires_grad}
 
 
-def test_rloo_trains_its_adapter_on_the_shared_base_and_the_reward_adapter_stays(data, tiny_model, lora_rm,
-                                                                                 tmp_path):
+def test_rloo_trains_its_adapter_on_the_shared_base_and_the_reward_adapter_stays(
+        data, tiny_model, lora_rm, tmp_path):  # noqa: F811
     cfg = RLOOStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, max_steps=2,
                           seq_len=96, effective_batch=8, num_generations=4, max_completion_length=6,
                           logging_steps=1, save_steps=100, warmup_ratio=0.0, beta=0.05, reward_shared_base=True)
