@@ -119,7 +119,6 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     return Estimate(sum(terms.values()), {k: v for k, v in terms.items() if v}, moment, train.host_bytes)
 
 
-
 def _size_text(size: float) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # MiB: the tiny model
 
@@ -138,11 +137,11 @@ def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: 
                 f"{SCORING_BATCH} x {s.seq_len} tokens {_size_text(scoring_bytes(shape, s))}), no second network")
     if not (s.reward_network or own):
         return None
-    size_text = _size_text(reward_network_bytes(shape, replace(s, reward_network=True)))
+    size = reward_network_bytes(shape, replace(s, reward_network=True))
+    size_text = _size_text(size)
     if not own:
         return f"{where} of each training worker, beside the policy ({size_text})"
-    need = (reward_network_bytes(shape, replace(s, reward_network=True))
-            + scoring_bytes(shape, replace(s, reward_adapter=False)) + RUNTIME_OVERHEAD_BYTES) / 2**30
+    need = (size + scoring_bytes(shape, replace(s, reward_adapter=False)) + RUNTIME_OVERHEAD_BYTES) / 2**30
     if use_gpu and usable_gib is not None and need > usable_gib:
         raise ValueError(f"reward_model_gpu: the reward model's own GPU needs {need:.1f} GiB (network {size_text}, "
                          f"scoring {SCORING_BATCH} x {s.seq_len} tokens) of {usable_gib:.1f} GiB usable")

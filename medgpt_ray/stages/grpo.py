@@ -113,11 +113,9 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
 
 def shared_base_scorer(inp: StageInputs) -> SharedBaseScore | None:
     """The reward_model reward on the policy's own base (stages/reward_adapter.py) when the config resolved
-    reward_shared_base true (the rm trained with LoRA from this stage's `from`) and no actor holds the reward model;
-    its adapter files checked now (a clear error when rm kept none, or kept one of another base)."""
-    cfg = inp.cfg
-    if getattr(cfg, "reward_shared_base", False) is not True or inp.reward_scorer is not None \
-            or "reward_model" not in cfg.reward_funcs or "rm" not in inp.needs:
+    reward_shared_base true (config/online_rl.py: a reward_model reward, no actor, the rm trained with LoRA from this
+    stage's `from`); its adapter files checked now (a clear error when rm kept none, or kept one of another base)."""
+    if inp.cfg.reward_shared_base is not True or "rm" not in inp.needs:
         return None
     return SharedBaseScore(reward_adapter_for(inp.needs["rm"], inp.model_path, inp.stage), inp.needs["rm"])
 

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from medgpt_ray.memory.generation import SCORING_BATCH  # what the planner plans one scoring forward of
 from medgpt_ray.stages.answer_match import answers_match, extract_answer
 
 RewardFunc = Callable[..., list[float | None]]
@@ -69,7 +70,7 @@ class RewardModelScore:
     """The score head of a finished rm stage's merged model on prompt + completion (+ EOS), batched, no grad.
     Loaded on first use, on `device` (the policy's, set by the stage)."""
 
-    def __init__(self, model_dir: str, batch_size: int = 16, device: str = "cpu"):
+    def __init__(self, model_dir: str, batch_size: int = SCORING_BATCH, device: str = "cpu"):
         self.model_dir, self.batch_size, self.device = model_dir, batch_size, device
         self.__name__ = "reward_model"  # TRL logs rewards/<__name__>/mean
         self._model: Any = None
