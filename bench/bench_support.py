@@ -139,4 +139,26 @@ def timeline_summary(events: list[dict], start_s: float, cpus: int) -> dict:
             "slowest_deserialize_s": round(slowest_deserialize, 2),
             "workers": len({e["tid"] for e in tasks}),
             "first_task_after_s": round(first - start_s, 2), "last_task_end_after_s": round(last - start_s, 2),
-            "core_utilisation": round(busy / (cpus * (last - first)), 3)}
+            "core_utilisation": round(busy / (cpus * (last - first)), 3),
+            **map_phase(tasks, start_s)}
+
+
+def map_phase(tasks: list[dict], start_s: float) -> dict:
+    """The cleaning map tasks worker by worker: when the last worker began its first one (the start-up a job
+    pays), how long workers sat idle between two of them (scheduling), and how far the last worker finished after
+    the median one (the tail of uneven chunks)."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in tasks:
+        if e["name"].endswith("_map_task"):
+            spans.setdefault(e["tid"], []).append((e["ts"] / 1e6 - start_s, (e["ts"] + e["dur"]) / 1e6 - start_s))
+    if not spans:
+        return {}
+    for s in spans.values():
+        s.sort()
+    firsts = sorted(s[0][0] for s in spans.values())
+    lasts = sorted(s[-1][1] for s in spans.values())
+    gaps = [b[0] - a[1] for s in spans.values() for a, b in zip(s, s[1:], strict=False)]
+    return {"map": {"workers": len(spans), "first_start_s": round(firsts[0], 2),
+                    "last_worker_first_start_s": round(firsts[-1], 2), "end_s": round(lasts[-1], 2),
+                    "median_worker_end_s": round(lasts[len(lasts) // 2], 2),
+                    "idle_between_tasks_s": round(sum(gaps), 2), "largest_gap_s": round(max(gaps, default=0), 2)}}
