@@ -1,6 +1,6 @@
-"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py` interrupted mid-SFT, then again (skips
-what finished, resumes SFT), re-runs that skip everything or rerun one stage (`--only-stage`), and
-`ray start --head` + `ray job submit`."""
+"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py` interrupted mid-SFT (a worker lost, then
+Ctrl-C), the same config from another driver (resumes SFT, then the rest), re-runs that skip everything or rerun one
+stage (`--only-stage`), and `ray start --head` + `ray job submit`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,7 @@ def logged_losses(stage_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics_rows(stage_dir) if "loss" in r}
 
 
+RAY = str(Path(sys.executable).parent / "ray")  # this venv's Ray CLI
 _RAY_TMP = ray_temp_root()  # the local clusters `jobs/pipeline.py` starts live here, not in another's /tmp/ray
 
 
@@ -254,25 +257,21 @@ def _kill_driver(out: Path) -> list[int]:
     return killed
 
 
-def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo, tmp_path):
-    """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root. The
-    first job's driver is SIGKILLed mid-SFT (its machine lost, `kill -9`); the same job submitted again skips pt,
-    resumes SFT from its checkpoint and trains the same steps the killed driver's run trained (loss within 1e-6)."""
-    # Over 60 s (1.5-3 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and two jobs
-    # via `ray job submit`. The jobs train pt -> sft: every stage's workers import the shipped working-dir copy,
-    # and sft starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
-    venv_bin = str(Path(sys.executable).parent)
+@contextmanager
+def token_auth_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`ray start --head` (token auth on, as by default) on free ports under a temp dir of its own, up and answering
+    `ray job list`; yields its dashboard address and the environment of a client holding the token. Stopped after."""
     token = tmp_path / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     e = env()
-    e.update(PATH=f"{venv_bin}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    e.update(PATH=f"{Path(RAY).parent}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     gcs, dash = free_port(), free_port()
     # Short: Ray's unix sockets live under the temp dir and AF_UNIX paths stop at 107 bytes.
     ray_tmp = ray_temp_root()
     head_log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(
-        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
+        [RAY, "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
          # Another cluster on this machine may hold the agents' default ports.
          "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
@@ -280,82 +279,15 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
          "--temp-dir", str(ray_tmp)],
         stdout=head_log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
-    out = tmp_path / "runs"
-    sft_dir = out / "tiny-cpu" / "sft"
     try:
         deadline = time.monotonic() + 120
-        while subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
+        while subprocess.run([RAY, "job", "list", "--address", address], capture_output=True,
                              env=e, timeout=60).returncode != 0:
             log = (tmp_path / "head.log").read_text()[-3000:]
             assert head.poll() is None, f"ray start exited:\n{log}"
             assert time.monotonic() < deadline, f"Ray head did not come up:\n{log}"
             time.sleep(0.5)
-        no_token = subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
-                                  text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
-                                  timeout=60)
-        assert no_token.returncode != 0, "the cluster accepted a client without its token"
-
-        def submit(job_id: str, *flags: str) -> subprocess.CompletedProcess:
-            cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", job_id, *flags,
-                   "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config",
-                   "configs/tiny-cpu.yaml", "--set", f"output_dir={out}", *FAST,
-                   "--set", f"stages.sft.max_steps={JOB_SFT_STEPS}", "--set", "stages.sft.save_steps=4",
-                   "--set", "stages.sft.logging_steps=1",
-                   "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
-                   "--set", "stages.eval.enabled=false",  # the resume test above runs it
-                   # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
-                   # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
-                   *formats_data_sets()]
-            # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
-            # agent": retry that (and only that) for a while.
-            agent_deadline = time.monotonic() + 300
-            while True:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=e, cwd=repo)
-                if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
-                    break
-                if time.monotonic() > agent_deadline:
-                    break
-                time.sleep(1)
-            assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
-            return p
-
-        def job_logs(job_id: str) -> str:
-            return run([f"{venv_bin}/ray", "job", "logs", "--address", address, job_id], env=e).stdout
-
-        # The first job's rank 0 stops once step 6 is logged (between checkpoint-4 and the next; the other rank
-        # waits in its next collective) and its driver is killed there: the resumed job retrains steps 5 and 6,
-        # which the killed one logged, from checkpoint-4.
-        submit("medgpt-e2e-killed", "--no-wait", "--runtime-env-json",
-               json.dumps({"env_vars": {PAUSE_AT_STEP_ENV: "6"}}))
-        deadline = time.monotonic() + 300
-        while not (sft_dir / ".paused_worker").is_file():
-            assert time.monotonic() < deadline, f"SFT did not reach step 6 within 300 s:\n" \
-                                                f"{job_logs('medgpt-e2e-killed')[-3000:]}"
-            time.sleep(0.1)
-        assert _kill_driver(out), "the job's driver process was not found"
-        killed_losses = logged_losses(sft_dir)
-        cut = summary(out)["stages"]  # rewritten after every wave: pt finished, sft not
-        assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "pending"
-        assert "sft" not in json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
-
-        logs = submit("medgpt-e2e").stdout  # `ray job submit` follows the job's log to its end, as users see it
-        assert "on cluster Ray" in logs
-        assert "[ pt] done in manifest" in logs and f"[sft] step {JOB_SFT_STEPS}/{JOB_SFT_STEPS}" in logs
-        assert "summary of run 'tiny-cpu'" in logs
-        statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
-        assert statuses == ["skipped", "done", "disabled", "disabled"]
-        sft_result = json.loads((sft_dir / "result.json").read_text())
-        assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == JOB_SFT_STEPS
-        assert logged_steps(sft_dir) == list(range(1, JOB_SFT_STEPS + 1))  # the killed job's later steps not twice
-        again = {k: v for k, v in killed_losses.items() if k > 4}
-        assert sorted(again) == [5, 6]
-        assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
-        assert json.loads((sft_dir / "plan.json").read_text())["num_workers"] == 2
-        data = out / "tiny-cpu" / "data"
-        pairs = read_records(data / "preference.train.parquet")
-        assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
-        # The resumed job prepared every kind again (a stage ran): its own lines say what it read.
-        assert_formats_prepared(out / "tiny-cpu" / "data", logs.splitlines())
+        yield address, e
     finally:
         os.killpg(head.pid, signal.SIGINT)
         try:
@@ -364,3 +296,83 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
             os.killpg(head.pid, signal.SIGKILL)
         head_log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def submit_job(repo: Path, address: str, e: dict[str, str], out: Path, job_id: str,
+               *flags: str) -> subprocess.CompletedProcess:
+    """`ray job submit --working-dir <repo> -- python jobs/pipeline.py ...` of the job test's config."""
+    cmd = [RAY, "job", "submit", "--address", address, "--submission-id", job_id, *flags,
+           "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config",
+           "configs/tiny-cpu.yaml", "--set", f"output_dir={out}", *FAST,
+           "--set", f"stages.sft.max_steps={JOB_SFT_STEPS}", "--set", "stages.sft.save_steps=4",
+           "--set", "stages.sft.logging_steps=1",
+           "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
+           "--set", "stages.eval.enabled=false",  # the resume test above runs it
+           # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
+           # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
+           *formats_data_sets()]
+    # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
+    # agent": retry that (and only that) for a while.
+    agent_deadline = time.monotonic() + 300
+    while True:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=e, cwd=repo)
+        if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
+            break
+        if time.monotonic() > agent_deadline:
+            break
+        time.sleep(1)
+    assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    return p
+
+
+def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo, tmp_path):
+    """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root. The
+    first job's driver is SIGKILLed mid-SFT (its machine lost, `kill -9`); the same job submitted again skips pt,
+    resumes SFT from its checkpoint and trains the same steps the killed driver's run trained (loss within 1e-6)."""
+    # Over 60 s (1.5-3 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and two jobs
+    # via `ray job submit`. The jobs train pt -> sft: every stage's workers import the shipped working-dir copy,
+    # and sft starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
+    out = tmp_path / "runs"
+    sft_dir = out / "tiny-cpu" / "sft"
+    with token_auth_head(tmp_path) as (address, e):
+        no_token = subprocess.run([RAY, "job", "list", "--address", address], capture_output=True,
+                                  text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
+                                  timeout=60)
+        assert no_token.returncode != 0, "the cluster accepted a client without its token"
+
+        # The first job's rank 0 stops once step 6 is logged (between checkpoint-4 and the next; the other rank
+        # waits in its next collective) and its driver is killed there: the resumed job retrains steps 5 and 6,
+        # which the killed one logged, from checkpoint-4.
+        submit_job(repo, address, e, out, "medgpt-e2e-killed", "--no-wait", "--runtime-env-json",
+                   json.dumps({"env_vars": {PAUSE_AT_STEP_ENV: "6"}}))
+        deadline = time.monotonic() + 300
+        while not (sft_dir / ".paused_worker").is_file():
+            if time.monotonic() > deadline:
+                logs = run([RAY, "job", "logs", "--address", address, "medgpt-e2e-killed"], env=e).stdout
+                pytest.fail(f"SFT did not reach step 6 within 300 s:\n{logs[-3000:]}")
+            time.sleep(0.1)
+        assert _kill_driver(out), "the job's driver process was not found"
+        killed_losses = logged_losses(sft_dir)
+        cut = summary(out)["stages"]  # rewritten after every wave: pt finished, sft not
+        assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "pending"
+        assert "sft" not in json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+
+        # `ray job submit` follows the job's log to its end, as users see it.
+        logs = submit_job(repo, address, e, out, "medgpt-e2e").stdout
+    assert "on cluster Ray" in logs
+    assert "[ pt] done in manifest" in logs and f"[sft] step {JOB_SFT_STEPS}/{JOB_SFT_STEPS}" in logs
+    assert "summary of run 'tiny-cpu'" in logs
+    statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
+    assert statuses == ["skipped", "done", "disabled", "disabled"]
+    sft_result = json.loads((sft_dir / "result.json").read_text())
+    assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == JOB_SFT_STEPS
+    assert logged_steps(sft_dir) == list(range(1, JOB_SFT_STEPS + 1))  # the killed job's later steps not twice
+    again = {k: v for k, v in killed_losses.items() if k > 4}
+    assert sorted(again) == [5, 6]
+    assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
+    assert json.loads((sft_dir / "plan.json").read_text())["num_workers"] == 2
+    data = out / "tiny-cpu" / "data"
+    pairs = read_records(data / "preference.train.parquet")
+    assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
+    # The resumed job prepared every kind again (a stage ran): its own lines say what it read.
+    assert_formats_prepared(data, logs.splitlines())
