@@ -32,9 +32,10 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
-    from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions, check_only_stage
+    # The checks before Ray starts need none of the pipeline's imports (torch, transformers, Ray Train: ~7 s on a
+    # 2-core box): a mistake is said in a second; the pipeline module is imported once they pass.
     from medgpt_ray.run.preflight import check_cpus, check_paths
-    from medgpt_ray.run.ray_env import connect_ray
+    from medgpt_ray.run.upstream import PipelineError, check_only_stage
 
     try:
         cfg = load_config(args.config, args.sets, args.overrides)
@@ -52,6 +53,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    from medgpt_ray.run.pipeline import Pipeline, RunOptions
+    from medgpt_ray.run.ray_env import connect_ray
+
     log_file = Path(cfg.output_dir) / cfg.name / "ray.log"
     # The workers' own output (library warnings, Ray Train's per-rank lines) stays in Ray's session logs: the
     # progress lines reach the driver through the progress actor, and a failure through the stage's error.

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from transformers import TrainerCallback
 
 from medgpt_ray.placement.device import chosen_gpu, ray_train_resources
 from medgpt_ray.run.placed_torch import torch_config_for
@@ -74,12 +73,19 @@ def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:
 TRL_PAIR_METRICS = {"eval_rewards/accuracies": "eval_reward_accuracy", "eval_rewards/margins": "eval_reward_margin"}
 
 
-class EvalToRayTrain(TrainerCallback):
-    """Every evaluation becomes a Ray Train report on every rank (what Tune's scheduler reads)."""
+def eval_to_ray_train():
+    """A trainer callback: every evaluation becomes a Ray Train report on every rank (what Tune's scheduler reads).
+    Defined in the training worker: transformers' trainer modules (and peft, which they import) take ~3.5 s to
+    import on a 2-core box, in every process that imports this module, and a Tune trial's process (which plans the
+    trial, prunes it or starts its Ray Train run) never trains."""
+    from transformers import TrainerCallback
 
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        values = eval_report_values(metrics or {}, state.global_step)
-        _report(values, "eval.json", values)
+    class EvalToRayTrain(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            values = eval_report_values(metrics or {}, state.global_step)
+            _report(values, "eval.json", values)
+
+    return EvalToRayTrain()
 
 
 def eval_report_values(metrics: dict[str, Any], step: int) -> dict[str, Any]:
@@ -115,7 +121,7 @@ def _worker_loop(config: dict[str, Any]) -> None:
         def sink(rec: dict[str, Any]) -> None:
             actor.push.remote(rec)
 
-    callbacks = [EvalToRayTrain()] if config["report_evals"] else []
+    callbacks = [eval_to_ray_train()] if config["report_evals"] else []
     result = run_stage(config["inputs"], sink, callbacks)
     _report(final_metrics(result, config["extra_metrics"]), "result.json", result)
 

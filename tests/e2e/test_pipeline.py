@@ -1,6 +1,6 @@
-"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py` interrupted mid-SFT, then again (skips
-what finished, resumes SFT), re-runs that skip everything or rerun one stage (`--only-stage`), and
-`ray start --head` + `ray job submit`."""
+"""The whole tiny pipeline as a user runs it: `python jobs/pipeline.py` interrupted mid-SFT (a worker lost, then
+Ctrl-C), the same config from another driver (resumes SFT, then the rest), re-runs that skip everything or rerun one
+stage (`--only-stage`), and `ray start --head` + `ray job submit`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,8 +39,9 @@ def pipeline_cmd(repo: Path, out: Path, *extra: str) -> list[str]:
             "--set", f"output_dir={out}", "--num-cpus", "2", *FAST, *extra]
 
 
-SFT_STEPS = 16
-# The job test kills its driver at step 6, after checkpoint-4: 8 steps leave the resumed job steps 5-8 to train.
+# Both tests stop a run at step 6, after checkpoint-4 (the resume test's worker, the job test's driver): 8 steps leave
+# the resumed run steps 5-8 to train.
+SFT_STEPS = 8
 JOB_SFT_STEPS = 8
 
 
@@ -54,6 +57,7 @@ def logged_losses(stage_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in metrics_rows(stage_dir) if "loss" in r}
 
 
+RAY = str(Path(sys.executable).parent / "ray")  # this venv's Ray CLI
 _RAY_TMP = ray_temp_root()  # the local clusters `jobs/pipeline.py` starts live here, not in another's /tmp/ray
 
 
@@ -110,14 +114,43 @@ def kill_when_paused(marker: Path, killed: list[int], timeout_s: float = 300.0) 
     return t
 
 
+def interrupted_after_a_worker_died(repo: Path, out: Path, sft: list[str]) -> tuple[str, list[int]]:
+    """`jobs/pipeline.py` as a user runs it (its own local Ray cluster) loses an sft training worker once step 6 is
+    logged (SIGKILLed, as the host's OOM killer would; checkpoint-4 is on disk); the driver says it restarts the
+    stage from checkpoint-4, and the user hits Ctrl-C right then. Returns the run's output and the killed pid."""
+    killed: list[int] = []
+    watcher = kill_when_paused(out / "tiny-cpu" / "sft" / ".paused_worker", killed)
+    proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**env(), PAUSE_AT_STEP_ENV: "6"}, cwd=repo, start_new_session=True)
+    lines: list[str] = []
+    restarting_or_ended = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "[sft] worker died" in line:
+                restarting_or_ended.set()
+        restarting_or_ended.set()
+
+    reader = threading.Thread(target=read, name="pipeline-output", daemon=True)
+    reader.start()
+    try:
+        assert restarting_or_ended.wait(timeout=400), f"no worker restart within 400 s:\n{''.join(lines)[-4000:]}"
+        assert proc.poll() is None, f"pipeline ended before its sft worker died:\n{''.join(lines)[-4000:]}"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a user would: the driver shuts its local Ray cluster down
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+        watcher.join(timeout=1)
+    return "".join(lines), killed
+
+
 def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp_path, ray_cluster, monkeypatch):
-    # Over 60 s (2-4 min on 2 cores, by load), on purpose: two runs of `jobs/pipeline.py` as a user runs them, each
-    # starting its own local Ray cluster (a resume after an interrupted *driver* needs a driver of its own; the
-    # second also loses a worker and restarts the stage), then the all-skipped re-run and --only-stage in this
-    # process, on the shared session cluster.
-    # SFT gets 16 steps: the Ctrl-C lands after its first checkpoint (step 4; within a few steps of it in every run
-    # seen) and before it ends.
-    monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` runs (cwd=repo)
+    # Over 60 s (1.5-3 min on 2 cores, by load), on purpose: `jobs/pipeline.py` as a user runs it, with a local Ray
+    # cluster of its own, loses a worker and is interrupted by Ctrl-C while it restarts the stage (a resume after an
+    # interrupted *driver* needs a driver of its own); then, in this process on the shared session cluster, the
+    # resuming run (all stages, eval included), the all-skipped re-run and --only-stage sft as the reference.
+    monkeypatch.chdir(repo)  # the config's relative data paths, as for the `jobs/pipeline.py` run (cwd=repo)
     out = tmp_path / "runs"
     sft = ["--set", f"stages.sft.max_steps={SFT_STEPS}", "--set", "stages.sft.save_steps=4",
            "--set", "stages.sft.logging_steps=1",
@@ -127,19 +160,12 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
            "--set", "stages.rm.num_workers=1", "--set", "stages.dpo.num_workers=1",
            # The eval stage's wiring, not its statistics (tests/stages/test_eval_stage.py): 8 answers of 16 tokens.
            "--set", "stages.eval.max_prompts=8", "--set", "stages.eval.max_new_tokens=16"]
-    proc = subprocess.Popen(pipeline_cmd(repo, out, *sft), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env(), cwd=repo, start_new_session=True)
-    ckpt = out / "tiny-cpu" / "sft" / "checkpoints"
-    deadline = time.monotonic() + 400
-    try:
-        while not any(ckpt.glob("checkpoint-*/trainer_state.json")):
-            assert proc.poll() is None, f"pipeline ended before SFT checkpointed:\n{proc.stdout.read()[-4000:]}"
-            assert time.monotonic() < deadline, "no SFT checkpoint within 400 s"
-            time.sleep(0.2)
-    finally:
-        # Ctrl-C, as a user would: the driver shuts its local Ray cluster down.
-        os.killpg(proc.pid, signal.SIGINT)
-        first_log = proc.communicate(timeout=120)[0]
+    first_log, killed = interrupted_after_a_worker_died(repo, out, sft)
+    assert len(killed) == 1, f"the sft worker never paused at step 6:\n{first_log[-3000:]}"
+    # The pipeline restarts a stage whose worker died by itself, from its newest checkpoint (the restarted attempt
+    # training to the end in the same driver: tests/ray/test_memory_plan.py's OOM back-off, the same attempt loop).
+    assert re.search(rf"\[sft\] worker died \(rank 0, pid {killed[0]}\): restarting from checkpoint-4 "
+                     r"\(restart 1 of 2\)", first_log), first_log[-3000:]
     manifest_file = out / "tiny-cpu" / "manifest.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {"stages": {}}
     assert "sft" not in manifest["stages"], "an interrupted stage must not be in the manifest"
@@ -149,17 +175,38 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     cut = summary(out)["stages"]
     assert cut["pt"]["status"] == "disabled" and cut["sft"]["status"] == "interrupted"
 
-    # The resuming run loses a training worker too (SIGKILLed once step 10 is logged, as the host's OOM killer
-    # would): the pipeline restarts sft from its newest checkpoint by itself.
-    killed: list[int] = []
-    watcher = kill_when_paused(out / "tiny-cpu" / "sft" / ".paused_worker", killed)
-    second = run(pipeline_cmd(repo, out, *sft), cwd=repo, env={**env(), PAUSE_AT_STEP_ENV: "10"}).stdout
-    watcher.join(timeout=1)
-    assert len(killed) == 1, "the sft worker never paused at step 10"
-    assert re.search(rf"\[sft\] worker died \(rank 0, pid {killed[0]}\): restarting from checkpoint-\d+ "
-                     r"\(restart 1 of 2\)", second), second[-3000:]
+    # The same config from another driver resumes sft from checkpoint-4 (the fingerprints do not depend on which
+    # driver or cluster ran a stage), then runs rm and dpo side by side, then the eval stage.
+    _, lines = in_process(repo, out, *sft)
+    assert_resumed_and_finished(out, "\n".join(lines))
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
-    assert sft_result["resumed_from"] is not None and "checkpoint-" in sft_result["resumed_from"]
+    ev = summary(out)["eval"]
+
+    # Again: everything is done; then --only-stage retrains sft alone, uninterrupted: the reference for the run
+    # that was interrupted and resumed, which must have trained exactly the same (loss within 1e-6 at every step).
+    third, lines = in_process(repo, out, *sft)
+    for stage in ("sft", "rm", "dpo", "eval"):
+        assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage
+    assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled"] + ["skipped"] * 3
+    assert [summary(out)["stages"][k]["status"] for k in ("sft", "rm", "dpo", "eval")] == ["skipped"] * 4
+    assert summary(out)["eval"] == ev  # a skipped eval stage keeps its numbers in the summary
+
+    resumed = logged_losses(out / "tiny-cpu" / "sft")
+    before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+    in_process(repo, out, *sft, only_stage="sft")
+    after = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+    uninterrupted = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
+    assert uninterrupted["resumed_from"] is None and after["sft"]["finished_at"] >= before["sft"]["finished_at"]
+    assert logged_losses(out / "tiny-cpu" / "sft") == pytest.approx(resumed, abs=1e-6)
+    assert uninterrupted["eval"]["eval_loss"] == pytest.approx(sft_result["eval"]["eval_loss"], abs=1e-6)
+    for stage in ("rm", "dpo"):
+        assert after[stage] == before[stage]
+
+
+def assert_resumed_and_finished(out: Path, second: str) -> None:
+    """The resuming run's outputs: sft resumed and trained each step once, rm and dpo side by side, eval last."""
+    sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
+    assert sft_result["resumed_from"] is not None and sft_result["resumed_from"].endswith("checkpoint-4")
     assert sft_result["steps"] == SFT_STEPS
     assert logged_steps(out / "tiny-cpu" / "sft") == list(range(1, SFT_STEPS + 1))  # each step once
     s = summary(out)
@@ -186,28 +233,6 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     assert [w["rank"] for w in manifest["stages"]["sft"]["workers"]] == [0, 1]
     assert manifest["run"]["packages"]["ray"] == "2.60.0"
 
-    # The same config again, from another driver: everything is done (the fingerprints do not depend on which
-    # driver or cluster ran a stage), then --only-stage retrains sft alone, uninterrupted: the reference for the
-    # run that was interrupted, resumed and restarted, which must have trained exactly the same (loss within 1e-6
-    # at every step).
-    third, lines = in_process(repo, out, *sft)
-    for stage in ("sft", "rm", "dpo", "eval"):
-        assert any(line.startswith(f"[{stage:>3}] done in manifest") for line in lines), stage
-    assert [third["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")] == ["disabled"] + ["skipped"] * 3
-    assert [summary(out)["stages"][k]["status"] for k in ("sft", "rm", "dpo", "eval")] == ["skipped"] * 4
-    assert summary(out)["eval"] == ev  # a skipped eval stage keeps its numbers in the summary
-
-    resumed = logged_losses(out / "tiny-cpu" / "sft")
-    before = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
-    in_process(repo, out, *sft, only_stage="sft")
-    after = json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
-    uninterrupted = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
-    assert uninterrupted["resumed_from"] is None and after["sft"]["finished_at"] >= before["sft"]["finished_at"]
-    assert logged_losses(out / "tiny-cpu" / "sft") == pytest.approx(resumed, abs=1e-6)
-    assert uninterrupted["eval"]["eval_loss"] == pytest.approx(sft_result["eval"]["eval_loss"], abs=1e-6)
-    for stage in ("rm", "dpo"):
-        assert after[stage] == before[stage]
-
 
 def test_only_stage_without_upstream_fails_clearly(repo, tmp_path):
     p = subprocess.run(pipeline_cmd(repo, tmp_path / "runs", "--only-stage", "dpo"), capture_output=True,
@@ -232,25 +257,21 @@ def _kill_driver(out: Path) -> list[int]:
     return killed
 
 
-def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo, tmp_path):
-    """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root. The
-    first job's driver is SIGKILLed mid-SFT (its machine lost, `kill -9`); the same job submitted again skips pt,
-    resumes SFT from its checkpoint and trains the same steps the killed driver's run trained (loss within 1e-6)."""
-    # Over 60 s (1.5-3 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and two jobs
-    # via `ray job submit`. The jobs train pt -> sft: every stage's workers import the shipped working-dir copy,
-    # and sft starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
-    venv_bin = str(Path(sys.executable).parent)
+@contextmanager
+def token_auth_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`ray start --head` (token auth on, as by default) on free ports under a temp dir of its own, up and answering
+    `ray job list`; yields its dashboard address and the environment of a client holding the token. Stopped after."""
     token = tmp_path / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     e = env()
-    e.update(PATH=f"{venv_bin}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    e.update(PATH=f"{Path(RAY).parent}:{e['PATH']}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
     gcs, dash = free_port(), free_port()
     # Short: Ray's unix sockets live under the temp dir and AF_UNIX paths stop at 107 bytes.
     ray_tmp = ray_temp_root()
     head_log = (tmp_path / "head.log").open("w")
     head = subprocess.Popen(
-        [f"{venv_bin}/ray", "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
+        [RAY, "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
          # Another cluster on this machine may hold the agents' default ports.
          "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
@@ -258,82 +279,15 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
          "--temp-dir", str(ray_tmp)],
         stdout=head_log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
-    out = tmp_path / "runs"
-    sft_dir = out / "tiny-cpu" / "sft"
     try:
         deadline = time.monotonic() + 120
-        while subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
+        while subprocess.run([RAY, "job", "list", "--address", address], capture_output=True,
                              env=e, timeout=60).returncode != 0:
             log = (tmp_path / "head.log").read_text()[-3000:]
             assert head.poll() is None, f"ray start exited:\n{log}"
             assert time.monotonic() < deadline, f"Ray head did not come up:\n{log}"
             time.sleep(0.5)
-        no_token = subprocess.run([f"{venv_bin}/ray", "job", "list", "--address", address], capture_output=True,
-                                  text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
-                                  timeout=60)
-        assert no_token.returncode != 0, "the cluster accepted a client without its token"
-
-        def submit(job_id: str, *flags: str) -> subprocess.CompletedProcess:
-            cmd = [f"{venv_bin}/ray", "job", "submit", "--address", address, "--submission-id", job_id, *flags,
-                   "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config",
-                   "configs/tiny-cpu.yaml", "--set", f"output_dir={out}", *FAST,
-                   "--set", f"stages.sft.max_steps={JOB_SFT_STEPS}", "--set", "stages.sft.save_steps=4",
-                   "--set", "stages.sft.logging_steps=1",
-                   "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
-                   "--set", "stages.eval.enabled=false",  # the resume test above runs it
-                   # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
-                   # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
-                   *formats_data_sets()]
-            # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
-            # agent": retry that (and only that) for a while.
-            agent_deadline = time.monotonic() + 300
-            while True:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=e, cwd=repo)
-                if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
-                    break
-                if time.monotonic() > agent_deadline:
-                    break
-                time.sleep(1)
-            assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
-            return p
-
-        def job_logs(job_id: str) -> str:
-            return run([f"{venv_bin}/ray", "job", "logs", "--address", address, job_id], env=e).stdout
-
-        # The first job's rank 0 stops once step 6 is logged (between checkpoint-4 and the next; the other rank
-        # waits in its next collective) and its driver is killed there: the resumed job retrains steps 5 and 6,
-        # which the killed one logged, from checkpoint-4.
-        submit("medgpt-e2e-killed", "--no-wait", "--runtime-env-json",
-               json.dumps({"env_vars": {PAUSE_AT_STEP_ENV: "6"}}))
-        deadline = time.monotonic() + 300
-        while not (sft_dir / ".paused_worker").is_file():
-            assert time.monotonic() < deadline, f"SFT did not reach step 6 within 300 s:\n" \
-                                                f"{job_logs('medgpt-e2e-killed')[-3000:]}"
-            time.sleep(0.1)
-        assert _kill_driver(out), "the job's driver process was not found"
-        killed_losses = logged_losses(sft_dir)
-        cut = summary(out)["stages"]  # rewritten after every wave: pt finished, sft not
-        assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "pending"
-        assert "sft" not in json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
-
-        submit("medgpt-e2e")
-        logs = job_logs("medgpt-e2e")
-        assert "on cluster Ray" in logs
-        assert "[ pt] done in manifest" in logs and f"[sft] step {JOB_SFT_STEPS}/{JOB_SFT_STEPS}" in logs
-        assert "summary of run 'tiny-cpu'" in logs
-        statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
-        assert statuses == ["skipped", "done", "disabled", "disabled"]
-        sft_result = json.loads((sft_dir / "result.json").read_text())
-        assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == JOB_SFT_STEPS
-        assert logged_steps(sft_dir) == list(range(1, JOB_SFT_STEPS + 1))  # the killed job's later steps not twice
-        again = {k: v for k, v in killed_losses.items() if k > 4}
-        assert sorted(again) == [5, 6]
-        assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
-        assert json.loads((sft_dir / "plan.json").read_text())["num_workers"] == 2
-        data = out / "tiny-cpu" / "data"
-        pairs = read_records(data / "preference.train.parquet")
-        assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
-        assert_formats_prepared(out / "tiny-cpu" / "data", job_logs("medgpt-e2e-killed").splitlines())
+        yield address, e
     finally:
         os.killpg(head.pid, signal.SIGINT)
         try:
@@ -342,3 +296,83 @@ def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo,
             os.killpg(head.pid, signal.SIGKILL)
         head_log.close()
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def submit_job(repo: Path, address: str, e: dict[str, str], out: Path, job_id: str,
+               *flags: str) -> subprocess.CompletedProcess:
+    """`ray job submit --working-dir <repo> -- python jobs/pipeline.py ...` of the job test's config."""
+    cmd = [RAY, "job", "submit", "--address", address, "--submission-id", job_id, *flags,
+           "--working-dir", str(repo), "--", "python", "jobs/pipeline.py", "--config",
+           "configs/tiny-cpu.yaml", "--set", f"output_dir={out}", *FAST,
+           "--set", f"stages.sft.max_steps={JOB_SFT_STEPS}", "--set", "stages.sft.save_steps=4",
+           "--set", "stages.sft.logging_steps=1",
+           "--set", "stages.rm.enabled=false", "--set", "stages.dpo.enabled=false",
+           "--set", "stages.eval.enabled=false",  # the resume test above runs it
+           # MedicalGPT's own formats as a user brings them, one file per format (plain-text pretraining
+           # lines, ShareGPT with tool calls, its DPO and GRPO files), every record of them.
+           *formats_data_sets()]
+    # `ray job list` answers before the head's job agent is up; submission then gets a 500 "No available
+    # agent": retry that (and only that) for a while.
+    agent_deadline = time.monotonic() + 300
+    while True:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=e, cwd=repo)
+        if p.returncode == 0 or "No available agent" not in p.stdout + p.stderr:
+            break
+        if time.monotonic() > agent_deadline:
+            break
+        time.sleep(1)
+    assert p.returncode == 0, f"job submit failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}"
+    return p
+
+
+def test_ray_job_submit_with_token_auth_resumes_after_the_driver_is_killed(repo, tmp_path):
+    """The path users take: `ray start --head` with token auth, then `ray job submit` from the project root. The
+    first job's driver is SIGKILLed mid-SFT (its machine lost, `kill -9`); the same job submitted again skips pt,
+    resumes SFT from its checkpoint and trains the same steps the killed driver's run trained (loss within 1e-6)."""
+    # Over 60 s (1.5-3 min on 2 cores, by load), on purpose: a `ray start --head` cluster of its own and two jobs
+    # via `ray job submit`. The jobs train pt -> sft: every stage's workers import the shipped working-dir copy,
+    # and sft starts from pt's output; rm and dpo, the same runner from sft's output, run in the resume test above.
+    out = tmp_path / "runs"
+    sft_dir = out / "tiny-cpu" / "sft"
+    with token_auth_head(tmp_path) as (address, e):
+        no_token = subprocess.run([RAY, "job", "list", "--address", address], capture_output=True,
+                                  text=True, env={**e, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "missing")},
+                                  timeout=60)
+        assert no_token.returncode != 0, "the cluster accepted a client without its token"
+
+        # The first job's rank 0 stops once step 6 is logged (between checkpoint-4 and the next; the other rank
+        # waits in its next collective) and its driver is killed there: the resumed job retrains steps 5 and 6,
+        # which the killed one logged, from checkpoint-4.
+        submit_job(repo, address, e, out, "medgpt-e2e-killed", "--no-wait", "--runtime-env-json",
+                   json.dumps({"env_vars": {PAUSE_AT_STEP_ENV: "6"}}))
+        deadline = time.monotonic() + 300
+        while not (sft_dir / ".paused_worker").is_file():
+            if time.monotonic() > deadline:
+                logs = run([RAY, "job", "logs", "--address", address, "medgpt-e2e-killed"], env=e).stdout
+                pytest.fail(f"SFT did not reach step 6 within 300 s:\n{logs[-3000:]}")
+            time.sleep(0.1)
+        assert _kill_driver(out), "the job's driver process was not found"
+        killed_losses = logged_losses(sft_dir)
+        cut = summary(out)["stages"]  # rewritten after every wave: pt finished, sft not
+        assert cut["pt"]["status"] == "done" and cut["sft"]["status"] == "pending"
+        assert "sft" not in json.loads((out / "tiny-cpu" / "manifest.json").read_text())["stages"]
+
+        # `ray job submit` follows the job's log to its end, as users see it.
+        logs = submit_job(repo, address, e, out, "medgpt-e2e").stdout
+    assert "on cluster Ray" in logs
+    assert "[ pt] done in manifest" in logs and f"[sft] step {JOB_SFT_STEPS}/{JOB_SFT_STEPS}" in logs
+    assert "summary of run 'tiny-cpu'" in logs
+    statuses = [summary(out)["stages"][k]["status"] for k in ("pt", "sft", "rm", "dpo")]
+    assert statuses == ["skipped", "done", "disabled", "disabled"]
+    sft_result = json.loads((sft_dir / "result.json").read_text())
+    assert sft_result["resumed_from"].endswith("checkpoint-4") and sft_result["steps"] == JOB_SFT_STEPS
+    assert logged_steps(sft_dir) == list(range(1, JOB_SFT_STEPS + 1))  # the killed job's later steps not twice
+    again = {k: v for k, v in killed_losses.items() if k > 4}
+    assert sorted(again) == [5, 6]
+    assert {k: logged_losses(sft_dir)[k] for k in again} == pytest.approx(again, abs=1e-6)
+    assert json.loads((sft_dir / "plan.json").read_text())["num_workers"] == 2
+    data = out / "tiny-cpu" / "data"
+    pairs = read_records(data / "preference.train.parquet")
+    assert pairs and all(p["conversations"][-1]["role"] in ("user", "tool") for p in pairs)
+    # The resumed job prepared every kind again (a stage ran): its own lines say what it read.
+    assert_formats_prepared(data, logs.splitlines())

@@ -60,7 +60,7 @@ def assert_formats_prepared(data: Path, echoed: list[str]) -> None:
 
 def test_each_format_as_raw_sources_is_cleaned_then_prepared(raw_run):
     # The shared raw run (tests/ray/conftest.py) cleans data/sample/formats beside our dirty sample corpus.
-    assert raw_run.summary["stages"]["pt"]["status"] == "done"
+    assert raw_run.summary["stages"]["sft"]["status"] == "done"
     report = json.loads((raw_run.run_dir / "clean" / "report.json").read_text())
     assert report["adds_up"]
     assert {Path(f).name for f in report["files"]} >= set(malformed_lines())  # every format file was read
