@@ -82,6 +82,8 @@ class Pipeline:
         self.storage_path = cfg.resources.storage_path or str(self.run_dir / "_ray")
         self._topo: Topology | None = None
         self._baselines: dict[str, Any] | None = None  # run_baselines, once the data is prepared
+        # Set on Ctrl-C: a stage thread that then fails (its actors go down with the driver) is not a failure.
+        self._interrupted = threading.Event()
         for s in (self.opt.from_stage, self.opt.only_stage):
             if s is not None and s not in STAGE_KINDS:
                 raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGE_KINDS)}")
@@ -222,6 +224,7 @@ class Pipeline:
                 if failed:
                     break
         except KeyboardInterrupt:
+            self._interrupted.set()
             self._summary(self._with_pending(outcomes, to_run, "interrupted"), time.monotonic() - t0, quiet=True)
             raise
         finally:
@@ -328,6 +331,8 @@ class Pipeline:
                 eval_report.publish(self.cfg.name, result)
                 self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
             except Exception as e:  # reported in the summary and re-raised by run() as PipelineError
+                if self._interrupted.is_set():
+                    return  # the run was cut by Ctrl-C and says so; this is its Ray work going down with it
                 results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
                 self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
             set_stage_state(self.cfg.name, stage, results[stage].status)
