@@ -166,8 +166,7 @@ class Pipeline:
         base_path = models.resolve_model_path(self.cfg.model.path)
         base_config = models.model_config_dict(base_path)
         prov = provenance()
-        self.manifest.set_run_info({"config": resolved_dict(self.cfg), "base_model_path": str(base_path),
-                                    **prov})
+        self.manifest.set_run_info({"config": resolved_dict(self.cfg), "base_model_path": str(base_path), **prov})
         resources = ray.cluster_resources()  # a joined cluster's, known only now
         check_cpus(self.cfg, resources.get("CPU", 0), "the Ray cluster")
         check_gpus(self.cfg, resources.get("GPU", 0), "the Ray cluster")
