@@ -306,6 +306,8 @@ def summarize(results: dict) -> None:
             one_warm = (one or {}).get("warm_pass", {}).get("records_per_s")
             if one_warm:
                 warm["scaling_efficiency_vs_1cpu"] = round(warm_per_core / one_warm, 3)
+            if one:  # against what a 1-core job really pays: the cold pass
+                warm["scaling_vs_cold_1cpu"] = round(warm_per_core / one["records_per_s"], 3)
             if base:
                 warm["per_core_vs_baseline"] = round(warm_per_core / base["records_per_s"], 3)
 
