@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.ray_startup import free_port, start_shared_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
@@ -42,37 +42,32 @@ def tiny_model() -> Path:
     return ensure_tiny()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ray_temp_root() -> Path:
-    """A fresh, short temp dir for one Ray cluster a test starts (Ray's AF_UNIX socket paths stop at 107 bytes).
-    Another Ray cluster on this machine keeps /tmp/ray and its files: a test never reads those."""
-    return Path(tempfile.mkdtemp(prefix="mgr-", dir="/tmp"))
-
-
 @pytest.fixture(scope="session")
-def ray_temp_dir():
-    path = ray_temp_root()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def ray_cluster(ray_temp_dir):
+def ray_cluster():
     import ray
 
-    # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
-    # Eight logical GPUs with their per-GPU tokens (cluster/start-node.sh advertises the same on real boxes):
-    # placement tests check which device each worker binds; CPU-only stages never ask for them.
-    # Metrics are reported every second (default 10 s) so the Prometheus test sees a short stage.
-    ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
-             dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
-             _system_config={"metrics_report_interval_ms": 1000},
-             # Its own temp dir and ports: other Ray clusters may run on this machine (CI, other checkouts).
-             _temp_dir=str(ray_temp_dir), dashboard_port=free_port(), _metrics_export_port=free_port())
+    def init(temp_dir: Path) -> None:
+        # The dashboard (on loopback) serves the State API that Ray Train's placement-group cleaner polls.
+        # Eight logical GPUs with their per-GPU tokens (cluster/start-node.sh advertises the same on real boxes):
+        # placement tests check which device each worker binds; CPU-only stages never ask for them.
+        # Metrics are reported every second (default 10 s) so the Prometheus test sees a short stage.
+        ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
+                 dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
+                 _system_config={"metrics_report_interval_ms": 1000},
+                 # Its own temp dir and ports: other Ray clusters may run on this machine (CI, other checkouts).
+                 _temp_dir=str(temp_dir), dashboard_port=free_port(), _metrics_export_port=free_port())
+
+    temp_dir = start_shared_cluster(init)
+    _SHARED_CLUSTER["temp_dir"] = temp_dir
     yield ray
     ray.shutdown()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_SHARED_CLUSTER: dict[str, Path] = {}
+
+
+@pytest.fixture(scope="session")
+def ray_temp_dir(ray_cluster) -> Path:
+    """The temp dir of the shared cluster (its Prometheus service-discovery file is there)."""
+    return _SHARED_CLUSTER["temp_dir"]

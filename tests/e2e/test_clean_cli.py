@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ray_temp_root
+from tests.ray_startup import ray_temp_root
 
 pytestmark = pytest.mark.e2e
 

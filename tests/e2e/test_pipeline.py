@@ -22,8 +22,8 @@ import pytest
 
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.stages.callbacks import PAUSE_AT_STEP_ENV
-from tests.conftest import free_port, ray_temp_root
 from tests.ray.test_formats_pipeline import assert_formats_prepared, formats_data_sets
+from tests.ray_startup import free_port, ray_temp_root
 
 pytestmark = pytest.mark.e2e
 

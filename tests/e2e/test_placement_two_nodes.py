@@ -8,8 +8,8 @@ import pytest
 
 from medgpt_ray.placement.policy import place_stage
 from medgpt_ray.placement.topology import load_topology_file
-from tests.conftest import ray_temp_root
 from tests.placement_probe import run_placed
+from tests.ray_startup import ray_temp_root
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from medgpt_ray.infer.serve import ServeOptions, serve_model
 from medgpt_ray.infer.source import ModelSource
-from tests.conftest import free_port
+from tests.ray_startup import free_port
 
 pytestmark = pytest.mark.ray
 KEY = "test-key-123"
