@@ -207,6 +207,7 @@ class PipelineConfig(_Strict):
             if c.reward_shared_base is True and blocker:
                 raise ValueError(f"stages.{s}.reward_shared_base: true, but {blocker}")
             c.reward_shared_base = blocker is None
+            c._rm_lora_rank = self.stages.get("rm").lora.rank if c.reward_shared_base else 0
         return self
 
     def start_of(self, stage: str) -> str | None:

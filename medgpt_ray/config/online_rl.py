@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from medgpt_ray.config.base import Auto
 from medgpt_ray.config.registry import StageKind, register_stage_kind
@@ -49,6 +49,14 @@ class OnlineRLStageConfig(StageConfig):
     LoRA and the reward adapter on one frozen base, the reference all adapters off: no second network). auto: when
     rm trains with LoRA/QLoRA from the same stage as this one and neither this stage trains in full nor
     reward_model_gpu is on; true: the same, refused when that does not hold; false: the rm's merged model."""
+    # The rm stage's LoRA rank, set with reward_shared_base by the pipeline config (config/__init__.py): the
+    # planner sizes the reward adapter at the rank rm trains it with, not at this stage's.
+    _rm_lora_rank: int = PrivateAttr(default=0)
+
+    @property
+    def reward_lora_rank(self) -> int:
+        """The reward adapter's LoRA rank (the rm stage's); 0 until the pipeline config resolves it."""
+        return self._rm_lora_rank
 
     @model_validator(mode="before")
     @classmethod

@@ -103,6 +103,7 @@ class TrainSetup:
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)
     reward_adapter: bool = False  # GRPO: the reward is the rm's LoRA adapter + score head on the policy's base
+    reward_lora_rank: int = 0  # that adapter's rank (the rm stage's lora.rank); 0: taken as this stage's
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
     gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
 

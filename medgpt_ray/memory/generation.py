@@ -38,7 +38,8 @@ def setup_fields(cfg: Any) -> dict[str, Any]:
         shared = getattr(cfg, "reward_shared_base", False) is True
         fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
                       reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
-                      reward_adapter=shared, reference=cfg.beta > 0)
+                      reward_adapter=shared, reward_lora_rank=cfg.reward_lora_rank if shared else 0,
+                      reference=cfg.beta > 0)
     return fields
 
 
@@ -68,11 +69,12 @@ def reward_network_bytes(shape: ModelShape, s: TrainSetup) -> float:
 
 
 def reward_adapter_bytes(shape: ModelShape, s: TrainSetup) -> float:
-    """The rm stage's LoRA adapter on the policy's base (PEFT holds it in fp32; the rm's rank taken as this
-    stage's) and its 1-wide score head."""
+    """The rm stage's LoRA adapter on the policy's base (PEFT holds it in fp32; at the rm's own rank, this stage's
+    when unknown) and its 1-wide score head."""
     if not s.reward_adapter:
         return 0.0
-    return 4 * shape.lora_params(s.lora_rank) + (4 if s.precision == "fp32" else 2) * shape.hidden
+    rank = s.reward_lora_rank or s.lora_rank
+    return 4 * shape.lora_params(rank) + (4 if s.precision == "fp32" else 2) * shape.hidden
 
 
 def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:

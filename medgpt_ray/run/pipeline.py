@@ -41,7 +41,7 @@ from medgpt_ray.run.progress import (
 )
 from medgpt_ray.run.ray_env import echo
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
-from medgpt_ray.run.upstream import PipelineError, check_only_stage, finished_output  # noqa: F401  (cli/run.py imports them from here)
+from medgpt_ray.run.upstream import PipelineError, check_only_stage, check_reward_adapter, finished_output  # noqa: F401  (cli/run.py imports them from here)
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
 
@@ -153,12 +153,22 @@ class Pipeline:
         except DataFileError as e:
             raise ConfigError(f"data.{kind}: {e}") from None
 
-    def _fingerprint(self, stage: str, plan: StagePlan, data_fp: str, upstream_fp: str | None,
-                     base_config: dict[str, Any], prov: dict[str, Any],
-                     needs_fps: dict[str, str] | None = None) -> str:
-        return dag.fingerprint(self.cfg, stage, plan, data_fp, upstream_fp, base_config, prov, needs_fps)
-
     # ---- running --------------------------------------------------------------------------
+    def _fingerprints(self, plans: dict[str, StagePlan], base_config: dict[str, Any], prov: dict[str, Any]
+                      ) -> dict[str, str]:
+        """Each enabled stage's fingerprint, upstream first. They hash the data sources' bytes: the train/held-out
+        files are prepared only if a stage runs."""
+        kinds = {k for s in self.cfg.enabled_stages() for k in (stage_kind(s).data_kind, *stage_kind(s).reads)}
+        data_fps = {kind: self._data_fingerprint(kind) for kind in kinds}
+        fingerprints: dict[str, str] = {}
+        for s in self.cfg.enabled_stages():
+            up = dag.effective_from(self.cfg, s)
+            needs = {n: fingerprints[n] for n in self.cfg.stages.get(s).needs}
+            data_fp = dag.stage_data_fingerprint(stage_kind(s), data_fps)
+            fingerprints[s] = dag.fingerprint(self.cfg, s, plans[s], data_fp, fingerprints.get(up) if up else None,
+                                              base_config, prov, needs)
+        return fingerprints
+
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -177,16 +187,7 @@ class Pipeline:
         forced = self._forced_stages(order)
         if self.opt.only_stage:
             order = [self.opt.only_stage]
-        # Fingerprints hash the data sources' bytes; the train/held-out files are prepared only if a stage runs.
-        kinds = {k for s in self.cfg.enabled_stages() for k in (stage_kind(s).data_kind, *stage_kind(s).reads)}
-        data_fps = {kind: self._data_fingerprint(kind) for kind in kinds}
-        fingerprints: dict[str, str] = {}
-        for s in self.cfg.enabled_stages():
-            up = dag.effective_from(self.cfg, s)
-            needs = {n: fingerprints[n] for n in self.cfg.stages.get(s).needs}
-            fingerprints[s] = self._fingerprint(s, plans[s], dag.stage_data_fingerprint(stage_kind(s), data_fps),
-                                                fingerprints.get(up) if up else None, base_config, prov, needs)
-
+        fingerprints = self._fingerprints(plans, base_config, prov)
         to_run = [s for s in order if s in forced or not self.manifest.is_done(s, fingerprints[s])]
         # A stage that reruns makes everything downstream of it rerun too.
         for s in self.cfg.enabled_stages():
@@ -196,6 +197,7 @@ class Pipeline:
             set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")
             if s not in to_run:
                 self.echo(f"[{s:>3}] done in manifest (fingerprint {fingerprints[s][:12]}), skipping")
+        self._check_reward_adapters(to_run, base_path)
         prepared = self._prepare_data(bool(to_run))
         plans = plan_by_lengths(self.cfg, plans, budget, base_path, to_run, prepared, self.echo)
 
@@ -239,6 +241,15 @@ class Pipeline:
             raise PipelineError(f"stage {failed[0].stage} failed: {failed[0].error} "
                                 f"(re-run the same command to resume; run dir {self.run_dir})")
         return summary
+
+    def _check_reward_adapters(self, to_run: list[str], base_path: Path) -> None:
+        """A stage about to run on the reward adapter of an rm finished in an earlier run: that adapter is there
+        and fits this stage's base (an rm that reruns now writes its own; its `from` then reruns too)."""
+        if "rm" in to_run:
+            return
+        for s in to_run:
+            if getattr(self.cfg.stages.get(s), "reward_shared_base", False) is True:
+                check_reward_adapter(self.cfg, self.manifest, s, self._upstream_model(s, base_path))
 
     def _forced_stages(self, order: list[str]) -> set[str]:
         return dag.forced_stages(self.cfg, order, self.opt.from_stage, self.opt.only_stage)

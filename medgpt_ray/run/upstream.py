@@ -7,6 +7,7 @@ from pathlib import Path
 from medgpt_ray.config import PipelineConfig
 from medgpt_ray.run import dag
 from medgpt_ray.run.manifest import Manifest
+from medgpt_ray.stages.reward_adapter import reward_adapter_for
 
 
 class PipelineError(RuntimeError):
@@ -29,7 +30,23 @@ def check_only_stage(cfg: PipelineConfig, stage: str) -> None:
     before Ray starts, so a user learns it in a second."""
     manifest = Manifest((Path(cfg.output_dir) / cfg.name / "manifest.json").resolve())
     up = dag.effective_from(cfg, stage)
-    if up is not None:
-        finished_output(manifest, up, stage, "starts from")
+    start = finished_output(manifest, up, stage, "starts from") if up is not None else None
     for need in cfg.stages.get(stage).needs:
         finished_output(manifest, need, stage, "needs")
+    # From the base model the pipeline checks it: it resolves model.path, which may build the tiny preset.
+    if start is not None:
+        check_reward_adapter(cfg, manifest, stage, Path(start))
+
+
+def check_reward_adapter(cfg: PipelineConfig, manifest: Manifest, stage: str, policy_base: Path) -> None:
+    """An online-RL stage that scores with the rm's LoRA adapter on its own base (reward_shared_base) reads the
+    finished rm's reward_adapter/, trained on `policy_base`. Checked on the driver before the stage is scheduled:
+    on its worker the same error came only after Ray Train had started (an rm output from before reward adapters
+    were kept has none)."""
+    c = cfg.stages.get(stage)
+    if getattr(c, "reward_shared_base", False) is not True or "rm" not in c.needs:
+        return
+    try:
+        reward_adapter_for(finished_output(manifest, "rm", stage, "needs"), str(policy_base), stage)
+    except ValueError as err:
+        raise PipelineError(str(err)) from err

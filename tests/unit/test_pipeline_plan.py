@@ -62,7 +62,7 @@ def _sft_fingerprint(tmp_path, **sft) -> str:
     plans, errors = plan_all(cfg)
     assert not errors
     prov = {"git_commit": "c0ffee", "packages": {"torch": "x"}}
-    return Pipeline(cfg)._fingerprint("sft", plans["sft"], "data-fp", "pt-fp", {"hidden_size": 8}, prov)
+    return dag.fingerprint(cfg, "sft", plans["sft"], "data-fp", "pt-fp", {"hidden_size": 8}, prov)
 
 
 def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_does(tmp_path):

@@ -44,6 +44,22 @@ def test_auto_keeps_the_merged_reward_model_otherwise_and_true_says_why_not(repo
         rl_config(repo, *sets, "stages.rloo.reward_shared_base=true")
 
 
+def test_the_reward_adapter_is_planned_at_the_rm_stages_rank_not_the_policys(repo):
+    cfg = rl_config(repo, *LORA, "stages.rm.lora.rank=64", "stages.rloo.lora.rank=8")
+    rloo = cfg.stages.get("rloo")
+    assert rloo.reward_shared_base is True and rloo.reward_lora_rank == 64
+    rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
+    shared = {**KW, "reward_shared_base": True}
+    at_64 = RLOOStageConfig(**shared)
+    at_64._rm_lora_rank = 64  # as the pipeline config resolves it (the assertions above)
+    adapter = plan_stage("rloo", at_64, 1, True, Q7, rtx4090).prediction.breakdown_gib["reward_adapter"]
+    assert adapter == pytest.approx((4 * Q7.lora_params(64) + 2 * Q7.hidden) / GIB, abs=0.001)
+    # unresolved (a stage config planned on its own): the policy's rank, as before
+    alone = plan_stage("rloo", RLOOStageConfig(**shared), 1, True, Q7, rtx4090).prediction.breakdown_gib
+    assert alone["reward_adapter"] == pytest.approx((4 * Q7.lora_params(8) + 2 * Q7.hidden) / GIB, abs=0.001)
+    assert rl_config(repo, *LORA, "stages.rloo.reward_shared_base=false").stages.get("rloo").reward_lora_rank == 0
+
+
 def test_false_keeps_the_merged_reward_model_and_the_key_is_a_memory_knob(repo):
     assert rl_config(repo, *LORA, "stages.rloo.reward_shared_base=false").stages.get("rloo").reward_shared_base \
         is False
