@@ -54,8 +54,11 @@ def ray_cluster():
         ray.init(address="local", num_cpus=2, num_gpus=8, resources={f"medgpt_gpu_{i}": 1 for i in range(8)},
                  dashboard_host="127.0.0.1", runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
                  _system_config={"metrics_report_interval_ms": 1000},
-                 # Its own temp dir and ports: other Ray clusters may run on this machine (CI, other checkouts).
-                 _temp_dir=str(temp_dir), dashboard_port=free_port(), _metrics_export_port=free_port())
+                 # Its own temp dir and dashboard port: other Ray clusters may run on this machine (CI, other
+                 # checkouts). The metrics port is left to Ray, whose agent binds port 0 (the kernel's pick, no race):
+                 # a free_port() released here and taken by anything before the agent binds it kills the agent, and
+                 # with it the raylet ("node timed out during startup", reproduced with a held port).
+                 _temp_dir=str(temp_dir), dashboard_port=free_port())
 
     temp_dir = start_shared_cluster(init)
     _SHARED_CLUSTER["temp_dir"] = temp_dir

@@ -2,10 +2,12 @@
 
 A CI run once lost every Ray test to one `ray.init` whose raylet did not register within Ray's fixed 30 s
 ("The current node timed out during startup"); the cluster's temp dir, and with it the raylet's own logs, was
-deleted at teardown, so nothing said why. Here a failed start prints the tails of the cluster's Ray logs (Ray's
-own lines: no record of ours is in them) and the load average, kills only the processes of that cluster (found
-by its own temp dir in their command lines), and tries once more on a fresh temp dir and fresh ports. A second
-failure raises, with both reports attached.
+deleted at teardown, so nothing said why. One way to get exactly that, reproduced here: a metrics port chosen by
+free_port() and taken by another socket before Ray's agent binds it. The agent dies on EADDRINUSE and the raylet
+with it. The shared cluster now leaves that port to Ray (port 0: no race). Should a start still fail, this prints
+the tails of the cluster's Ray logs (Ray's own lines: no record of ours is in them) and the load average, kills
+only the processes of that cluster (found by its own temp dir in their command lines), and tries once more on a
+fresh temp dir and fresh ports. A second failure raises, with both reports attached.
 """
 
 from __future__ import annotations

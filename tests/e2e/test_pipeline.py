@@ -274,10 +274,10 @@ def token_auth_head(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--num-cpus", "2", "--port", str(gcs),
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-         # Another cluster on this machine may hold the agents' default ports.
-         "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-         "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
-         "--temp-dir", str(ray_tmp)],
+         # The agents' ports are the kernel's picks (0, bound by each agent and published to the GCS): another
+         # cluster on this machine may hold the agent's default 52365 (without its HTTP server no job is
+         # accepted), and a free_port() released here may be taken before the agent binds it (the agent dies).
+         "--dashboard-agent-listen-port", "0", "--temp-dir", str(ray_tmp)],
         stdout=head_log, stderr=subprocess.STDOUT, env=e, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     try:
