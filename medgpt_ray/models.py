@@ -6,7 +6,9 @@ is an error, and loads pass `local_files_only=True`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,18 +132,37 @@ def save_merged(model, tokenizer, out_dir: Path, dtype: torch.dtype) -> Path:
     return out_dir
 
 
+@contextlib.contextmanager
+def without_zero3_init() -> Iterator[None]:
+    """Load a whole model in this process alone while a DeepSpeed ZeRO-3 run is configured. Transformers builds
+    every model under `deepspeed.zero.Init` while ZeRO-3 is on (its global HF DeepSpeed config), and that partitions
+    each parameter with a broadcast to every rank: on rank 0 alone it waits forever for the others (the merge at
+    the end of every multi-worker ZeRO-3 LoRA stage hung so). The config is put back after."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = getattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref", None)
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if ref is not None and ref() is not None:
+            hf_deepspeed.set_hf_deepspeed_config(ref())
+
+
 def merge_adapter_from_disk(base: Path, adapter: Path, out_dir: Path, dtype: torch.dtype, seq_cls: bool = False):
-    """Reload the base in `dtype` (never 4-bit, also after QLoRA) and merge the saved adapter into it."""
+    """Reload the base in `dtype` (never 4-bit, also after QLoRA) and merge the saved adapter into it; on the rank
+    that calls it alone, whatever the run's ZeRO stage."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     tok = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base)
-    if seq_cls:
-        base_model = AutoModelForSequenceClassification.from_pretrained(
-            base, dtype=dtype, num_labels=1, local_files_only=True
-        )
-        base_model.config.pad_token_id = tok.pad_token_id
-    else:
-        base_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, local_files_only=True)
-    merged = PeftModel.from_pretrained(base_model, adapter, local_files_only=True).merge_and_unload()
+    with without_zero3_init():
+        if seq_cls:
+            base_model = AutoModelForSequenceClassification.from_pretrained(
+                base, dtype=dtype, num_labels=1, local_files_only=True
+            )
+            base_model.config.pad_token_id = tok.pad_token_id
+        else:
+            base_model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, local_files_only=True)
+        merged = PeftModel.from_pretrained(base_model, adapter, local_files_only=True).merge_and_unload()
     return save_merged(merged, tok, out_dir, dtype)

@@ -80,10 +80,15 @@ class RewardModelScore:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        from medgpt_ray.models import without_zero3_init
+
         self._tok = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
-        self._model = AutoModelForSequenceClassification.from_pretrained(
-            self.model_dir, num_labels=1, dtype=dtype, local_files_only=True).to(self.device).eval()
+        # A whole copy on every worker (what the planner sizes), also when the policy trains under ZeRO-3: built
+        # under its zero.Init the network would be partitioned with no engine to gather it for a forward.
+        with without_zero3_init():
+            self._model = AutoModelForSequenceClassification.from_pretrained(
+                self.model_dir, num_labels=1, dtype=dtype, local_files_only=True).to(self.device).eval()
         self._model.config.pad_token_id = self._tok.pad_token_id
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:

@@ -1,0 +1,65 @@
+"""A LoRA stage under DeepSpeed ZeRO-3 on two Ray Train workers (CPU), end to end: rloo with the rm's merged
+network as its reward. Two hangs/crashes are guarded here. The merge of the adapter on rank 0 at the end of every
+multi-worker ZeRO-3 LoRA stage waited forever: transformers built the base under deepspeed.zero.Init, whose
+broadcasts the other rank never joined. The reward network, loaded on each worker at its first score, was
+partitioned by the same zero.Init with no engine to gather it (DeepSpeed's batch-size assertion, on CPU)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from safetensors.torch import load_file
+
+from medgpt_ray.config import LoraConfig, RLOOStageConfig
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.run.progress import ProgressActor
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
+from medgpt_ray.stages.inputs import StageInputs
+from tests.stages.test_rloo_stage import data, reward_model  # noqa: F401  (department prompts; a full rm)
+
+pytestmark = pytest.mark.ray
+
+
+@contextmanager
+def fails_after(seconds: int) -> Iterator[None]:
+    """A hang fails the test instead of the CI run: SIGALRM raises in this (the main) thread."""
+    def expire(signum, frame):
+        raise TimeoutError(f"the stage did not finish within {seconds} s (a ZeRO-3 collective waiting on one rank?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_rloo_lora_under_zero3_on_two_workers_scores_merges_and_finishes(ray_cluster, data, reward_model,  # noqa: F811
+                                                                          tiny_model, tmp_path):
+    cfg = RLOOStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16), lr=5e-3, max_steps=2, seq_len=96,
+                          effective_batch=16, num_generations=4, max_completion_length=6, logging_steps=1,
+                          save_steps=100, warmup_ratio=0.0, beta=0.05, zero_stage=3)
+    plan = plan_stage("rloo", cfg, 2, False)
+    assert plan.deepspeed["zero_optimization"]["stage"] == 3
+    out = tmp_path / "rloo"
+    out.mkdir()
+    p = data["prompt"]
+    inputs = StageInputs("rloo", cfg, plan, str(tiny_model), "chatml", p.train_file, p.eval_file, str(out),
+                         needs={"rm": str(reward_model)})
+    namespace = ray_cluster.get_runtime_context().namespace
+    actor = ProgressActor.options(name="zero3-progress", namespace=namespace).remote()  # noqa: F841 (kept alive)
+    with fails_after(420):
+        run_stage_on_ray(inputs, RayOptions(str(tmp_path / "_ray"), "zero3", progress=("zero3-progress", namespace)))
+    receipt = json.loads((out / "result.json").read_text())
+    assert (receipt["world_size"], receipt["deepspeed"], receipt["steps"]) == (2, True, 2)
+    assert receipt["reward_model_scored_by"] == "worker"
+    assert isinstance(receipt["eval"]["eval_reward_model"], float)  # the held-out greedy answers, scored
+    # The merged model is the base plus the trained adapter: some adapted weight moved.
+    base, merged = load_file(str(tiny_model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+    adapted = [k for k in base if k.endswith("q_proj.weight") and k in merged]
+    assert adapted and any(not base[k].equal(merged[k].to(base[k].dtype)) for k in adapted)
