@@ -7,9 +7,11 @@ partitioned by the same zero.Init with no engine to gather it (DeepSpeed's batch
 from __future__ import annotations
 
 import json
+import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from safetensors.torch import load_file
@@ -24,19 +26,32 @@ from tests.stages.test_rloo_stage import data, reward_model  # noqa: F401  (depa
 pytestmark = pytest.mark.ray
 
 
-@contextmanager
-def fails_after(seconds: int) -> Iterator[None]:
-    """A hang fails the test instead of the CI run: SIGALRM raises in this (the main) thread."""
-    def expire(signum, frame):
-        raise TimeoutError(f"the stage did not finish within {seconds} s (a ZeRO-3 collective waiting on one rank?)")
+def run_or_fail_after(seconds: int, fn: Callable[[], Any]) -> Any:
+    """fn() (a Ray Train fit), or a failed test when it does not return within `seconds`: a ZeRO-3 collective
+    waiting on one rank hangs forever, and a signal does not reach a driver blocked in ray.get. The run's Ray Train
+    worker processes (on this test's shared cluster, found by the State API) are killed so the fit returns and the
+    cluster's 2 CPUs are free for the tests after this one."""
+    from ray.util.state import list_actors
 
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as err:  # handed to the test's thread below
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        for actor in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]):
+            os.kill(actor.pid, signal.SIGKILL)
+        thread.join(120)
+        pytest.fail(f"the stage did not finish within {seconds} s: a ZeRO-3 collective waiting on one rank?")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def test_rloo_lora_under_zero3_on_two_workers_scores_merges_and_finishes(ray_cluster, data, reward_model,  # noqa: F811
@@ -53,8 +68,8 @@ def test_rloo_lora_under_zero3_on_two_workers_scores_merges_and_finishes(ray_clu
                          needs={"rm": str(reward_model)})
     namespace = ray_cluster.get_runtime_context().namespace
     actor = ProgressActor.options(name="zero3-progress", namespace=namespace).remote()  # noqa: F841 (kept alive)
-    with fails_after(420):
-        run_stage_on_ray(inputs, RayOptions(str(tmp_path / "_ray"), "zero3", progress=("zero3-progress", namespace)))
+    opts = RayOptions(str(tmp_path / "_ray"), "zero3", progress=("zero3-progress", namespace))
+    run_or_fail_after(420, lambda: run_stage_on_ray(inputs, opts))
     receipt = json.loads((out / "result.json").read_text())
     assert (receipt["world_size"], receipt["deepspeed"], receipt["steps"]) == (2, True, 2)
     assert receipt["reward_model_scored_by"] == "worker"
