@@ -41,7 +41,7 @@ from medgpt_ray.run.progress import (
 )
 from medgpt_ray.run.ray_env import echo
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
-from medgpt_ray.run.upstream import PipelineError, check_only_stage, check_reward_adapter, finished_output  # noqa: F401  (cli/run.py imports them from here)
+from medgpt_ray.run.upstream import PipelineError, check_reward_adapter, finished_output
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
 

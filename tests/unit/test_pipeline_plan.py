@@ -6,7 +6,8 @@ import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.run import dag
-from medgpt_ray.run.pipeline import Pipeline, PipelineError, RunOptions
+from medgpt_ray.run.pipeline import Pipeline, RunOptions
+from medgpt_ray.run.upstream import PipelineError
 
 
 def make(tmp_path, **stages) -> PipelineConfig:
@@ -87,7 +88,7 @@ def test_memory_knobs_explicit_or_planned_do_not_change_the_fingerprint_but_lr_d
 def test_only_stage_is_checked_against_the_manifest_before_ray_starts(tmp_path):
     import json
 
-    from medgpt_ray.run.pipeline import check_only_stage
+    from medgpt_ray.run.upstream import check_only_stage
 
     cfg = make(tmp_path)
     with pytest.raises(PipelineError, match="stage dpo starts from the output of stage sft, which is not finished"):

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from medgpt_ray.config import load_config
-from medgpt_ray.run.pipeline import Pipeline, PipelineError
-from medgpt_ray.run.upstream import check_only_stage
+from medgpt_ray.run.pipeline import Pipeline
+from medgpt_ray.run.upstream import PipelineError, check_only_stage
 from medgpt_ray.stages.reward_adapter import ADAPTER_FILES, BASE_FILE, REWARD_ADAPTER, SCORE_FILE
 
 
