@@ -182,6 +182,14 @@ def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:
 # --- one configuration (child process) -----------------------------------------------------------------------
 
 
+def single_process_env() -> None:
+    """The distributed environment of a one-process run: stage code (DeepSpeed, accelerate) reads it as a
+    Ray Train worker's."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
+        os.environ.setdefault(k, v)
+
+
 def cap_allocator(cap_gib: float) -> None:
     """Cap this process's CUDA allocator at `cap_gib` (a 24 GiB card on a larger GPU). The CUDA context, NCCL and
     cuBLAS workspaces sit outside the cap (FIELD-NOTES)."""
@@ -201,9 +209,7 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
     from medgpt_ray.stages import build_stage
     from medgpt_ray.stages.inputs import StageInputs
 
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
-        os.environ.setdefault(k, v)
+    single_process_env()
     cap_allocator(cap_gib)
 
     accum = int(c.get("grad_accum", 1))

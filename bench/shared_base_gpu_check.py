@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,7 +28,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
-from memory_calibration import GIB, cap_allocator, prepare_model  # noqa: E402
+from memory_calibration import GIB, cap_allocator, prepare_model, single_process_env  # noqa: E402
 
 DATA = ROOT / "data" / "sample" / "rl"
 
@@ -153,9 +152,7 @@ def main() -> None:
 
     from medgpt_ray.tiny import ensure_tiny
 
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
-        os.environ.setdefault(k, v)
+    single_process_env()
     use_gpu = torch.cuda.is_available()
     if use_gpu:
         cap_allocator(args.cap_gib)
