@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 # the packages listed before it in the same layer (no sideways cycles).
 LAYERS: list[list[str]] = [
     ["config", "templates", "tiny", "models", "metrics", "progress"],
-    ["data", "placement", "memory", "stages", "report"],
+    ["data", "placement", "memory", "trainer_kit", "stages", "kinds", "report"],
     ["infer", "run"],
     ["tune"],
     ["cli"],

@@ -1,0 +1,1 @@
+"""The dpo stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

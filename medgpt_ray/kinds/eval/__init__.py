@@ -1,0 +1,1 @@
+"""The eval stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

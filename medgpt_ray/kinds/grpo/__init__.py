@@ -1,0 +1,1 @@
+"""The grpo stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

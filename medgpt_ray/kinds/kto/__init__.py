@@ -1,0 +1,1 @@
+"""The kto stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The opd stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The orpo stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

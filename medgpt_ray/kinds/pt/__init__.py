@@ -1,0 +1,1 @@
+"""The pt stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The rloo stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The rm stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The sft stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""

@@ -1,0 +1,1 @@
+"""The simpo stage kind (docs/ARCHITECTURE.md, "The stage-kind contract")."""
