@@ -89,9 +89,9 @@ def _warm_worker() -> None:
     pandas), the operators and jieba's dictionary (~3 CPU-s in all, bench/results/clean_scaling_*.json)."""
     import ray.data._internal.execution.operators.map_operator  # noqa: F401
 
-    from medgpt_ray.data.ops import dedup, quality, record  # noqa: F401
+    from medgpt_ray.data.ops import dedup, quality, record, text_measures  # noqa: F401
 
-    quality.load_tokenizer()
+    text_measures.load_tokenizer()
 
 
 def warm_workers(cpus: int, remote: dict[str, Any]) -> list[ray.ObjectRef]:
