@@ -173,19 +173,26 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
         shutil.rmtree(out / "_work", ignore_errors=True)
 
 
-def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: float, echo: Callable[[str], None],
-                  live_progress: Callable[..., Any], remote: dict[str, Any], cpus: int,
-                  warm: list[ray.ObjectRef]) -> dict[str, Any]:
-    work = private_dir(out / "_work")  # stage-1 files hold record text
-    files = sorted({c.path for c in chunks})
-    echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
+def _write_stage1(chunks: list[SourceChunk], work: Path, n_files: int, cfg: CleanConfig, t0: float,
+                  echo: Callable[[str], None], live_progress: Callable[..., Any], remote: dict[str, Any]) -> None:
+    """Step 1: every chunk read, converted and cleaned in Ray Data, streaming into the stage-1 files under
+    `work`/stage1, with the live progress line while it runs."""
+    echo(f"[clean] 1/3 reading and cleaning {n_files} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    progress = live_progress(len(chunks), t0, echo, files=len(files), total_bytes=sum(map(chunk_bytes, chunks)))
+    progress = live_progress(len(chunks), t0, echo, files=n_files, total_bytes=sum(map(chunk_bytes, chunks)))
     stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
                             batch_format="pyarrow", batch_size=1, **remote)
     with progress:
         # The same resources as the map, so Ray Data fuses map and write into one task (no block hand-over).
         stage1.write_parquet(str(work / "stage1"), ray_remote_args=remote)
+
+
+def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: float, echo: Callable[[str], None],
+                  live_progress: Callable[..., Any], remote: dict[str, Any], cpus: int,
+                  warm: list[ray.ObjectRef]) -> dict[str, Any]:
+    work = private_dir(out / "_work")  # stage-1 files hold record text
+    files = sorted({c.path for c in chunks})
+    _write_stage1(chunks, work, len(files), cfg, t0, echo, live_progress, remote)
     ray.get(warm)  # long done; a worker that could not import the operators fails the run here, not silently
     t1 = time.monotonic()
 
