@@ -2069,7 +2069,7 @@ def raw_readme(truth: dict) -> str:
         "",
         "The CSV has the header `department,title,ask,answer` and is encoded in GB18030, as Toyhom's is.",
         "",
-        "Line numbers below follow `medgpt_ray.data.files.iter_rows`: the physical line (1-based) in `.jsonl`;",
+        "Line numbers below follow `medgpt_ray.data.file_rows.iter_rows`: the physical line (1-based) in `.jsonl`;",
         "the array index + 1 in `.json`; the data row number (1-based, header not counted) in `.csv`.",
         "",
         "## PII planted (must be redacted)",

@@ -49,7 +49,7 @@ class OnlineRLStageConfig(StageConfig):
     LoRA and the reward adapter on one frozen base, the reference all adapters off: no second network). auto: when
     rm trains with LoRA/QLoRA from the same stage as this one and neither this stage trains in full nor
     reward_model_gpu is on; true: the same, refused when that does not hold; false: the rm's merged model."""
-    # The rm stage's LoRA rank, set with reward_shared_base by the pipeline config (config/__init__.py): the
+    # The rm stage's LoRA rank, set with reward_shared_base by the pipeline config (config/pipeline.py): the
     # planner sizes the reward adapter at the rank rm trains it with, not at this stage's.
     _rm_lora_rank: int = PrivateAttr(default=0)
 

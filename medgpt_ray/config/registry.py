@@ -25,7 +25,7 @@ class StageKind:
     this registry entry: the config, the stage graph, the planner and the runners take it from here."""
 
     name: str  # its key under `stages:`, and the stage's name in a run (one stage per kind)
-    config_class: type  # its StageConfig subclass (config/stages.py)
+    config_class: type  # its StageConfig subclass (config/stage.py)
     data_kind: str  # the data.<kind> it trains on
     default_from: str | None  # whose model it starts from unless `from` says otherwise; None: the base model
     defaults: dict[str, Any] = field(default_factory=dict)  # the kind's own defaults (pt: full, lr 5e-5)

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from medgpt_ray.data.files import decode_line, iter_rows, txt_encoding, txt_line, undecodable
+from medgpt_ray.data.file_rows import iter_rows
 from medgpt_ray.data.readers import RecordError
+from medgpt_ray.data.text_encoding import decode_line, txt_encoding, txt_line, undecodable
 
 CHUNK_BYTES = 4 << 20  # ~8k dialogue records: enough chunks to keep every core busy
 
@@ -23,7 +24,7 @@ class SourceChunk:
     path: str
     kind: str
     file_no: int = 0  # position among the run's input files: the first part of every record id
-    start: int = 0  # byte offsets [start, end); end -1 = whole file (read with files.iter_rows)
+    start: int = 0  # byte offsets [start, end); end -1 = whole file (read with file_rows.iter_rows)
     end: int = -1
     first_line: int = 1
 
@@ -63,7 +64,7 @@ def _row(chunk: SourceChunk, line: int, text: str | None, error: RecordError | N
 def read_chunk(chunk: SourceChunk) -> Iterator[dict]:
     """Rows of one chunk: the source row as JSON text, or the parse error (raw kept only then).
 
-    A .txt line comes back as the JSON text of {"text": line}, exactly the row files.iter_rows gives for it."""
+    A .txt line comes back as the JSON text of {"text": line}, exactly the row file_rows.iter_rows gives for it."""
     if chunk.end < 0:
         for line, row in iter_rows(Path(chunk.path)):
             if isinstance(row, RecordError):

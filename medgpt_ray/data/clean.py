@@ -1,7 +1,8 @@
 """The corpus-cleaning pipeline on Ray: read -> canonical -> normalize/sign-offs/PII/quality -> dedup -> write.
 
 Only wiring lives here (the one module of data/ that imports Ray); every step is a pure function of data/ops,
-data/dedup_marks and data/clean_output, tested without Ray.
+data/clean_inputs (the chunks read), data/clean_stage1 (the stage-1 files), data/dedup_marks and
+data/clean_output, tested without Ray.
 
     1. read + convert + clean   Ray Data, streaming over byte-range chunks of the inputs, map and Parquet write
                                 fused; one file per chunk under _work/stage1, each with its records' dedup keys
@@ -36,104 +37,29 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import ray
 
 from medgpt_ray.config import CleanConfig
-from medgpt_ray.data.chunks import CHUNK_BYTES, SourceChunk, plan_chunks
-from medgpt_ray.data.clean_output import (
-    build_report,
-    chunk_start_ids,
-    finish_rows,
-    format_report,
-    merge_overlapping_parts,
+from medgpt_ray.data.chunks import SourceChunk
+from medgpt_ray.data.clean_inputs import chunk_bytes, plan_inputs
+from medgpt_ray.data.clean_output import build_report, chunk_start_ids, format_report, merge_overlapping_parts
+from medgpt_ray.data.clean_stage1 import (
+    finish_file,
+    keys_by_part,
+    pairs_of_part,
+    signatures_in,
+    stage1_rows,
 )
-from medgpt_ray.data.convert import ROW_SCHEMA, convert_rows, rows_to_table
-from medgpt_ray.data.dedup_marks import (
-    KEY_COLUMNS,
-    PAIR_SCHEMA,
-    candidate_pairs,
-    decide_marks,
-    explode_keys,
-    near_candidates,
-    partition_keys,
-    signatures_of,
-)
-from medgpt_ray.data.files import describe_skipped, expand_paths, iter_rows
+from medgpt_ray.data.dedup_marks import PAIR_SCHEMA, decide_marks, near_candidates
 from medgpt_ray.data.output_dir import OWN_SUBDIRS, claim_output_dir
 from medgpt_ray.data.private import private_dir
-from medgpt_ray.data.readers import KIND_FORMATS, DataFileError, RecordError, detect_format
 from medgpt_ray.metrics import record_clean_report
 
-FEATURE_FIELDS = [
-    ("redactions", pa.string()),
-    ("signoffs", pa.int64()),
-    ("dedup_keys", pa.list_(pa.uint64())),
-    ("minhash", pa.binary()),
-]
-STAGE1_SCHEMA = pa.schema(list(ROW_SCHEMA) + [pa.field(n, t) for n, t in FEATURE_FIELDS])
-FINAL_COLUMNS = [n for n in STAGE1_SCHEMA.names if n not in ("dedup_keys", "minhash")]
 # The key shuffle makes files x parts objects: one part per CPU, but not 10^5 objects on a big cluster.
 MAX_KEY_PARTS = 64
 
 
-def chunk_bytes(chunk: SourceChunk) -> int:
-    """Bytes a chunk covers (the progress line's ETA): its byte range, or the whole file."""
-    return chunk.end - chunk.start if chunk.end >= 0 else os.path.getsize(chunk.path)
-
-
-# ---- kinds ---------------------------------------------------------------------------------------
-def detect_kind(path: Path) -> tuple[str, str]:
-    """(format, kind) of a file from its first parseable row; --kind auto says what it found."""
-    for _, row in iter_rows(path):
-        if isinstance(row, RecordError):
-            continue
-        try:
-            fmt = detect_format(row)
-        except RecordError:
-            continue
-        kind = next(k for k, fmts in KIND_FORMATS.items() if fmt in fmts)
-        if kind == "exam":
-            raise DataFileError(f"{path}: multiple-choice exam questions ({fmt}) are not cleaned; list the file "
-                                f"under data.exam (the eval stage reads it as it is)")
-        return fmt, kind
-    raise DataFileError(f"{path}: no row of a known source format; pass --kind explicitly")
-
-
-MIN_CHUNK_BYTES = 256 << 10
-
-
-def plan_inputs(inputs: list[str], kind: str, echo: Callable[[str], None], cpus: int = 1,
-                chunks_per_cpu: int = 4) -> list[SourceChunk]:
-    """Chunks of every input. Chunks are at most CHUNK_BYTES, and smaller when the inputs are small for the
-    cluster (a 50 MB corpus on 16 CPUs: ~0.8 MB chunks, so every core gets work)."""
-    skipped: list[tuple[Path, str]] = []
-    paths = expand_paths(inputs, skipped)
-    for line in describe_skipped(skipped):
-        echo(f"[clean] {line}")
-    total = sum(p.stat().st_size for p in paths)
-    size = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // (chunks_per_cpu * max(1, cpus))))
-    chunks: list[SourceChunk] = []
-    for file_no, path in enumerate(paths):
-        if kind == "auto":
-            fmt, file_kind = detect_kind(path)
-            echo(f"[clean] {path}: detected {fmt} -> {file_kind}")
-        else:
-            file_kind = kind
-        chunks.extend(plan_chunks(path, file_kind, file_no, size))
-    return chunks
-
-
-# ---- stage 1: convert + clean + dedup features (pure per batch) -----------------------------------
-def _with_features(table: pa.Table) -> pa.Table:
-    """Give a table every STAGE1 column (missing ones null), in schema order."""
-    cols = []
-    for f in STAGE1_SCHEMA:
-        cols.append(table.column(f.name).cast(f.type) if f.name in table.column_names
-                    else pa.nulls(table.num_rows, f.type))
-    return pa.Table.from_arrays(cols, schema=STAGE1_SCHEMA)
-
-
+# ---- stage 1: read + convert + clean, streaming in Ray Data (stage1_rows does the work) ------------
 def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] | None = None
                   ) -> Iterator[pa.Table]:
     """Read whole chunks and clean them batch by batch in the same task: rows never round-trip through
@@ -158,33 +84,14 @@ def stage1_chunks(items: pa.Table, cfg: CleanConfig, progress: tuple[str, str] |
             yield stage1_rows(rows, cfg)
 
 
-def stage1_rows(rows: list[dict[str, Any]], cfg: CleanConfig) -> pa.Table:
-    from medgpt_ray.data.ops.dedup import dedup_features
-    from medgpt_ray.data.ops.record import clean_table
-
-    table = rows_to_table(convert_rows(rows, cfg.pii))
-    parts = [_with_features(table.filter(pc.is_valid(table["dropped_by"])))]
-    live = table.filter(pc.is_null(table["dropped_by"]))
-    for kind in sorted(set(live["kind"].to_pylist())):
-        sub = live.filter(pc.equal(live["kind"], kind))
-        cleaned = clean_table(sub, kind, cfg)
-        parts.append(_with_features(cleaned.filter(pc.is_valid(cleaned["dropped_by"]))))
-        kept = cleaned.filter(pc.is_null(cleaned["dropped_by"]))
-        if kept.num_rows:
-            parts.append(_with_features(dedup_features(kept, kind, cfg.dedup)))
-    # Back into reading (= id) order: batches arrive in order, so the whole stage stays sorted.
-    table = pa.concat_tables(parts)
-    return table.take(pc.sort_indices(table, [("id", "ascending")]))
-
-
 def _warm_worker() -> None:
     """What every cleaning task's worker needs before its first chunk: Ray Data's task module (it pulls in
     pandas), the operators and jieba's dictionary (~3 CPU-s in all, bench/results/clean_scaling_*.json)."""
     import ray.data._internal.execution.operators.map_operator  # noqa: F401
 
-    from medgpt_ray.data.ops import dedup, quality, record  # noqa: F401
+    from medgpt_ray.data.ops import dedup, quality, record, text_measures  # noqa: F401
 
-    quality.load_tokenizer()
+    text_measures.load_tokenizer()
 
 
 def warm_workers(cpus: int, remote: dict[str, Any]) -> list[ray.ObjectRef]:
@@ -196,30 +103,12 @@ def warm_workers(cpus: int, remote: dict[str, Any]) -> list[ray.ObjectRef]:
 
 
 # ---- stages 2 and 3: Ray tasks over the stage-1 files ----------------------------------------------
-def _keys_by_part(path: str, parts: int) -> list[pa.Table]:
-    return partition_keys(explode_keys(pq.read_table(path, columns=KEY_COLUMNS)), parts)
-
-
-def _pairs_of_part(*tables: pa.Table) -> pa.Table:
-    return candidate_pairs(pa.concat_tables(tables))
-
-
-def _signatures_in(path: str, wanted: pa.Array) -> pa.Table:
-    return signatures_of(pq.read_table(path, columns=["id", "minhash"]), wanted)
-
-
-def _finish_file(path: str, marks: pa.Table, chunk_starts: list[str], out_dir: str
-                 ) -> tuple[Counter[str], list[list[Any]]]:
-    os.umask(0o077)
-    return finish_rows(pq.read_table(path, columns=FINAL_COLUMNS), marks, chunk_starts, out_dir)
-
-
 def find_candidate_pairs(files: list[str], parts: int, remote: dict[str, Any]) -> pa.Table:
     """The key shuffle: one map task per stage-1 file splits its (key, rid) rows into `parts`, one reduce task
     per part pairs them. Only refs pass through the driver; the pairs (a few per duplicate) come back."""
-    split = ray.remote(_keys_by_part).options(num_returns=parts, **remote)
+    split = ray.remote(keys_by_part).options(num_returns=parts, **remote)
     maps = [split.remote(f, parts) for f in files]
-    pair = ray.remote(_pairs_of_part).options(**remote)
+    pair = ray.remote(pairs_of_part).options(**remote)
     refs = [pair.remote(*(m[p] for m in maps)) for p in range(parts)]
     del maps  # the reducers hold what they need
     return pa.concat_tables([PAIR_SCHEMA.empty_table(), *ray.get(refs)])
@@ -230,7 +119,7 @@ def fetch_signatures(files: list[str], wanted: pa.Array, remote: dict[str, Any])
     if not len(wanted):
         return empty
     wanted_ref = ray.put(wanted)
-    task = ray.remote(_signatures_in).options(**remote)
+    task = ray.remote(signatures_in).options(**remote)
     return pa.concat_tables([empty, *ray.get([task.remote(f, wanted_ref) for f in files])],
                             promote_options="permissive")
 
@@ -238,7 +127,7 @@ def fetch_signatures(files: list[str], wanted: pa.Array, remote: dict[str, Any])
 def write_outputs(files: list[str], marks: pa.Table, chunks: list[SourceChunk], out: Path,
                   remote: dict[str, Any]) -> tuple[Counter[str], list[list[Any]]]:
     marks_ref = ray.put(marks)
-    task = ray.remote(_finish_file).options(**remote)
+    task = ray.remote(finish_file).options(**remote)
     counts: Counter[str] = Counter()
     parts: list[list[Any]] = []
     for c, written in ray.get([task.remote(f, marks_ref, chunk_start_ids(chunks), str(out)) for f in files]):
@@ -284,19 +173,26 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
         shutil.rmtree(out / "_work", ignore_errors=True)
 
 
-def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: float, echo: Callable[[str], None],
-                  live_progress: Callable[..., Any], remote: dict[str, Any], cpus: int,
-                  warm: list[ray.ObjectRef]) -> dict[str, Any]:
-    work = private_dir(out / "_work")  # stage-1 files hold record text
-    files = sorted({c.path for c in chunks})
-    echo(f"[clean] 1/3 reading and cleaning {len(files)} file(s) in {len(chunks)} chunk(s)")
+def _write_stage1(chunks: list[SourceChunk], work: Path, n_files: int, cfg: CleanConfig, t0: float,
+                  echo: Callable[[str], None], live_progress: Callable[..., Any], remote: dict[str, Any]) -> None:
+    """Step 1: every chunk read, converted and cleaned in Ray Data, streaming into the stage-1 files under
+    `work`/stage1, with the live progress line while it runs."""
+    echo(f"[clean] 1/3 reading and cleaning {n_files} file(s) in {len(chunks)} chunk(s)")
     ds = ray.data.from_items([asdict(c) for c in chunks], override_num_blocks=max(1, len(chunks)))
-    progress = live_progress(len(chunks), t0, echo, files=len(files), total_bytes=sum(map(chunk_bytes, chunks)))
+    progress = live_progress(len(chunks), t0, echo, files=n_files, total_bytes=sum(map(chunk_bytes, chunks)))
     stage1 = ds.map_batches(stage1_chunks, fn_kwargs={"cfg": cfg, "progress": progress.address},
                             batch_format="pyarrow", batch_size=1, **remote)
     with progress:
         # The same resources as the map, so Ray Data fuses map and write into one task (no block hand-over).
         stage1.write_parquet(str(work / "stage1"), ray_remote_args=remote)
+
+
+def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: float, echo: Callable[[str], None],
+                  live_progress: Callable[..., Any], remote: dict[str, Any], cpus: int,
+                  warm: list[ray.ObjectRef]) -> dict[str, Any]:
+    work = private_dir(out / "_work")  # stage-1 files hold record text
+    files = sorted({c.path for c in chunks})
+    _write_stage1(chunks, work, len(files), cfg, t0, echo, live_progress, remote)
     ray.get(warm)  # long done; a worker that could not import the operators fails the run here, not silently
     t1 = time.monotonic()
 
@@ -341,5 +237,3 @@ def _clean_chunks(chunks: list[SourceChunk], out: Path, cfg: CleanConfig, t0: fl
     record_clean_report(out.parent.name if out.name == "clean" else out.name, report)
     echo(format_report(report, out))
     return report
-
-

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from medgpt_ray.config import PIIConfig
-from medgpt_ray.data.files import parse_json_line
+from medgpt_ray.data.json_record import parse_json_line
 from medgpt_ray.data.readers import RecordError, to_canonical
 
 # Every row of the cleaning pipeline has these columns (quarantined and kept alike).

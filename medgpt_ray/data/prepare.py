@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from medgpt_ray.config import DataConfig
-from medgpt_ray.data.files import Quarantined, expand_paths, iter_canonical
+from medgpt_ray.data.files import Quarantined, iter_canonical
+from medgpt_ray.data.input_paths import expand_paths
 from medgpt_ray.data.kinds import source_kinds
 from medgpt_ray.data.ops.pii import ORDER as PII_TYPES
 from medgpt_ray.data.ops.record import redact_record

@@ -11,7 +11,9 @@ from pathlib import Path
 from medgpt_ray.data.convert import record_id
 from medgpt_ray.data.exam import exam_prompt
 from medgpt_ray.data.fields import _conversation, check_turn_order
-from medgpt_ray.data.files import Quarantined, expand_paths, iter_rows
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.files import Quarantined
+from medgpt_ray.data.input_paths import expand_paths
 from medgpt_ray.data.kinds import KIND_FORMATS, RecordError, detect_format
 from medgpt_ray.data.readers import CONVERTERS
 

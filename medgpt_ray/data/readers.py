@@ -17,7 +17,7 @@ The order rule is templates.turn_order_error (one rule for reading and for rende
 Source formats understood (`detect_format` names):
 
     text                   {"text": ...}, or any record with a single string field (e.g. a one-column CSV);
-                           also every non-empty line of a .txt file (files.py)
+                           also every non-empty line of a .txt file (file_rows.py)
     sharegpt               MedicalGPT ShareGPT {"conversations": [{"from", "value"}], "tools"?}, from one of
                            human, gpt, system, function_call, observation (see SHAREGPT_ROLES)
     canonical_sft          {"conversations": [{"role", "content"}], "tools"?} (what the cleaner writes)

@@ -5,7 +5,7 @@ costs a second, not a cluster start (or, for too many workers, a Ray Train retry
 from __future__ import annotations
 
 from medgpt_ray.config import ConfigError, PipelineConfig
-from medgpt_ray.data.files import expand_paths
+from medgpt_ray.data.input_paths import expand_paths
 from medgpt_ray.data.kinds import DataFileError
 
 DATA_KEYS = ("pretrain", "sft", "preference", "prompt", "unpaired", "exam", "raw")

@@ -45,7 +45,7 @@ from medgpt_ray.templates.base import (
     TemplateTokenizerMismatch,
     TemplateToolsUnsupported,
 )
-from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, ToolFormat, get_template
+from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, get_template
 from medgpt_ray.templates.conversation import has_tool_content, parse_tool_calls, turn_order_error
 from medgpt_ray.templates.encode import (
     apply_to_tokenizer,
@@ -56,6 +56,7 @@ from medgpt_ray.templates.encode import (
     resolved_suffix,
     response_text,
 )
+from medgpt_ray.templates.tool_format import ToolFormat
 
 __all__ = [
     "ASSISTANT_SIDE",

@@ -14,8 +14,9 @@ from medgpt_ray.templates.base import (
     TemplateTokenizerMismatch,
     TemplateToolsUnsupported,
 )
-from medgpt_ray.templates.catalog import REQUIRED_BOS, ChatTemplate, unsupported_message
+from medgpt_ray.templates.catalog import REQUIRED_BOS, ChatTemplate
 from medgpt_ray.templates.conversation import check_tools, has_tool_content, tool_calls_of, validate_conversation
+from medgpt_ray.templates.tool_format import unsupported_message
 
 
 def resolved_suffix(template: ChatTemplate, tokenizer: Any) -> str:

@@ -214,7 +214,7 @@ def test_overlapping_parts_are_merged_into_one_sorted_part(tmp_path):
 
 def test_chunks_per_cpu_sets_how_finely_the_input_is_cut(tmp_path):
     """The clean.chunks_per_cpu knob: 1 chunk per CPU or 4, each chunk a contiguous byte range, none lost."""
-    from medgpt_ray.data.clean import chunk_bytes, plan_inputs
+    from medgpt_ray.data.clean_inputs import chunk_bytes, plan_inputs
 
     corpus = tmp_path / "big.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"{i} " + "病" * 200}, ensure_ascii=False) + "\n"

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from medgpt_ray.data.files import MAX_JSON_DEPTH, describe_skipped, expand_paths, iter_rows
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.input_paths import describe_skipped, expand_paths
+from medgpt_ray.data.json_record import MAX_JSON_DEPTH
 from medgpt_ray.data.kinds import DataFileError
 from medgpt_ray.data.output_dir import MARKER, claim_output_dir
 from medgpt_ray.data.private import open_private

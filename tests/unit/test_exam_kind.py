@@ -127,7 +127,7 @@ def test_a_generated_answer_reads_as_its_letters(text, letters):
 
 
 def test_the_cleaner_refuses_an_exam_file(tmp_path):
-    from medgpt_ray.data.clean import detect_kind
+    from medgpt_ray.data.clean_inputs import detect_kind
     from medgpt_ray.data.kinds import DataFileError
 
     with pytest.raises(DataFileError, match="list the file under data.exam"):

@@ -11,16 +11,9 @@ from pathlib import Path
 import pytest
 
 from medgpt_ray.config import CleanConfig, QualityConfig
-from medgpt_ray.data.ops.quality import (
-    char_repetition,
-    content_tokens,
-    field_texts,
-    is_filler,
-    quality_reason,
-    repeated_unit,
-    special_char_ratio,
-    token_entropy,
-)
+from medgpt_ray.data.ops.low_information import is_filler, repeated_unit
+from medgpt_ray.data.ops.quality import field_texts, quality_reason
+from medgpt_ray.data.ops.text_measures import char_repetition, content_tokens, special_char_ratio, token_entropy
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from medgpt_ray.config import CleanConfig, PIIConfig, SignoffConfig
-from medgpt_ray.data.files import iter_rows
+from medgpt_ray.data.file_rows import iter_rows
 from medgpt_ray.data.ops.record import (
     CleanOutcome,
     clean_record,

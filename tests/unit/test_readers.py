@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from medgpt_ray.data.files import LoadResult, Quarantined, iter_rows, load_canonical
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.files import LoadResult, Quarantined, load_canonical
 from medgpt_ray.data.readers import DataFileError, RecordError, detect_format, to_canonical
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from medgpt_ray.data.chunks import plan_chunks, read_chunk
-from medgpt_ray.data.files import iter_rows, load_canonical
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.files import load_canonical
 from medgpt_ray.data.readers import DataFileError, RecordError, detect_format, to_canonical, turn_order_error
 from tests.unit.test_readers import SECRET, canonical, sharegpt, write_jsonl
 

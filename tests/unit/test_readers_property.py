@@ -12,7 +12,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from medgpt_ray.data.files import Quarantined, iter_canonical, iter_rows
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.files import Quarantined, iter_canonical
 from medgpt_ray.data.kinds import DataFileError
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -70,7 +71,7 @@ def count_canonical(path: Path, kind: str) -> tuple[int, int, int]:
 def test_jsonl_lines_of_any_bytes_never_crash_and_add_up(tmp_path_factory, lines, kind):
     path = tmp_path_factory.mktemp("prop") / "in.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    # A UTF-8 BOM opening the file marks its encoding and is not content (data/files.py drops it from line 1).
+    # A UTF-8 BOM opening the file marks its encoding and is not content (data/file_rows.py drops it from line 1).
     content = [lines[0].removeprefix(b"\xef\xbb\xbf"), *lines[1:]]
     expected = sum(1 for line in content if line.strip())
     rows = list(iter_rows(path))

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from medgpt_ray.data.files import iter_rows, load_canonical
+from medgpt_ray.data.file_rows import iter_rows
+from medgpt_ray.data.files import load_canonical
 from medgpt_ray.data.readers import RecordError, to_canonical
 from tests.unit.test_readers import SAMPLE
 

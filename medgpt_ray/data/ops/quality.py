@@ -8,7 +8,7 @@ Fields and what is checked on them:
 
     text, system, user, rejected,  too_long, too_short (min_chars), repetitive, special_chars
     completion                     (an unpaired completion may be the undesirable example: judged as rejected)
-    assistant, chosen (responses)  too_long, the low-information checks below, too_short (min_response_chars),
+    assistant, chosen (responses)  too_long, the low-information checks, too_short (min_response_chars),
                                    repetitive, special_chars
     tool_call, tool, answer        too_long only: tool calls/results are JSON or machine output, and a prompt
                                    record's reference answer may be one letter or one number
@@ -16,7 +16,8 @@ Fields and what is checked on them:
 Checks, in this order (the first failure is the reason):
 
     too_long          more than max_chars characters (checked first: nothing else runs on a huge field)
-    (responses)       the low-information checks, see below
+    (responses)       the low-information checks of data/ops/low_information.py (too_short, non_answer,
+                      low_entropy)
     too_short         fewer than min_chars characters (responses: min_response_chars, default 1)
     repetitive        texts of 20+ characters whose most frequent character 3-gram is more than
                       max_char_repetition of all 3-grams
@@ -26,238 +27,22 @@ Checks, in this order (the first failure is the reason):
                       (% ‰ ℃ ° ± × ÷ / . - + ~ ≤ ≥ < > μ µ · ( ) [ ] : , ; ↑ ↓ ㎎ ㎖ …), so lab- and
                       dosage-heavy text passes while ★◆@#$ spam does not.
 
-Low-information responses. Brevity is not low information: medical QA (knowledge-graph questions above all)
-is full of correct one-term answers -- 阿奇霉素, 肿瘤科；肿瘤外科, 颈内静脉, 0.05%, TP53基因突变, 46条, CT, 肝 --
-and the entropy of a one- or two-token answer is 0 or 1 bit whatever it says. So a response is judged by
-what it contains, and entropy only once it is long enough to mean something:
-
-    too_short         nothing but whitespace/punctuation (empty, "。。。", "**", a reply that was only a sign-off)
-    non_answer        no content token once markup is removed: HTML tags/entities (<br>, &nbsp;), chat
-                      placeholders ([图片], [表情], [语音] …), emoji and other symbols
-    low_entropy / non_answer
-                      filler: every punctuation/whitespace-separated chunk is made up entirely of FILLER_PHRASES
-                      (acknowledgements 好的/谢谢/嗯嗯/收到/知道了/OK, greetings, forum noise 顶/赞, and non-answers
-                      不知道/不清楚/同上/无/略/因人而异) and DEFLECTIONS (content-free "请咨询医生", "请到医院就诊",
-                      "请详细描述您的问题", "请稍等", "还有其他问题吗", "无法回答" …). Reported as low_entropy when the
-                      Shannon entropy of its jieba tokens is below min_response_entropy_bits (嗯, 好的好的),
-                      else non_answer (好的，知道了). Only texts of up to FILLER_MAX_CHARS content characters are
-                      tried (filler is short; this bounds the cost).
-    low_entropy       a unit repeated: the text without punctuation/whitespace is one character 3+ times
-                      (啊啊啊啊, 666666) or one non-numeric string of 2+ characters 2+ times (阿莫西林阿莫西林);
-                      "1:1", "10:10" stay (repeated digits are real answers)
-    low_entropy       responses of at least min_entropy_tokens jieba content tokens (tokens with a letter or
-                      digit) whose token entropy, in bits, is below min_response_entropy_bits
-
-The evaluation sets tests/data/short_medical_qa.jsonl (short factual answers, must be kept) and
-tests/data/filler_answers.jsonl (filler, must be dropped) pin this behaviour. For preference records,
-chosen == rejected (ignoring whitespace) is "identical_responses", checked before the fields.
+Measures (tokens, entropy, 3-gram repetition, the special-character ratio) come from data/ops/text_measures.py.
+For preference records, chosen == rejected (ignoring whitespace) is "identical_responses", checked before the
+fields.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import re
-import unicodedata
-from collections import Counter
-
 from medgpt_ray.config import QualityConfig
 from medgpt_ray.data.kinds import KINDS
+from medgpt_ray.data.ops.low_information import response_reason
+from medgpt_ray.data.ops.text_measures import char_repetition, special_char_ratio
 
 RESPONSE_ROLES = frozenset({"assistant", "chosen"})
 # Machine output (tool calls and results) and a prompt record's reference answer: checked for too_long only.
 LENGTH_ONLY_ROLES = frozenset({"tool_call", "tool", "answer"})
 REPETITION_MIN_CHARS = 20
-FILLER_MAX_CHARS = 64
-
-# Filler phrases, compared with the lower-cased text of a chunk (a chunk is a run of text between punctuation or
-# whitespace): a chunk that is a concatenation of these (and DEFLECTIONS) carries no answer. Deliberately left
-# out because they are real short answers to yes/no questions: 不会, 不是, 没有, 有, 不可以, and bare numbers.
-# A bare 是/对/可以 is read as an acknowledgement; with a term (是，属于遗传病) the term makes it an answer.
-FILLER_PHRASES = frozenset(
-    # acknowledgements, agreement, thanks, greetings, interjections and the particles/pronouns around them
-    "好 好的 好滴 好哒 好嘞 好吧 好呀 好啊 好了 行 行吧 行的 可以 可以的 ok okay okk 嗯 恩 嗯呢 嗯哼 哦 噢 喔 "
-    "啊 呃 额 唔 哈 呵 嘿 嘻 哇 诶 欸 收到 知道 知道了 知道啦 晓得 晓得了 明白 明白了 了解 了解了 懂了 清楚了 "
-    "是 是的 对 对的 没错 没问题 谢 谢谢 谢啦 谢了 多谢 感谢 感恩 非常 太 十分 万分 真是 辛苦 辛苦了 麻烦 "
-    "麻烦了 不客气 不用谢 没关系 你好 您好 哈喽 hello hi 在吗 在的 在 我 你 您 我们 的 了 啦 呢 吧 呀 也 "
-    "都 亲 医生 大夫 老师 thanks thank you thx 唉 哎 哎呀 哎哟 呜 已收到 您的 你的 解答 回答 回复 "
-    "会注意的 我会注意 会注意 这个 这样 这样啊 原来 原来如此 原来是这样 耐心 "
-    # non-answers and forum noise
-    "不知道 不清楚 不太清楚 不了解 不太了解 不太懂 不确定 不好说 说不好 不晓得 不懂 同上 如上 见上 同楼上 楼上 "
-    "无 暂无 略 没了 没有了 就这些 待定 看情况 因人而异 难说 无可奉告 抱歉 对不起 不好意思 顶 赞 沙发 路过 mark"
-    .split()
-)
-_FILLER_LENGTHS = tuple(sorted({len(p) for p in FILLER_PHRASES}, reverse=True))
-
-_YOU = r"(?:您|你)?"
-_PLEASE = r"(?:请问|请|建议|最好|麻烦|我会|我)?" + _YOU + r"(?:尽快|及时|再)?"
-# Content-free deflections, matched inside a lower-cased chunk (no punctuation or whitespace left in it).
-DEFLECTIONS = tuple(re.compile(p) for p in (
-    # 请咨询医生, 建议咨询专业医生, 问问你的主治大夫
-    _PLEASE + r"(?:去|到)?(?:咨询|问问|问一下|问|请教)(?:一下)?" + _YOU + r"(?:的)?"
-    r"(?:专业|专科|主治|当地|相关|线下)?(?:的)?(?:医生|医师|大夫|专家)",
-    # 请到医院就诊, 建议去正规医院看看, 建议就医
-    _PLEASE + r"(?:去|到|前往)(?:正规)?医院(?:就诊|就医|检查|看看|看一下|看下|复查)?",
-    _PLEASE + r"(?:就医|就诊)",
-    # 请详细描述您的问题, 请补充您的病情描述, 请提供更多信息
-    _PLEASE + r"(?:详细|具体|仔细)?(?:地)?(?:描述|说明|说说|说|讲讲|讲|补充|提供|介绍)(?:一下)?" + _YOU
-    + r"(?:的)?(?:更多|更详细|详细)?(?:的)?(?:问题|症状|病情描述|病情|情况|病史|信息|资料|描述)*",
-    # 请问还有什么问题吗, 还有其他问题吗, 请问您有什么问题, 请问有什么可以帮您
-    _PLEASE + r"(?:还)?有(?:其他|别的)?(?:什么)?(?:问题|疑问|需要)(?:吗)?",
-    _PLEASE + r"(?:有)?什么(?:可以|能)?(?:帮|帮助)(?:到)?(?:您|你)(?:的)?(?:吗)?",
-    # 请稍等, 正在为您查询
-    _PLEASE + r"稍等(?:一下|片刻)?",
-    r"正在(?:为您|帮您|为你|帮你)?(?:查询|处理|核实)(?:中)?",
-    # 请上传检查报告
-    _PLEASE + r"(?:上传|发|发送)(?:一下)?(?:检查|化验)?(?:报告|单|图片|照片)",
-    # 我无法回答这个问题, 这个问题无法回答
-    r"(?:我)?(?:这个问题|此问题)?(?:我)?(?:无法|不能|没法|不便)(?:回答|回复|解答)(?:这个问题|您的问题|此问题)?",
-))
-
-# Markup that is not content: HTML tags (a letter right after "<", so "<5.2mmol/L" is not a tag), entities, and
-# chat-export placeholders.
-_MARKUP = re.compile(
-    r"</?[a-zA-Z][a-zA-Z0-9]*(?:\s[^<>]*)?/?>|&(?:[a-zA-Z]+|#[0-9]+|#x[0-9a-fA-F]+);"
-    r"|\[(?:图片|图|表情|动画表情|语音|视频|链接|文件|image|img|emoji|sticker)\]",
-    re.IGNORECASE,
-)
-_REPEATED_UNIT = re.compile(r"(.+?)\1+", re.DOTALL)
-
-_PUNCTUATION = set("，。？！：；、“”‘’（）《》〈〉【】「」『』—…·～－　,.;:!?'\"()[]{}-_/\\|~`*&^=")
-_CLINICAL = set("%‰℃℉°±×÷/.-+~≤≥<>≈μµ·()[]:,;↑↓→←^=*'\"!?_&㎎㎏㎖㎜㎝㎞㎡㏄㏎㎍㎕㎗㎚㎛")
-_ALLOWED_SYMBOLS = frozenset(_PUNCTUATION | _CLINICAL)
-
-_jieba = None
-
-
-def load_tokenizer():
-    """jieba, imported and initialised on first use with its INFO chatter silenced."""
-    global _jieba
-    if _jieba is None:
-        import jieba
-
-        jieba.setLogLevel(logging.WARNING)
-        jieba.initialize()
-        _jieba = jieba
-    return _jieba
-
-
-def _is_separator(ch: str) -> bool:
-    return ch.isspace() or ch in _PUNCTUATION or unicodedata.category(ch)[0] == "P"
-
-
-def _is_content_char(ch: str) -> bool:
-    """A letter or digit of any script (CJK included)."""
-    return ch.isalnum() or unicodedata.category(ch)[0] in "LN"
-
-
-def _is_content_token(tok: str) -> bool:
-    return any(_is_content_char(c) for c in tok)
-
-
-def content_tokens(text: str) -> list[str]:
-    """jieba tokens of `text` that hold a letter or digit (punctuation, whitespace, emoji and symbols are left out)."""
-    return [t for t in load_tokenizer().lcut(text) if _is_content_token(t)]
-
-
-def token_entropy(tokens: list[str]) -> float:
-    """Shannon entropy (bits) of the token frequency distribution; 0.0 for no tokens."""
-    n = len(tokens)
-    if n == 0:
-        return 0.0
-    return max(0.0, -sum(c / n * math.log2(c / n) for c in Counter(tokens).values()))
-
-
-def char_repetition(text: str) -> float:
-    """Share of the most frequent character 3-gram among all 3-grams (0.0 for texts under 3 characters)."""
-    total = len(text) - 2
-    if total <= 0:
-        return 0.0
-    grams = Counter(text[i : i + 3] for i in range(total))
-    return max(grams.values()) / total
-
-
-def _chunks(text: str) -> list[str]:
-    """Lower-cased runs of `text` between separators (whitespace, punctuation)."""
-    out, cur = [], []
-    for ch in text:
-        if _is_separator(ch):
-            if cur:
-                out.append("".join(cur))
-                cur = []
-        else:
-            cur.append(ch.lower())
-    if cur:
-        out.append("".join(cur))
-    return out
-
-
-def _filler_chunk(chunk: str) -> bool:
-    """True if `chunk` is a concatenation of FILLER_PHRASES and DEFLECTIONS (dynamic programming over positions)."""
-    n = len(chunk)
-    reach = [False] * (n + 1)
-    reach[0] = True
-    for i in range(n):
-        if not reach[i]:
-            continue
-        for length in _FILLER_LENGTHS:
-            if i + length <= n and chunk[i : i + length] in FILLER_PHRASES:
-                reach[i + length] = True
-        for rx in DEFLECTIONS:
-            m = rx.match(chunk, i)
-            if m is not None and m.end() > i:
-                reach[m.end()] = True
-    return reach[n]
-
-
-def is_filler(text: str) -> bool:
-    """True if every chunk of `text` (markup removed) is filler (see the module docstring); False for no chunk."""
-    if len(text) > 4 * FILLER_MAX_CHARS:
-        return False
-    chunks = _chunks(_MARKUP.sub(" ", text))
-    if not chunks or sum(map(len, chunks)) > FILLER_MAX_CHARS:
-        return False
-    return all(_filler_chunk(c) for c in chunks)
-
-
-def repeated_unit(text: str) -> bool:
-    """True if `text` without separators is one character 3+ times or one non-numeric string 2+ times."""
-    if len(text) > 4 * FILLER_MAX_CHARS:
-        return False
-    squashed = "".join(_chunks(text))
-    if len(squashed) > FILLER_MAX_CHARS:
-        return False  # long texts: the character 3-gram check (repetitive) judges them
-    m = _REPEATED_UNIT.fullmatch(squashed)
-    if m is None:
-        return False
-    unit = m.group(1)
-    if len(unit) == 1:
-        return len(squashed) >= 3
-    return not any(c.isdigit() for c in unit)
-
-
-def _is_special(ch: str) -> bool:
-    if ch.isalnum() or ch.isspace() or ch in _ALLOWED_SYMBOLS:
-        return False
-    cat = unicodedata.category(ch)
-    if cat[0] in "LN":  # letters/digits of any script (isalnum misses a few, e.g. combining forms)
-        return False
-    if cat == "Mn":  # combining marks belong to the letter before them
-        return False
-    return True
-
-
-def special_char_ratio(text: str) -> float:
-    """Share of special characters (see module docstring) among the non-whitespace characters."""
-    visible = 0
-    special = 0
-    for ch in text:
-        if ch.isspace():
-            continue
-        visible += 1
-        if _is_special(ch):
-            special += 1
-    return special / visible if visible else 0.0
 
 
 def field_texts(record: dict, kind: str) -> list[tuple[str, str]]:
@@ -277,26 +62,6 @@ def field_texts(record: dict, kind: str) -> list[tuple[str, str]]:
     return out
 
 
-def _response_reason(text: str, cfg: QualityConfig) -> str | None:
-    """The low-information checks of a response (see the module docstring)."""
-    if not any(not _is_separator(ch) for ch in text):
-        return "too_short"  # empty, or punctuation only (e.g. a reply that was nothing but a sign-off)
-    stripped = _MARKUP.sub(" ", text)
-    if not any(_is_content_char(ch) for ch in stripped):
-        return "non_answer"  # markup, emoji or symbols only
-    if is_filler(stripped):
-        return "low_entropy" if token_entropy(content_tokens(stripped)) < cfg.min_response_entropy_bits \
-            else "non_answer"
-    if repeated_unit(stripped):
-        return "low_entropy"
-    # A text of fewer characters than min_entropy_tokens cannot have that many tokens: no jieba call for it.
-    if len(stripped) >= cfg.min_entropy_tokens:
-        tokens = content_tokens(stripped)
-        if len(tokens) >= cfg.min_entropy_tokens and token_entropy(tokens) < cfg.min_response_entropy_bits:
-            return "low_entropy"
-    return None
-
-
 def _field_reason(role: str, text: str, cfg: QualityConfig) -> str | None:
     n = len(text)
     if n > cfg.max_chars:
@@ -305,7 +70,7 @@ def _field_reason(role: str, text: str, cfg: QualityConfig) -> str | None:
         return None
     response = role in RESPONSE_ROLES
     if response:
-        reason = _response_reason(text, cfg)
+        reason = response_reason(text, cfg)
         if reason is not None:
             return reason
     if n < (cfg.min_response_chars if response else cfg.min_chars):

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from medgpt_ray.config import CleanConfig, PIIConfig
+from medgpt_ray.data.kinds import KINDS
 from medgpt_ray.data.ops.normalize import fullwidth_to_halfwidth, normalize_text
 from medgpt_ray.data.ops.pii import redact
-from medgpt_ray.data.ops.quality import KINDS, quality_reason
+from medgpt_ray.data.ops.quality import quality_reason
 from medgpt_ray.data.ops.signoff import compile_signoffs, strip_signoff
 
 SIGNOFF_ROLES = frozenset({"assistant", "chosen", "rejected", "completion"})

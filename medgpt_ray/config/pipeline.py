@@ -1,0 +1,122 @@
+"""The whole pipeline config (PipelineConfig): its sections, the checks across them (the stage graph sound, the
+eval stage's defaults, the online-RL stages' reward on a shared base), and the queries on the stage graph that
+the planner and the runners ask (where a stage starts from, the enabled stages in dependency order)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from medgpt_ray.config.base import _Strict
+from medgpt_ray.config.online_rl import OnlineRLStageConfig
+from medgpt_ray.config.registry import STAGE_KINDS, stage_kind
+from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
+from medgpt_ray.config.stages import StagesConfig
+
+
+class PipelineConfig(_Strict):
+    name: str = "default"
+    output_dir: str = "./runs"
+    seed: int = 42
+    progress_every: Annotated[int, Field(ge=1)] = 10
+    # TensorBoard event files under runs/<name>/<stage>/tb/ for every stage (`stages.<kind>.report_to` wins).
+    report_to: Literal["none", "tensorboard"] = "tensorboard"
+    model: ModelConfig
+    data: DataConfig = DataConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+    # Built when a config is validated, not when this class is defined: every kind registered by then gets its
+    # defaults, whichever module registers it (config/__init__.py imports the kinds' config modules).
+    stages: StagesConfig = Field(default_factory=StagesConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_directory_name(cls, v: str) -> str:
+        if not v or "/" in v or v.startswith("."):
+            raise ValueError("must be a plain directory name (no '/', not starting with '.')")
+        return v
+
+    @model_validator(mode="after")
+    def _eval_compares_every_model(self) -> PipelineConfig:
+        """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
+        ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
+        if ev is not None and ev.enabled and not ev.needs:
+            start = self.start_of("eval")
+            others = [s for s in self.enabled_stages() if s not in ("eval", start)]
+            if others:
+                ev.needs = others
+        return self
+
+    @model_validator(mode="after")
+    def _graph_is_sound(self) -> PipelineConfig:
+        for s in self.enabled_stages():  # which also refuses a cycle
+            c = self.stages.get(s)
+            for ref in [*([c.from_] if c.from_ else []), *c.needs]:
+                if ref not in STAGE_KINDS or ref == s:
+                    raise ValueError(f"stages.{s}: '{ref}' is not another stage ({', '.join(STAGE_KINDS)})")
+            off = [n for n in c.needs if not self.stages.get(n).enabled]
+            if off:
+                raise ValueError(f"stages.{s}.needs: stage '{off[0]}' is disabled (stages.{off[0]}.enabled: false)")
+        return self
+
+    @model_validator(mode="after")
+    def _reward_shares_the_base(self) -> PipelineConfig:
+        """An online-RL stage's reward_shared_base resolved (auto -> true or false), or refused when true cannot
+        hold (stages/reward_adapter.py: the rm's LoRA adapter on this stage's own base)."""
+        for s in self.enabled_stages():
+            c = self.stages.get(s)
+            if not isinstance(c, OnlineRLStageConfig) or "rm" not in c.needs or c.reward_shared_base is False:
+                continue
+            blocker = c.shared_base_blocker(self.stages.get("rm"), self.start_of("rm"), self.start_of(s))
+            if c.reward_shared_base is True and blocker:
+                raise ValueError(f"stages.{s}.reward_shared_base: true, but {blocker}")
+            c.reward_shared_base = blocker is None
+            c._rm_lora_rank = self.stages.get("rm").lora.rank if c.reward_shared_base else 0
+        return self
+
+    def start_of(self, stage: str) -> str | None:
+        """The enabled stage whose model `stage` starts from; None: the base model (a disabled stage hands over
+        its own input; run/dag.effective_from)."""
+        c = self.stages.get(stage)
+        up = c.from_ if c.from_ is not None else stage_kind(stage).default_from
+        while up is not None and not self.stages.get(up).enabled:
+            u = self.stages.get(up)
+            up = u.from_ if u.from_ is not None else stage_kind(up).default_from
+        return up
+
+    def depends_on(self, stage: str) -> list[str]:
+        """The stages `stage` starts from or reads, as configured (enabled or not)."""
+        c = self.stages.get(stage)
+        start = c.from_ if c.from_ is not None else stage_kind(stage).default_from
+        return [*([start] if start else []), *c.needs]
+
+    def enabled_stages(self) -> list[str]:
+        """The enabled stages, each after the ones it depends on (else in registry order)."""
+        order: list[str] = []
+        visiting: list[str] = []
+
+        def visit(s: str) -> None:
+            if s in order:
+                return
+            if s in visiting:
+                raise ValueError(f"stages: {' -> '.join([*visiting[visiting.index(s):], s])} is a cycle "
+                                 f"(from/needs)")
+            visiting.append(s)
+            for d in self.depends_on(s):
+                if d in STAGE_KINDS:
+                    visit(d)
+            visiting.pop()
+            order.append(s)
+
+        for s in self.stages.kinds():
+            visit(s)
+        return [s for s in order if self.stages.get(s).enabled]
+
+    def workers_for(self, stage: str) -> int:
+        return self.stages.get(stage).num_workers or self.resources.num_workers
+
+    def template_for(self, stage: str) -> str:
+        return self.stages.get(stage).template or self.model.template
+
+    def report_to_for(self, stage: str) -> str:
+        return self.stages.get(stage).report_to or self.report_to
