@@ -133,7 +133,8 @@ def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], 
     """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan
     (given to `on_plan` first: run/job.py writes it to plan.json), until the smallest micro-batch with full
     checkpointing also fails (`enabled`); after a worker process died retry as is, at most `worker_restarts`
-    times. Anything else is raised. Every attempt resumes from the newest readable checkpoint. Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
+    times. Anything else is raised. Every attempt resumes from the newest readable checkpoint. Returns the inputs
+    of the attempt that succeeded (its plan records the back-offs)."""
     attempt = restarts = 0
     usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short
     while True:

@@ -22,11 +22,17 @@ from medgpt_ray.run.ray_env import probe_cluster_gpu
 from medgpt_ray.stages.length_profile import measure
 
 
+def run_budget(cfg: PipelineConfig) -> Budget:
+    """The per-GPU budget a run (or a sweep's trials) is planned for: the config's, else the tightest GPU of the
+    cluster (read by a one-GPU task when the driver has none)."""
+    return resolve_budget(cfg, probe_cluster_gpu, None)
+
+
 def plan_before_data(cfg: PipelineConfig) -> tuple[dict[str, StagePlan], Budget]:
     """Every enabled stage planned to fit the GPUs before any of them is touched (at rows of seq_len: the data is
     not prepared yet), and the budget they were planned for; a config that does not fit is refused, with the
     numbers."""
-    budget = resolve_budget(cfg, probe_cluster_gpu, None)
+    budget = run_budget(cfg)
     plans, errors = plan_all(cfg, budget=budget)
     if errors:
         raise ConfigError("\n".join(errors.values()))
