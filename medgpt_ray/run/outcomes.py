@@ -3,6 +3,7 @@ what this run is doing, never what an earlier one did)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ class StageOutcome:
 class RunSummary:
     """The run's summary.json (and at its end the table and report.html), from the stages' outcomes."""
 
-    def __init__(self, cfg: PipelineConfig, run_dir: Path, manifest: Manifest, echo):
+    def __init__(self, cfg: PipelineConfig, run_dir: Path, manifest: Manifest, echo: Callable[[str], None]):
         self.cfg, self.run_dir, self.manifest, self.echo = cfg, run_dir, manifest, echo
         self.baselines: dict[str, Any] | None = None  # pair_report.run_baselines, once the data is prepared
 

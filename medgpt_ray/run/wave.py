@@ -8,7 +8,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
 from medgpt_ray.run import eval_report
@@ -139,7 +140,7 @@ class WaveRunner:
         set_stage_state(self.cfg.name, stage, results[stage].status)
         metrics().set("medgpt_pipeline_stage_wall_seconds", results[stage].wall_s, tags)
 
-    def _attempt_fn(self, stage: str, fingerprint: str):
+    def _attempt_fn(self, stage: str, fingerprint: str) -> Callable[[int, StageInputs], None]:
         name = f"{self.cfg.name}-{stage}-{fingerprint[:10]}"
         runner = run_stage_on_ray if stage_kind(stage).trains else run_task_on_ray
         progress = (self.progress.name, self.progress.namespace)
@@ -150,7 +151,7 @@ class WaveRunner:
 
         return attempt
 
-    def _record(self, stage: str, inp: StageInputs, plan, fingerprint: str) -> dict[str, Any]:
+    def _record(self, stage: str, inp: StageInputs, plan: StagePlan, fingerprint: str) -> dict[str, Any]:
         """The finished stage's result.json, recorded in the manifest once its model is there."""
         result = json.loads((Path(inp.out_dir) / "result.json").read_text(encoding="utf-8"))
         if stage_kind(stage).trains and not Path(result["output_model"], "config.json").is_file():
