@@ -30,8 +30,10 @@ def run_tune(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, args.sets, args.overrides)
-        check_paths(cfg)  # before Ray starts: a missing data file costs a second, not a cluster start
         if not args.dry_run:
+            # Before Ray starts: a missing model or data file costs a second, not a cluster start. A dry run reads
+            # neither: it plans from model.shape where the model directory is not on this machine, as `plan` does.
+            check_paths(cfg)
             log_file = Path(cfg.output_dir) / cfg.name / "tune-ray.log"
             # Tune's and Ray Train's per-trial, per-rank lines ("Reporting training result", placement-group
             # cleanup) would drown the sweep's own lines: they go to the file unless --verbose.
@@ -42,7 +44,8 @@ def run_tune(args: argparse.Namespace) -> int:
                 # sweep prints its own line per trial and the summary.
                 os.environ.setdefault("AIR_VERBOSITY", "0")
                 logging.getLogger("optuna").setLevel(logging.WARNING)
-        run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume)
+        run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume,
+                  overrides=args.overrides)
     except ConfigError as e:
         return config_error(e)
     return 0

@@ -1,23 +1,47 @@
 """A stage's attempts: run again after a CUDA OOM with a new plan of half the micro-batch (twice the accumulation:
-the same effective batch), recorded in plan.json; run again after a training worker's process died, up to
+the same effective batch), recorded in the stage's backoffs.json (this module is its one writer; an interrupted
+attempt resumes at the plan it left off with, resume_plan); run again after a training worker's process died, up to
 `resources.worker_restarts` times; both resume from the newest readable checkpoint, which is checked before
 every attempt (an unreadable one is set aside and the one before it resumed from).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from medgpt_ray.memory.stage_plan import halve_micro_batch
+from medgpt_ray.config import StageConfig
+from medgpt_ray.memory.stage_plan import StagePlan, halve_micro_batch, keep_backoffs
 from medgpt_ray.metrics import metrics
-from medgpt_ray.run.manifest import write_plan
+from medgpt_ray.run.manifest import write_json_atomic
 from medgpt_ray.stages.checkpoint_check import set_aside_unreadable
 from medgpt_ray.stages.inputs import StageInputs
 
 OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED")
+BACKOFFS_FILE = "backoffs.json"
+
+
+def write_backoffs(stage_dir: Path, plan: StagePlan) -> None:
+    """The stage's back-off history: every back-off of this attempt, each with the layout before and after it."""
+    write_json_atomic(stage_dir / BACKOFFS_FILE, {"backoffs": plan.backoffs})
+
+
+def read_backoffs(stage_dir: Path) -> list[dict[str, Any]]:
+    path = stage_dir / BACKOFFS_FILE
+    return json.loads(path.read_text(encoding="utf-8"))["backoffs"] if path.is_file() else []
+
+
+def resume_plan(plan: StagePlan, stage_dir: Path, cfg: StageConfig) -> StagePlan:
+    """The plan an interrupted attempt in `stage_dir` resumes with: where its OOM back-offs left it (the layout
+    after the last one), when the per-worker batch is the same; else `plan`."""
+    history = read_backoffs(stage_dir)
+    if not history:
+        return plan
+    return keep_backoffs(plan, replace(plan, **history[-1]["after"], backoffs=history), cfg)
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -83,8 +107,9 @@ class OutOfMemoryGiveUp(RuntimeError):
 
 def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callable[[str], None],
                 err: BaseException) -> StageInputs:
-    """The inputs of the next attempt after a CUDA OOM: half the micro-batch (or more checkpointing), plan.json
-    rewritten; OutOfMemoryGiveUp when nothing is left to give (kto stops at micro-batch 2: halve_micro_batch)."""
+    """The inputs of the next attempt after a CUDA OOM: half the micro-batch (or more checkpointing), the back-off
+    recorded in backoffs.json; OutOfMemoryGiveUp when nothing is left to give (kto stops at micro-batch 2:
+    halve_micro_batch)."""
     step = int(ckpt.rsplit("-", 1)[1]) if ckpt else 0
     old = inp.plan
     plan = halve_micro_batch(old, inp.cfg, "CUDA out of memory", step)
@@ -95,7 +120,7 @@ def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callabl
             f"shorten stages.{inp.stage}.seq_len, use method qlora, or more GPUs with ZeRO-3"
         ) from err
     metrics().inc("medgpt_pipeline_oom_backoffs", 1, {"run": run_name, "stage": inp.stage})
-    write_plan(inp.out, plan)
+    write_backoffs(inp.out, plan)
     echo(f"[{inp.stage:>3}] CUDA out of memory at micro-batch {old.micro_batch} x accum {old.grad_accum}: "
          f"backing off to {plan.micro_batch} x {plan.grad_accum}, ckpt {plan.ckpt_fraction:.0%}; "
          f"resuming from {'step ' + str(step) if ckpt else 'the start'}")
@@ -103,11 +128,13 @@ def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callabl
 
 
 def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
-                     echo: Callable[[str], None], worker_restarts: int = 0) -> StageInputs:
-    """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan,
-    until the smallest micro-batch with full checkpointing also fails (`enabled`); after a worker process died retry
-    as is, at most `worker_restarts` times. Anything else is raised. Every attempt resumes from the newest readable
-    checkpoint. Returns the inputs of the attempt that succeeded (its plan records the back-offs)."""
+                     echo: Callable[[str], None], worker_restarts: int = 0,
+                     on_plan: Callable[[StagePlan], None] | None = None) -> StageInputs:
+    """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan
+    (given to `on_plan` first: run/job.py writes it to plan.json), until the smallest micro-batch with full
+    checkpointing also fails (`enabled`); after a worker process died retry as is, at most `worker_restarts`
+    times. Anything else is raised. Every attempt resumes from the newest readable checkpoint. Returns the inputs
+    of the attempt that succeeded (its plan records the back-offs)."""
     attempt = restarts = 0
     usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short
     while True:
@@ -123,6 +150,8 @@ def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], 
             ckpt = usable_checkpoint(inp, echo)
             if oom:
                 inp = _backed_off(inp, ckpt, run_name, echo, e)
+                if on_plan is not None:
+                    on_plan(inp.plan)
             else:
                 restarts += 1
                 metrics().inc("medgpt_pipeline_stage_restarts", 1, {"run": run_name, "stage": inp.stage})

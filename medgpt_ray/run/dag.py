@@ -6,9 +6,10 @@ By default pt -> sft -> {rm, dpo} (config.STAGE_KINDS); a disabled `from` hands 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig, StageKind
+from medgpt_ray.config import PipelineConfig, StageKind, stage_kind
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.run.manifest import sha256_json
 
@@ -75,3 +76,27 @@ def stage_data_fingerprint(kind: StageKind, data_fps: dict[str, str]) -> str:
     if not kind.reads:
         return data_fps[kind.data_kind]
     return sha256_json({k: data_fps[k] for k in (kind.data_kind, *kind.reads)})
+
+
+def stage_fingerprints(cfg: PipelineConfig, plans: dict[str, StagePlan], data_fps: dict[str, str],
+                       base_config: dict[str, Any], prov: dict[str, Any]) -> dict[str, str]:
+    """Each enabled stage's fingerprint, upstream first, from the fingerprints of the data kinds (`data_fps`)."""
+    fingerprints: dict[str, str] = {}
+    for s in cfg.enabled_stages():
+        up = effective_from(cfg, s)
+        needs = {n: fingerprints[n] for n in cfg.stages.get(s).needs}
+        data_fp = stage_data_fingerprint(stage_kind(s), data_fps)
+        fingerprints[s] = fingerprint(cfg, s, plans[s], data_fp, fingerprints.get(up) if up else None,
+                                      base_config, prov, needs)
+    return fingerprints
+
+
+def stages_to_run(cfg: PipelineConfig, order: list[str], forced: set[str], done: Callable[[str], bool]
+                  ) -> list[str]:
+    """The stages of `order` that run: the forced ones, those not `done` (finished under their fingerprint), and
+    every stage of `order` downstream of one that reruns."""
+    to_run = [s for s in order if s in forced or not done(s)]
+    for s in cfg.enabled_stages():
+        if any(d in to_run for d in dependencies(cfg, s)) and s not in to_run and s in order:
+            to_run.append(s)
+    return to_run

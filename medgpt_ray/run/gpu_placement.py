@@ -1,14 +1,13 @@
 """GPUs for the stages of a wave: the cluster's topology, then one placement per GPU stage.
 
 Stages that run side by side get disjoint sets chosen together (placement.partition_gpus);
-each choice is printed, and saved in the stage's plan.json with its NCCL environment.
+each choice is printed; the plans returned carry it with its NCCL environment (run/job.py writes plan.json).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -17,7 +16,6 @@ from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.placement.policy import PlacementError, partition_gpus, place_stage
 from medgpt_ray.placement.topology import NoGPUError, Topology, load_topology_file, read_local_topology
-from medgpt_ray.run.manifest import write_plan
 
 
 def find_topology(cfg: PipelineConfig) -> Topology:
@@ -36,35 +34,24 @@ def find_topology(cfg: PipelineConfig) -> Topology:
 
 
 def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: dict[str, StagePlan], parallel: bool,
-               run_dir: Path, echo: Callable[[str], None]) -> dict[str, StagePlan]:
+               echo: Callable[[str], None]) -> dict[str, StagePlan]:
     """The wave's plans with the GPUs of each GPU stage (disjoint sets chosen together when they run side by
-    side), each written to its plan.json."""
+    side): new plans, the ones given unchanged."""
     plans = dict(plans)
     gpu_stages = [s for s in stages if plans[s].use_gpu]
     if not gpu_stages:
         return plans
-    user_env = cfg.resources.nccl_env
     explicit = {s: cfg.stages.get(s).placement for s in gpu_stages}
     shares: dict[str, list[int] | None] = {s: None for s in gpu_stages}
     if parallel and len(gpu_stages) > 1 and all(explicit[s] == "auto" for s in gpu_stages):
         jobs, _ = partition_gpus(topo, [min(plans[s].num_workers, topo.n) for s in gpu_stages])
         shares = dict(zip(gpu_stages, jobs, strict=True))
     for s in gpu_stages:
-        try:
-            p = place_stage(topo, plans[s].num_workers, None if explicit[s] == "auto" else explicit[s], user_env,
-                            gpus=shares[s])
-        except PlacementError as e:
-            raise ConfigError(f"stages.{s}.placement: {e}") from None
-        plans[s] = replace(plans[s], placement=p)
-        write_plan(run_dir / s, plans[s])
-        env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
-        echo(f"[{s:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
-             f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
+        plans[s] = place_one(cfg, topo, s, plans[s], shares[s], echo)
     taken = {g for s in (gpu_stages if parallel else []) for g in plans[s].placement.gpus}
     for s in gpu_stages:
         if getattr(cfg.stages.get(s), "reward_model_gpu", False):
             plans[s] = place_reward_model(s, plans[s], topo, taken)
-            write_plan(run_dir / s, plans[s])
             taken.add(plans[s].reward_model_gpu)
             echo(f"[{s:>3}] reward model on GPU {plans[s].reward_model_gpu}, its own (a Ray actor beside the "
                  f"workers on GPUs {plans[s].placement.gpus})")
@@ -74,6 +61,22 @@ def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: di
         raise ConfigError(f"stages {', '.join(gpu_stages)} run side by side on overlapping GPUs {used}; "
                           f"give them disjoint stages.<stage>.placement lists or leave them on auto")
     return plans
+
+
+def place_one(cfg: PipelineConfig, topo: Topology, stage: str, plan: StagePlan, gpus: list[int] | None,
+              echo: Callable[[str], None]) -> StagePlan:
+    """The plan with the stage's GPUs: its explicit stages.<stage>.placement (checked), else `gpus` (a share chosen
+    with other stages or trials), else the cost model's choice; the choice said in one line."""
+    explicit = cfg.stages.get(stage).placement
+    try:
+        p = place_stage(topo, plan.num_workers, None if explicit == "auto" else explicit, cfg.resources.nccl_env,
+                        gpus=gpus if explicit == "auto" else None)
+    except PlacementError as e:
+        raise ConfigError(f"stages.{stage}.placement: {e}") from None
+    env = " ".join(f"{k}={v}" for k, v in p.nccl_env.items())
+    echo(f"[{stage:>3}] GPUs {p.gpus} on each of {p.nodes} node(s) (cost {p.cost:.2f}"
+         f"{'' if p.runner_up is None else f', runner-up {p.runner_up}'}); {env}")
+    return replace(plan, placement=p)
 
 
 def place_reward_model(stage: str, plan: StagePlan, topo: Topology, taken: set[int]) -> StagePlan:

@@ -17,8 +17,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.memory.stage_plan import StagePlan
-
 TRACKED_PACKAGES = ("medgpt-ray", "ray", "torch", "transformers", "trl", "peft", "deepspeed", "datasets",
                     "accelerate", "tokenizers")
 
@@ -92,9 +90,3 @@ class Manifest:
     def save(self) -> None:
         write_json_atomic(self.path, self.data)
 
-
-def write_plan(stage_dir: Path, plan: StagePlan) -> None:
-    """The one writer of a stage's plan.json (and deepspeed.json beside it when ZeRO is on)."""
-    write_json_atomic(stage_dir / "plan.json", plan.to_dict())
-    if plan.deepspeed is not None:
-        write_json_atomic(stage_dir / "deepspeed.json", plan.deepspeed)

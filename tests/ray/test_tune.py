@@ -77,7 +77,7 @@ def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
 
     from medgpt_ray.placement.policy import partition_gpus
     from medgpt_ray.placement.topology import load_topology_file
-    from medgpt_ray.tune.driver import SlotPool
+    from medgpt_ray.tune.slots import SlotPool
     from medgpt_ray.tune.sweep import wait_for_slot
 
     groups, _ = partition_gpus(load_topology_file("8x4090-switches-single-socket"), [2, 2, 2, 2])
@@ -92,3 +92,32 @@ def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     ray.get(pool.release_owner.remote("trial_b"))
     assert ray.get(pool.acquire.remote()) == slots[1]
     ray.kill(pool)
+
+
+def test_a_sweep_over_raw_sources_trains_on_the_cleaned_data_as_the_pipeline_does(ray_cluster, repo, tmp_path,
+                                                                                 monkeypatch):
+    # One real trial (~30 s on 2 cores): the sweep cleans data.raw first, as the pipeline does, and its trial is
+    # planned and trained on that cleaned split (run/stage_data.py is the pipeline's and the sweep's data).
+    from medgpt_ray.data.shards import num_rows, read_table
+    from medgpt_ray.tune.driver import run_sweep
+
+    monkeypatch.chdir(repo)
+    cfg_file, sweep_file = tmp_path / "raw.yaml", tmp_path / "sweep.yaml"
+    base = {**BASE, "name": "rawsweep", "output_dir": str(tmp_path / "runs"),
+            "data": {"raw": [str(repo / "data/sample/raw")], "eval_fraction": 0.2},
+            "resources": {"num_workers": 1, "cpus_per_worker": 1},
+            "stages": {**BASE["stages"], "sft": {**BASE["stages"]["sft"], "max_steps": 1}}}
+    cfg_file.write_text(yaml.safe_dump(base))
+    sweep_file.write_text(yaml.safe_dump({**SWEEP, "space": {"micro_batch": {"grid": [2]}}}))
+    summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lambda _: None)
+    assert [r["status"] for r in summary["rows"]] == ["done"]
+    out = tmp_path / "runs" / "rawsweep-tune-sft"
+    report = json.loads((out / "clean" / "report.json").read_text())
+    train, held_out = out / "data" / "sft.train.parquet", out / "data" / "sft.eval.parquet"
+    assert num_rows(train) + num_rows(held_out) == report["per_kind"]["sft"]["emitted"] > 0
+    sft_text = "\n".join(read_table(train).column("record").to_pylist())
+    assert "110105196709131164" not in sft_text and "<ID_CARD>" in sft_text  # cleaned: the planted ID redacted
+    [trial] = list((out / "trials").iterdir())
+    plan = json.loads((trial / "sft" / "plan.json").read_text())
+    assert plan["lengths"]["records"] == num_rows(train)  # planned at the cleaned split's lengths
+    assert json.loads((trial / "sft" / "result.json").read_text())["steps"] == 1

@@ -92,3 +92,37 @@ def test_oom_at_micro_batch_one_with_full_checkpointing_gives_up_clearly(tmp_pat
                                                         "checkpointing.*shorten stages.sft.seq_len") as err:
         run_with_backoff(inp, attempt, "r", True, lambda _: None, worker_restarts=2)
     assert seen == [0] and err.value.__cause__ is oom
+
+
+def test_an_interrupted_attempt_resumes_at_its_backoffs_from_their_record_not_from_plan_json(tmp_path):
+    import json
+
+    from medgpt_ray.config import PipelineConfig
+    from medgpt_ray.data.prepare import PreparedData
+    from medgpt_ray.run.job import StageJob
+
+    cfg = PipelineConfig.model_validate({
+        "model": {"path": "tiny"}, "output_dir": str(tmp_path), "resources": {"num_workers": 1},
+        "stages": {"sft": {"method": "lora", "max_steps": 4, "seq_len": 64, "effective_batch": 8, "micro_batch": 4,
+                           "grad_ckpt": False}}})
+    job = StageJob(cfg, "sft", tmp_path / "sft", lambda _: None)
+    planned = job.plan(None)
+    assert (planned.micro_batch, planned.grad_accum) == (4, 2)
+    assert job.enter(planned, "fp", fresh=False) == planned  # a new attempt runs the plan as made
+    data = PreparedData("sft", "t", "e", 0, 0, 0, 0, None)
+    oom = WorkerGroupError("failed", {0: torch.OutOfMemoryError("CUDA out of memory")})
+    seen, attempt = attempts_failing_with(oom)
+    ran = job.run(job.inputs(planned, "model", data), attempt)
+    assert seen == [0, 1] and (ran.micro_batch, ran.grad_accum) == (2, 4)
+    assert json.loads((tmp_path / "sft" / "plan.json").read_text())["backoffs"] == ran.backoffs  # StageJob wrote it
+    assert json.loads((tmp_path / "sft" / "backoffs.json").read_text())["backoffs"] == ran.backoffs
+    # The attempt is cut (Ctrl-C, a lost driver); the same fingerprint resumes at micro-batch 2 from backoffs.json
+    # alone: plan.json is the plan's report, never read back.
+    (tmp_path / "sft" / "plan.json").unlink()
+    resumed = job.enter(planned, "fp", fresh=False)
+    assert (resumed.micro_batch, resumed.grad_accum, resumed.backoffs) == (2, 4, ran.backoffs)
+    # Another fingerprint (or a forced rerun) starts over, at the plan as made, in an emptied directory.
+    assert job.enter(planned, "fp", fresh=True) == planned
+    assert not (tmp_path / "sft" / "backoffs.json").exists()
+    job.run(job.inputs(planned, "model", data), attempts_failing_with(oom)[1])
+    assert job.enter(planned, "other", fresh=False) == planned

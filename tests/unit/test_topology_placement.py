@@ -199,7 +199,7 @@ def test_local_topology_is_read_through_nvidia_smi(tmp_path):
     assert os.path.basename(t.source) == "nvidia-smi topo -m"
 
 
-def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
+def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus():
     from medgpt_ray.config import ConfigError, PipelineConfig
     from medgpt_ray.memory.budget import make_budget
     from medgpt_ray.memory.planner import plan_stage
@@ -215,24 +215,22 @@ def test_a_wave_of_side_by_side_stages_gets_disjoint_gpus(tmp_path):
     c = cfg(rm={}, dpo={})
     budget = make_budget(24, 2, "rtx4090", True, "test")
     plans = {s: plan_stage(s, c.stages.get(s), 4, True, load_shape("qwen2.5-0.5b"), budget) for s in ("rm", "dpo")}
-    for s in plans:
-        (tmp_path / s).mkdir()
     lines: list[str] = []
     topo = load_topology_file("8x4090-dual-socket")
-    placed = place_wave(c, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
+    placed = place_wave(c, topo, ["rm", "dpo"], plans, True, lines.append)
     assert [placed[s].placement.gpus for s in ("rm", "dpo")] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert all(plans[s].placement is None for s in plans)  # new plans; the planner's are not mutated
-    saved = json.loads((tmp_path / "dpo" / "plan.json").read_text())
+    saved = placed["dpo"].to_dict()  # what plan.json will hold (run/job.py writes it)
     assert saved["placement"]["gpus"] == [4, 5, 6, 7] and saved["placement"]["nccl_env"]["NCCL_P2P_DISABLE"] == "1"
     assert lines[0].startswith("[ rm] GPUs [0, 1, 2, 3] on each of 1 node(s)")
     clash = cfg(rm={"placement": [0, 1, 2, 3]}, dpo={"placement": [2, 3, 4, 5]})
     with pytest.raises(ConfigError, match="overlapping GPUs"):
-        place_wave(clash, topo, ["rm", "dpo"], plans, True, tmp_path, lines.append)
+        place_wave(clash, topo, ["rm", "dpo"], plans, True, lines.append)
     with pytest.raises(ConfigError, match=r"stages.rm.placement: .*in 0..7"):
-        place_wave(cfg(rm={"placement": [0, 8, 1, 2]}), topo, ["rm"], plans, False, tmp_path, lines.append)
+        place_wave(cfg(rm={"placement": [0, 8, 1, 2]}), topo, ["rm"], plans, False, lines.append)
 
 
-def test_a_reward_model_of_its_own_gets_a_gpu_no_worker_uses_or_the_stage_is_refused(tmp_path):
+def test_a_reward_model_of_its_own_gets_a_gpu_no_worker_uses_or_the_stage_is_refused():
     from medgpt_ray.config import ConfigError, PipelineConfig
     from medgpt_ray.memory.budget import make_budget
     from medgpt_ray.memory.planner import plan_stage
@@ -247,14 +245,13 @@ def test_a_reward_model_of_its_own_gets_a_gpu_no_worker_uses_or_the_stage_is_ref
 
     topo = load_topology_file("4x4090-single-socket")
     budget = make_budget(24, 2, "rtx4090", True, "test")
-    (tmp_path / "rloo").mkdir()
     lines: list[str] = []
     c = cfg(3)
     plans = {"rloo": plan_stage("rloo", c.stages.rloo, 3, True, load_shape("qwen2.5-1.5b"), budget)}
-    placed = place_wave(c, topo, ["rloo"], plans, False, tmp_path, lines.append)["rloo"]
+    placed = place_wave(c, topo, ["rloo"], plans, False, lines.append)["rloo"]
     assert placed.reward_model_gpu not in placed.placement.gpus and 0 <= placed.reward_model_gpu < 4
     assert placed.reward_model_on.startswith(f"GPU {placed.reward_model_gpu}, its own (a Ray actor): ")
-    saved = json.loads((tmp_path / "rloo" / "plan.json").read_text())
+    saved = placed.to_dict()  # what plan.json will hold (run/job.py writes it)
     assert saved["reward_model_gpu"] == placed.reward_model_gpu
     assert lines[-1] == (f"[rloo] reward model on GPU {placed.reward_model_gpu}, its own (a Ray actor beside the "
                          f"workers on GPUs {placed.placement.gpus})")
@@ -263,4 +260,4 @@ def test_a_reward_model_of_its_own_gets_a_gpu_no_worker_uses_or_the_stage_is_ref
     plans4 = {"rloo": plan_stage("rloo", c4.stages.rloo, 4, True, load_shape("qwen2.5-1.5b"), budget)}
     with pytest.raises(ConfigError, match=r"stages\.rloo\.reward_model_gpu: the reward model needs a GPU of its own "
                                           r"and the node's 4 GPU\(s\) are taken \(\[0, 1, 2, 3\]\)"):
-        place_wave(c4, topo, ["rloo"], plans4, False, tmp_path, lines.append)
+        place_wave(c4, topo, ["rloo"], plans4, False, lines.append)

@@ -1,0 +1,163 @@
+"""A wave of the pipeline: its stages placed together, each run as a StageJob in a thread of its own (side by side
+when the cluster has room for all of them, else one after the other), progress printed while they run, and each
+finished stage recorded in the manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.memory.stage_plan import StagePlan
+from medgpt_ray.metrics import metrics, set_stage_state
+from medgpt_ray.placement.topology import Topology
+from medgpt_ray.run import eval_report
+from medgpt_ray.run.gpu_placement import find_topology, place_wave
+from medgpt_ray.run.job import StageJob
+from medgpt_ray.run.manifest import Manifest
+from medgpt_ray.run.outcomes import StageOutcome
+from medgpt_ray.run.progress import ProgressActor, ProgressPrinter, result_brief
+from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
+from medgpt_ray.run.upstream import PipelineError
+from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.outputs import latest_checkpoint
+
+
+@dataclass
+class Progress:
+    """The run's progress actor (workers push per-step records) and the printer the driver feeds from it."""
+
+    actor: Any
+    name: str
+    namespace: str
+    printer: ProgressPrinter
+
+    def poll(self) -> None:
+        self.printer.feed(ray.get(self.actor.drain.remote()))
+
+
+@contextmanager
+def progress_channel(cfg: PipelineConfig, echo) -> Iterator[Progress]:
+    namespace = ray.get_runtime_context().namespace
+    name = f"medgpt-progress-{cfg.name}-{os.getpid()}"
+    progress = Progress(ProgressActor.options(name=name, namespace=namespace).remote(), name, namespace,
+                        ProgressPrinter(cfg.progress_every, echo=echo))
+    try:
+        yield progress
+    finally:
+        progress.poll()
+        ray.kill(progress.actor)
+
+
+def start_line(job: StageJob, inp: StageInputs) -> str:
+    p = inp.plan
+    how = (f"{p.method}, {p.precision}, {p.num_workers} worker(s) x micro-batch {p.micro_batch} x accum "
+           f"{p.grad_accum}, ZeRO {p.zero_stage}, model" if stage_kind(job.stage).trains else
+           f"one Ray task on {'a GPU' if p.use_gpu else 'CPU'}, reading {', '.join(inp.needs)} "
+           f"and the reference model")
+    return f"[{job.stage:>3}] start: {how} {inp.model_path}"
+
+
+class WaveRunner:
+    """Runs the waves of one pipeline run; `interrupted` is set on Ctrl-C (a stage that then fails, its actors
+    going down with the driver, is no failure)."""
+
+    def __init__(self, cfg: PipelineConfig, manifest: Manifest, storage_path: str, progress: Progress, echo,
+                 interrupted: threading.Event):
+        self.cfg, self.manifest, self.storage_path, self.progress = cfg, manifest, storage_path, progress
+        self.echo, self.interrupted = echo, interrupted
+        self._topo: Topology | None = None
+
+    def _fits_side_by_side(self, stages: list[str], inputs: dict[str, StageInputs]) -> bool:
+        if len(stages) < 2:
+            return False
+        avail = ray.available_resources()
+        plans = [inputs[s].plan for s in stages]
+        need_cpu = sum(p.num_workers * self.cfg.resources.cpus_per_worker for p in plans)
+        need_gpu = sum(p.num_workers for p in plans if p.use_gpu)
+        return need_cpu <= avail.get("CPU", 0) and need_gpu <= avail.get("GPU", 0)
+
+    def _placed(self, stages: list[str], inputs: dict[str, StageInputs], parallel: bool) -> dict[str, StageInputs]:
+        if not any(inputs[s].plan.use_gpu for s in stages):
+            return inputs
+        if self._topo is None:
+            self._topo = find_topology(self.cfg)
+        plans = place_wave(self.cfg, self._topo, stages, {s: inputs[s].plan for s in stages}, parallel, self.echo)
+        return {s: replace(inputs[s], plan=plans[s]) for s in stages}
+
+    def run(self, jobs: dict[str, StageJob], inputs: dict[str, StageInputs], fingerprints: dict[str, str]
+            ) -> dict[str, StageOutcome]:
+        """The wave's stages (the keys of `jobs`) run; their outcomes."""
+        stages = list(jobs)
+        parallel = self._fits_side_by_side(stages, inputs)
+        if parallel:
+            self.echo(f"running {' and '.join(stages)} side by side")
+        inputs = self._placed(stages, inputs, parallel)
+        results: dict[str, StageOutcome] = {}
+        threads: dict[str, threading.Thread] = {}
+        for s in stages:
+            threads[s] = threading.Thread(target=self._work, args=(jobs[s], inputs[s], fingerprints[s], results),
+                                          name=f"stage-{s}", daemon=True)
+            threads[s].start()
+            if not parallel:
+                self._wait(threads[s])
+        for t in threads.values():
+            self._wait(t)
+        return {s: results[s] for s in stages}
+
+    def _wait(self, thread: threading.Thread) -> None:
+        while thread.is_alive():
+            thread.join(timeout=1.0)
+            self.progress.poll()
+
+    def _work(self, job: StageJob, inp: StageInputs, fingerprint: str, results: dict[str, StageOutcome]) -> None:
+        stage, t0 = job.stage, time.monotonic()
+        self.echo(start_line(job, inp))
+        tags = {"run": self.cfg.name, "stage": stage}
+        set_stage_state(self.cfg.name, stage, "running")
+        if latest_checkpoint(inp.checkpoint_dir):
+            metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
+        try:
+            plan = job.run(inp, self._attempt_fn(stage, fingerprint))  # with the back-offs it took
+            result = self._record(stage, inp, plan, fingerprint)
+            results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
+            eval_report.publish(self.cfg.name, result)
+            self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
+        except Exception as e:  # reported in the summary and re-raised by the pipeline as PipelineError
+            if self.interrupted.is_set():
+                return  # the run was cut by Ctrl-C and says so; this is its Ray work going down with it
+            results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
+            self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
+        set_stage_state(self.cfg.name, stage, results[stage].status)
+        metrics().set("medgpt_pipeline_stage_wall_seconds", results[stage].wall_s, tags)
+
+    def _attempt_fn(self, stage: str, fingerprint: str) -> Callable[[int, StageInputs], None]:
+        name = f"{self.cfg.name}-{stage}-{fingerprint[:10]}"
+        runner = run_stage_on_ray if stage_kind(stage).trains else run_task_on_ray
+        progress = (self.progress.name, self.progress.namespace)
+
+        def attempt(n: int, inp: StageInputs) -> None:
+            runner(inp, RayOptions(self.storage_path, name + (f"-b{n}" if n else ""),
+                                   self.cfg.resources.cpus_per_worker, progress=progress))
+
+        return attempt
+
+    def _record(self, stage: str, inp: StageInputs, plan: StagePlan, fingerprint: str) -> dict[str, Any]:
+        """The finished stage's result.json, recorded in the manifest once its model is there."""
+        result = json.loads((Path(inp.out_dir) / "result.json").read_text(encoding="utf-8"))
+        if stage_kind(stage).trains and not Path(result["output_model"], "config.json").is_file():
+            raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
+        self.manifest.record(stage, {
+            "fingerprint": fingerprint, "output_model": result["output_model"], "plan": plan.to_dict(),
+            "result": result, "workers": result.get("workers", []),
+        })
+        return result
