@@ -88,11 +88,11 @@ def run_plan(args: argparse.Namespace) -> int:
     from medgpt_ray.memory.planner import plan_all
 
     try:
-        cfg = load_config(args.config, args.sets, args.overrides)
-        if args.gpu_mem_gib is not None:
-            cfg.resources.gpu_memory_gib = args.gpu_mem_gib
-        if args.margin_gib is not None:
-            cfg.resources.memory_margin_gib = args.margin_gib
+        # The flags are overrides like any --set: the config is validated once, frozen (docs/ARCHITECTURE.md).
+        sets = [*args.sets, *(f"resources.{key}={value}" for key, value in
+                              (("gpu_memory_gib", args.gpu_mem_gib), ("memory_margin_gib", args.margin_gib))
+                              if value is not None)]
+        cfg = load_config(args.config, sets, args.overrides)
         plans, errors = plan_all(cfg, default_gpu_gib=24.0)
     except ConfigError as e:
         return config_error(e)

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class _NestedErrors(ValueError):
@@ -44,7 +44,7 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
 
 
 class LoraConfig(_Strict):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     rank: Annotated[int, Field(ge=1)] = 8
     """LoRA rank r."""

@@ -12,6 +12,7 @@ from medgpt_ray.config.base import _Strict
 from medgpt_ray.config.online_rl import OnlineRLStageConfig
 from medgpt_ray.config.registry import STAGE_KINDS, stage_kind
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
+from medgpt_ray.config.stage import StageConfig
 from medgpt_ray.config.stages import StagesConfig
 
 
@@ -37,17 +38,6 @@ class PipelineConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _eval_compares_every_model(self) -> PipelineConfig:
-        """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
-        ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
-        if ev is not None and ev.enabled and not ev.needs:
-            start = self.start_of("eval")
-            others = [s for s in self.enabled_stages() if s not in ("eval", start)]
-            if others:
-                ev.needs = others
-        return self
-
-    @model_validator(mode="after")
     def _graph_is_sound(self) -> PipelineConfig:
         for s in self.enabled_stages():  # which also refuses a cycle
             c = self.stages.get(s)
@@ -60,9 +50,25 @@ class PipelineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _reward_shares_the_base(self) -> PipelineConfig:
+    def _resolved(self) -> PipelineConfig:
+        """The config with what its stages leave to be decided filled in: eval's `needs` and the online-RL stages'
+        reward_shared_base. A new object: a validated config is frozen (docs/ARCHITECTURE.md)."""
+        changed = {**self._eval_needs(), **self._shared_base_resolved()}
+        return self.model_copy(update={"stages": self.stages.model_copy(update=changed)}) if changed else self
+
+    def _eval_needs(self) -> dict[str, StageConfig]:
+        """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
+        ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
+        if ev is None or not ev.enabled or ev.needs:
+            return {}
+        start = self.start_of("eval")
+        others = [s for s in self.enabled_stages() if s not in ("eval", start)]
+        return {"eval": ev.model_copy(update={"needs": others})} if others else {}
+
+    def _shared_base_resolved(self) -> dict[str, StageConfig]:
         """An online-RL stage's reward_shared_base resolved (auto -> true or false), or refused when true cannot
         hold (stages/reward_adapter.py: the rm's LoRA adapter on this stage's own base)."""
+        out: dict[str, StageConfig] = {}
         for s in self.enabled_stages():
             c = self.stages.get(s)
             if not isinstance(c, OnlineRLStageConfig) or "rm" not in c.needs or c.reward_shared_base is False:
@@ -70,9 +76,10 @@ class PipelineConfig(_Strict):
             blocker = c.shared_base_blocker(self.stages.get("rm"), self.start_of("rm"), self.start_of(s))
             if c.reward_shared_base is True and blocker:
                 raise ValueError(f"stages.{s}.reward_shared_base: true, but {blocker}")
-            c.reward_shared_base = blocker is None
-            c._rm_lora_rank = self.stages.get("rm").lora.rank if c.reward_shared_base else 0
-        return self
+            resolved = c.model_copy(update={"reward_shared_base": blocker is None})
+            resolved._rm_lora_rank = self.stages.get("rm").lora.rank if blocker is None else 0
+            out[s] = resolved
+        return out
 
     def start_of(self, stage: str) -> str | None:
         """The enabled stage whose model `stage` starts from; None: the base model (a disabled stage hands over

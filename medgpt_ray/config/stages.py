@@ -59,7 +59,7 @@ class StagesConfig(BaseModel):
     """One entry per registered stage kind, validated by that kind's config class; a kind not given gets its
     defaults. An unknown kind is an error."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     @model_validator(mode="before")
     @classmethod

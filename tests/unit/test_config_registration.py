@@ -5,6 +5,7 @@ gets every kind registered by the time it is validated, with the kind's defaults
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from medgpt_ray.config import STAGE_KINDS, PipelineConfig, StageConfig, StageKind, register_stage_kind
 
@@ -30,8 +31,11 @@ def test_a_kind_registered_late_is_in_a_config_without_stages(late):
     assert cfg.stages.get("late").lr == 1e-4 and not cfg.stages.get("late").enabled  # the kind's own defaults
 
 
-def test_configs_without_stages_do_not_share_their_stage_objects():
-    a = PipelineConfig.model_validate({"model": {"path": "tiny"}})
-    b = PipelineConfig.model_validate({"model": {"path": "tiny"}})
-    a.stages.get("sft").lr = 1e-3
-    assert b.stages.get("sft").lr != 1e-3
+def test_a_validated_config_is_frozen():
+    """Validation returns the resolved config; nothing changes it afterwards (a change is a new validation)."""
+    cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "stages": {"eval": {"enabled": True}}})
+    assert cfg.stages.get("eval").needs  # resolved by validation: eval compares the other enabled stages
+    for target, key in ((cfg, "seed"), (cfg.resources, "num_workers"), (cfg.stages.get("sft"), "lr"),
+                        (cfg.stages, "sft")):
+        with pytest.raises(ValidationError, match="frozen"):
+            setattr(target, key, getattr(target, key))

@@ -28,7 +28,7 @@ def test_a_cpu_plan_checks_ram_but_publishes_no_gpu_budget():
                    "sft": {"method": "lora", "seq_len": 512, "effective_batch": 8}}})
     plans, errors = plan_all(cfg)
     assert not plans and "0.16 GiB of host RAM per worker" in errors["sft"]  # 80 % of 0.2 GiB
-    cfg.resources.host_memory_gib = 64
+    cfg = cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"host_memory_gib": 64})})
     plans, errors = plan_all(cfg)
     assert not errors and plans["sft"].prediction.budget_gib is None  # no GPU gauges for a CPU run
     assert "host RAM" in plans["sft"].prediction.budget_source

@@ -32,8 +32,8 @@ def test_the_summary_sets_each_stage_beside_the_baselines(tmp_path) -> None:
     # Every stage skipped: the splits an earlier run left; nothing to judge without them or without a pair stage.
     assert run_baselines(cfg, tmp_path / "data", {}) == base
     assert run_baselines(cfg, tmp_path / "none", {}) is None
-    for s in ("rm", "dpo", "orpo", "simpo", "kto"):
-        cfg.stages.get(s).enabled = False
+    cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml",
+                      [f"stages.{s}.enabled=false" for s in ("rm", "dpo", "orpo", "simpo", "kto")])
     assert run_baselines(cfg, tmp_path / "data", {"preference": d}) is None
 
     cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml")
