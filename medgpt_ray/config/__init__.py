@@ -39,6 +39,7 @@ from medgpt_ray.config.stages import (
     StageConfig,
     StagesConfig,
 )
+from medgpt_ray.kinds.opd import config as _opd  # noqa: F401  (registers the opd kind: kinds/opd/config.py)
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
