@@ -146,3 +146,44 @@ def test_the_teachers_identity_is_in_the_fingerprint(tmp_path):
     assert _fingerprint(staged, {"sft": "f1"}) != _fingerprint(staged, {"sft": "f2"})
     assert _fingerprint(make(teacher="sft", teacher_quantization="none", lmbda=0.9), {"sft": "f1"}) != \
         _fingerprint(staged, {"sft": "f1"})
+
+
+def test_a_conversation_is_its_prompt_and_last_answer_left_padded(tiny_model):
+    from medgpt_ray import models, templates
+    from medgpt_ray.kinds.opd.data import PromptAnswerCollator, encode_prompt_answer
+
+    tok = models.load_tokenizer(tiny_model)
+    chatml = templates.get_template("chatml")
+    talk = [{"role": "user", "content": "头痛三天"}, {"role": "assistant", "content": "多久了？"},
+            {"role": "user", "content": "三天"}, {"role": "assistant", "content": "神经科"}]
+    long_prompt = [{"role": "user", "content": "头痛" * 200}, {"role": "assistant", "content": "神经科"}]
+    rows, skipped = encode_prompt_answer([{"conversations": talk}, {"conversations": long_prompt}], tok, chatml,
+                                         seq_len=128, max_new_tokens=16)
+    assert len(rows) == 1 and skipped == {"prompt_too_long": 1, "tools_unsupported": 0}
+    row = rows[0]
+    prompt, answer = row["input_ids"][:row["prompt_len"]], row["input_ids"][row["prompt_len"]:]
+    assert tok.decode(answer) == "神经科<|im_end|>"  # the last answer through its end of turn, not the separator
+    assert tok.decode(prompt).endswith("三天<|im_end|>\n<|im_start|>assistant\n") and "多久了" in tok.decode(prompt)
+    short = {"input_ids": prompt[-3:] + answer, "prompt_len": 3}
+    batch = PromptAnswerCollator(tok.pad_token_id)([row, short])
+    width = len(row["input_ids"])
+    assert batch["input_ids"].shape == batch["labels"].shape == (2, width)
+    assert batch["attention_mask"][1].tolist() == [0] * (width - len(short["input_ids"])) + [1] * len(
+        short["input_ids"])
+    assert batch["labels"][0].tolist() == [-100] * row["prompt_len"] + answer  # trained on the answer only
+    assert batch["prompts"].shape == (2, row["prompt_len"]) and batch["prompts"][0].tolist() == prompt
+    assert batch["prompt_attention_mask"][1].tolist() == [0] * (row["prompt_len"] - 3) + [1] * 3
+
+
+def test_the_stage_refuses_a_4bit_teacher_without_a_gpu(tiny_model, tmp_path):
+    from medgpt_ray.kinds.opd.stage import load_teacher
+    from medgpt_ray.stages.inputs import StageInputs
+
+    plan = plan_stage("opd", make(teacher=str(tiny_model)).stages.get("opd"), 1, False)
+    c = make(teacher=str(tiny_model), teacher_quantization="4bit").stages.get("opd")
+    inp = StageInputs("opd", c, plan, str(tiny_model), "chatml", "train", "eval", str(tmp_path))
+    with pytest.raises(ValueError, match="teacher_quantization '4bit' needs a CUDA GPU"):
+        load_teacher(inp)
+    missing = make(teacher=str(tmp_path / "nothing")).stages.get("opd")
+    with pytest.raises(ValueError, match="is not a model directory here"):
+        load_teacher(StageInputs("opd", missing, plan, str(tiny_model), "chatml", "t", "e", str(tmp_path)))
