@@ -38,6 +38,7 @@ from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, reg
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
 from medgpt_ray.config.stage import MEMORY_KNOBS, PLAN_RESOLVED_KNOBS, LengthGroupedStageConfig, StageConfig
 from medgpt_ray.config.stages import SFTStageConfig, StagesConfig
+from medgpt_ray.kinds.opd import config as _opd  # noqa: F401  (registers the opd kind: kinds/opd/config.py)
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",

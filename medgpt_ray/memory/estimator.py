@@ -18,6 +18,7 @@ bench/memory_calibration.py; each says where it comes from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from medgpt_ray.memory.shapes import ModelShape
 
@@ -106,6 +107,7 @@ class TrainSetup:
     reward_lora_rank: int = 0  # that adapter's rank (the rm stage's lora.rank); 0: taken as this stage's
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
     gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
+    kind_terms: Any = None  # (shape, setup) -> KindTerms: a kind's own networks (memory/kind_terms.py)
 
     def generation_batch(self) -> int:
         """Completions one generate call holds on one worker (TRL's default: one call per optimizer step)."""
@@ -310,12 +312,15 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     if s.stage in REFERENCE_STAGES and full and s.dpo_reference != "precomputed":
         b["reference_model"] = (2 if deepspeed or s.precision == "bf16" else 4) * total / (n if s.zero == 3 else 1)
 
+    own = s.kind_terms(shape, s) if s.kind_terms else None  # a kind's own networks (memory/kind_terms.py)
+    b.update(own.resident if own else {})
     static = sum(b.values())
     host = _offload_host_bytes(s, total, trainable, state_bytes, n)
 
     b.update(_activation_terms(shape, s))
     trainable_head = full
     b["loss"] = _loss_bytes(shape, s, trainable_head)
+    b.update(own.training if own else {})
     if full and s.precision == "amp-bf16" and not deepspeed:
         # Autocast's bf16 copies of the linear weights and the LM head, saved for backward.
         b["autocast_weight_copies"] = 2 * (shape.linear_params + shape.vocab * shape.hidden)
@@ -330,7 +335,8 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     step = static + grads + RUNTIME_OVERHEAD_BYTES
     if step > backward_start:
         return Estimate(step, {**{k: v for k, v in b.items() if k in (
-            "weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")},
+            "weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers",
+            *(own.resident if own else ()))},
             "gradients": grads, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "optimizer step", host)
     return Estimate(backward_start, b, "backward start", host)
 

@@ -21,17 +21,21 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from medgpt_ray.memory import kind_terms
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape
 
 SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
 
 
-def setup_fields(cfg: Any) -> dict[str, Any]:
-    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; GRPO's and RLOO's
-    generation, reward network and reference)."""
+def setup_fields(cfg: Any, stage: str, use_gpu: bool) -> dict[str, Any]:
+    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; DPO's precomputed
+    reference; GRPO's and RLOO's generation, reward network and reference), and those a kind decides through its
+    memory terms (memory/kind_terms.py): laid over the planner's knobs with dataclasses.replace."""
     fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
-                              "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0}
+                              "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0,
+                              "dpo_reference": "precomputed" if getattr(cfg, "precompute_ref_log_probs", False)
+                              else "auto"}
     if hasattr(cfg, "num_generations"):
         # A reward model in an actor of its own (reward_model_gpu) is not on the policy's device; with a shared base
         # (reward_shared_base, resolved by the pipeline config) it is an adapter on the policy's base, no network.
@@ -40,7 +44,7 @@ def setup_fields(cfg: Any) -> dict[str, Any]:
                       reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
                       reward_adapter=shared, reward_lora_rank=cfg.reward_lora_rank if shared else 0,
                       reference=cfg.beta > 0)
-    return fields
+    return {**fields, **kind_terms.setup_fields(stage, cfg, use_gpu)}
 
 
 def generation_choices(s: TrainSetup, num_generations: int):
@@ -48,7 +52,7 @@ def generation_choices(s: TrainSetup, num_generations: int):
     call, a divisor of grad_accum), each call holding whole groups of num_generations completions (a worker's share
     of TRL's group normalisation, stages/prompt_shard.py); just `s` for a stage that does not generate. Fewer
     micro-batches per call: a smaller KV cache, more calls (memory/throughput.py prices each)."""
-    if not s.generations:
+    if not s.generations or s.gen_steps:  # gen_steps set: the kind's trainer fixes it (opd: every micro-batch)
         yield s
         return
     for d in range(1, s.grad_accum + 1):
@@ -97,7 +101,8 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     rm, adapter = reward_network_bytes(shape, s), reward_adapter_bytes(shape, s)
     training = {**train.breakdown, **({"reward_model": rm} if rm else {}), **({"reward_adapter": adapter} if adapter
                                                                               else {})}
-    static_keys = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")
+    static_keys = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers",
+                   *(s.kind_terms(shape, s).resident if s.kind_terms else ()))  # a kind's own resident networks
     generation = {k: v for k, v in train.breakdown.items() if k in static_keys}
     if s.reference and s.method == "full" and "reference_model" not in generation:
         generation["reference_model"] = (4 if s.precision in ("amp-bf16", "fp32") else 2) * shape.params

@@ -232,13 +232,12 @@ def _setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_worker
             continue
         if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
             continue  # nothing would fuse the layer ops this estimate assumes fused
-        yield from generation_choices(TrainSetup(
+        yield from generation_choices(replace(TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
-            optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro,
-            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            **setup_fields(cfg), fused_kernels=kernels,
-            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), getattr(cfg, "num_generations", 0))
+            optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro, fused_kernels=kernels,
+            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), **setup_fields(cfg, stage, use_gpu)),
+            getattr(cfg, "num_generations", 0))
 
 
 def _candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:

@@ -102,15 +102,14 @@ class StagePlan:
         """The setup the estimator and the throughput model score: this plan's knobs with the sequence length it
         was planned at (the data's, memory/lengths.py; else the stage's seq_len) and the stage's LoRA rank (the one
         way from a plan to a TrainSetup)."""
-        return TrainSetup(
+        return replace(TrainSetup(
             stage=stage_kind(self.stage).memory_kind, method=self.method, precision=self.precision,
             micro_batch=self.micro_batch, seq_len=self.seq_len_planned or cfg.seq_len,
             ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
-            packed=self.packing is not None,
-            dpo_reference="precomputed" if getattr(cfg, "precompute_ref_log_probs", False) else "auto",
-            gen_steps=self.steps_per_generation or 0, **setup_fields(cfg))
+            packed=self.packing is not None, gen_steps=self.steps_per_generation or 0),
+            **setup_fields(cfg, self.stage, self.use_gpu))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs

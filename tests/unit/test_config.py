@@ -71,7 +71,9 @@ def test_shipped_config_plans_every_stage_with_its_model_shape_in_24_gib(name):
     assert errors == {}
     every = ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto"]
     expected = ["sft", "rm", "grpo", "rloo"] if name == "tiny-cpu-rl.yaml" else every[:7 if "alignment" in name else 4]
-    expected += ["eval"] if name.startswith("tiny-cpu") and name != "tiny-cpu-rl.yaml" else []  # the demo configs
+    expected += ["eval"] if name.startswith("tiny-cpu") and name not in ("tiny-cpu-rl.yaml", "tiny-cpu-opd.yaml") \
+        else []  # the demo configs
+    expected = ["sft", "opd"] if name == "tiny-cpu-opd.yaml" else expected
     assert list(plans) == cfg.enabled_stages() == expected
     shape = model_shape(cfg)
     assert shape.name == (cfg.model.shape or "tiny")

@@ -104,12 +104,13 @@ def test_the_planner_and_the_stage_dispatch_take_the_kind_from_the_registry(echo
 
 
 def test_built_in_kinds_are_registry_entries_too():
-    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto", "grpo", "rloo", "eval"]
+    assert list(STAGE_KINDS) == ["pt", "sft", "rm", "dpo", "orpo", "simpo", "kto", "grpo", "rloo", "opd", "eval"]
     assert {k: (v.data_kind, v.default_from, v.memory_kind) for k, v in STAGE_KINDS.items()} == {
         "pt": ("pretrain", None, "pt"), "sft": ("sft", "pt", "sft"), "rm": ("preference", "sft", "rm"),
         "dpo": ("preference", "sft", "dpo"), "orpo": ("preference", "sft", "orpo"),
         "simpo": ("preference", "sft", "orpo"), "kto": ("unpaired", "sft", "kto"),
-        "grpo": ("prompt", "sft", "grpo"), "rloo": ("prompt", "sft", "grpo"), "eval": ("sft", "sft", "sft")}
+        "grpo": ("prompt", "sft", "grpo"), "rloo": ("prompt", "sft", "grpo"), "opd": ("sft", None, "sft"),
+        "eval": ("sft", "sft", "sft")}
     # eval trains nothing (one Ray task, no model of its own) and reads the prompt, exam and pretraining data too.
     assert [k for k, v in STAGE_KINDS.items() if not v.trains] == ["eval"]
     assert STAGE_KINDS["eval"].reads == ("prompt", "exam", "pretrain")

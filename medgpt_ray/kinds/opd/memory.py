@@ -1,0 +1,66 @@
+"""The opd kind's memory terms (memory/kind_terms.py's hook, named by its registry entry): beside sft's training pass
+of the student, the frozen teacher and the student's own answers.
+
+  resident   the teacher's weights, at its own shape (its config.json; a stage teacher has the run's base shape):
+             bf16 (fp32 on CPU), or NF4 with teacher_quantization 4bit, as QLoRA's loader holds them
+  training   at backward start, on top of the student's saved activations: the teacher's no-grad forward (its logits,
+             b x s x vocab, and one layer's working set) and the generalized JSD's full-vocabulary tensors (TRL's
+             GKDTrainer computes both models' full logits: scaled logits, log-softmaxes, the mixture, two KLs)
+  generation the student's answers, one generate call per micro-batch of max_new_tokens: memory/generation.py's
+             generation phase (KV cache, sampling logits, prefill) with one completion per prompt
+
+Not calibrated on a GPU yet: JSD_ELEMENTS_PER_LOGIT counts the tensors GKDTrainer.generalized_jsd_loss holds at once
+(student and teacher: scaled, log-softmax; the stacked pair, the mixture, two KLs, their sum), on the safe side."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from medgpt_ray.config import ConfigError
+from medgpt_ray.kinds.opd.config import OPDStageConfig
+from medgpt_ray.memory.estimator import NF4_BYTES_PER_PARAM, TrainSetup
+from medgpt_ray.memory.kind_terms import KindTerms
+from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
+
+JSD_ELEMENTS_PER_LOGIT = 12
+
+
+def setup_fields(cfg: OPDStageConfig, use_gpu: bool) -> dict[str, Any]:
+    """The TrainSetup fields opd decides: a generation phase of one answer per prompt every micro-batch (GKD
+    generates in training_step), planned at seq_len (prompt + max_new_tokens fit in it: kinds/opd/data.py), and the
+    teacher's terms."""
+    if cfg.teacher_quantization == "4bit" and not use_gpu:
+        raise ConfigError("stages.opd.teacher_quantization: '4bit' needs GPUs (bitsandbytes NF4, QLoRA's loader); "
+                          "resources.use_gpu is false: use 'none' on CPU")
+    return {"generations": 1, "completion_len": cfg.max_new_tokens, "gen_steps": 1, "seq_len": cfg.seq_len,
+            "kind_terms": partial(teacher_terms, teacher_shape(cfg), cfg.teacher_quantization)}
+
+
+def teacher_shape(cfg: OPDStageConfig) -> ModelShape | None:
+    """The teacher directory's architecture from its config.json; None: the run's base shape (a stage teacher, or a
+    directory not readable where the plan is made)."""
+    if cfg.teacher_is_stage or not (Path(cfg.teacher).expanduser() / "config.json").is_file():
+        return None
+    try:
+        return load_shape(str(Path(cfg.teacher).expanduser()))
+    except ShapeError as e:
+        raise ConfigError(f"stages.opd.teacher: {e}") from None
+
+
+def teacher_weight_bytes(shape: ModelShape, quantization: str, precision: str) -> float:
+    if quantization == "4bit":
+        return NF4_BYTES_PER_PARAM * shape.linear_params + 2 * (shape.params - shape.linear_params)
+    return (4 if precision == "fp32" else 2) * shape.params
+
+
+def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelShape, s: TrainSetup) -> KindTerms:
+    t = teacher or shape
+    e = 4 if s.precision == "fp32" else 2
+    tokens = s.tokens()
+    return KindTerms(
+        resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
+        training={"teacher_logits": e * tokens * t.vocab,
+                  "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.intermediate),
+                  "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
