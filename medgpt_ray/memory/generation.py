@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
+from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.shapes import ModelShape
 
 SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
@@ -88,7 +89,8 @@ def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
 
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
     """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
-    return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
+    generates = s.generations and memory_profile(s.stage).generates
+    return estimate_grpo(shape, s) if generates else estimate(shape, s)
 
 
 def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
