@@ -12,7 +12,9 @@ larger of the two moments where training peaks:
 
 Constants that PyTorch/HF implementation details decide (bytes per logit of HF's
 loss, the allocator's fixed overhead) were measured on an H200 by
-bench/memory_calibration.py; each says where it comes from.
+bench/memory_calibration.py; each says where it comes from. What differs per memory kind (activation scale,
+sequences per example, reference model, score head, loss bytes) is the kind's profile (memory/profiles.py); the
+per-token terms are memory/activations.py's, the setup and its checks memory/setup.py's.
 """
 
 from __future__ import annotations

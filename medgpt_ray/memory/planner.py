@@ -4,6 +4,10 @@ Every `auto` knob (method lora/qlora, micro-batch, checkpointing fraction, fused
 searched; explicit values are kept and checked. The effective batch stays what the config says: micro-batch x
 accumulation x workers. Candidates are scored by the estimator (peak memory) and the throughput model (tokens/s);
 the fastest one whose peak fits budget - margin wins, and the plan records it with the best rejected alternatives.
+
+The parts, one job each: options.py (the values each knob may take, and what a kind's trainer refuses, from its
+memory profile), candidates.py (the setups searched, scored), no_fit.py (why nothing fits, and the nearest changes
+that would), plan_build.py (the StagePlan of the chosen one); this module puts them in order.
 """
 
 from __future__ import annotations
