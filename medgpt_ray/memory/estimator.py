@@ -63,9 +63,9 @@ def _weight_bytes(shape: ModelShape, s: TrainSetup, total: float, trainable: flo
 
 
 def _static_terms(shape: ModelShape, s: TrainSetup, total: float, trainable: float,
-                  n: int) -> tuple[dict[str, float], float, float]:
-    """Weights, master copy, optimizer states, ZeRO's buffers and a reference model; with every gradient's bytes
-    and the optimizer state bytes per trainable parameter."""
+                  n: int) -> tuple[dict[str, float], float, float, float]:
+    """Weights, master copy, optimizer states, ZeRO's buffers and a reference model; with every gradient's bytes,
+    the bytes per gradient element (outside DeepSpeed) and the optimizer state bytes per trainable parameter."""
     full = s.method == "full"
     deepspeed = s.zero > 0
     b: dict[str, float] = {}
@@ -102,7 +102,7 @@ def _static_terms(shape: ModelShape, s: TrainSetup, total: float, trainable: flo
 
     if memory_profile(s.stage).reference and full and s.dpo_reference != "precomputed":
         b["reference_model"] = (2 if deepspeed or s.precision == "bf16" else 4) * total / (n if s.zero == 3 else 1)
-    return b, grads, state_bytes
+    return b, grads, grad_bytes, state_bytes
 
 
 def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
@@ -113,8 +113,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     deepspeed = s.zero > 0
 
     # --- static: weights, master copy, optimizer states --------------------------------------------------------
-    b, grads, state_bytes = _static_terms(shape, s, total, trainable, n)
-    grad_bytes = 2 if (full and s.precision == "bf16" and not deepspeed) else 4
+    b, grads, grad_bytes, state_bytes = _static_terms(shape, s, total, trainable, n)
     static = sum(b.values())
     host = _offload_host_bytes(s, total, trainable, state_bytes, n)
 
