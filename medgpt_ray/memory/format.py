@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from medgpt_ray.config import stage_kind
-from medgpt_ray.memory.lengths import PACKED_KINDS
+from medgpt_ray.memory.profiles import stage_profile
 from medgpt_ray.memory.stage_plan import StagePlan
 
 
@@ -26,7 +25,7 @@ def plan_line(p: StagePlan) -> str:
     fit = f"predicted peak {pred.peak_gib if pred else 0:.2f} GiB" + (f" of {budget:.1f} GiB" if budget else "")
     if p.packing is not None:
         layout = (f"packed: {p.micro_batch} rows x accum {p.grad_accum} x {p.num_workers} worker(s) "
-                  f"(~{p.packing['conversations_per_step']} {PACKED_KINDS[stage_kind(p.stage).memory_kind]} per "
+                  f"(~{p.packing['conversations_per_step']} {stage_profile(p.stage).packed_unit} per "
                   f"worker step)")
     else:
         at = "" if p.seq_len_planned is None else f" at {p.seq_len_planned} tokens"

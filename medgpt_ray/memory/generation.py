@@ -92,6 +92,7 @@ def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
 
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
     """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
+    # The setup carries the phase: grpo's and rloo's keys set it, opd's memory terms (memory/kind_terms.py) too.
     return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
 
 

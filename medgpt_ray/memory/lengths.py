@@ -21,7 +21,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from medgpt_ray.config import StageConfig, stage_kind
+from medgpt_ray.config import StageConfig
+from medgpt_ray.memory.profiles import stage_profile
 
 SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash order: a uniform sample)
 # Compiled layers see each micro-batch's sequence length. Padded to its own longest row, that is a new length nearly
@@ -97,12 +98,9 @@ def rows_per_step(conversations_per_step: int, conversations_per_row: float) -> 
     return max(1, round(conversations_per_step / max(conversations_per_row, 1e-9)))
 
 
-PACKED_KINDS = {"sft": "conversations", "rm": "pairs"}  # memory kinds that pack, and what their rows hold
-
-
 def packed_width(stage: str, seq_len: int) -> int:
     """The width of a stage's packed rows: seq_len, and 2 x seq_len for rm-kind stages (whole pairs a row)."""
-    return 2 * seq_len if stage_kind(stage).memory_kind == "rm" else seq_len
+    return stage_profile(stage).packed_row_sequences * seq_len
 
 
 # rm's `packing: auto`: off. On CPU a small model's attention over packed rows of 2 x seq_len costs more than the
@@ -117,14 +115,14 @@ def packing_setting(stage: str, cfg: StageConfig) -> str | bool:
     """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
     the key, and for rm's auto (RM_AUTO)."""
     setting = getattr(cfg, "packing", False)
-    if setting == "auto" and stage_kind(stage).memory_kind == "rm":
+    if setting == "auto" and not stage_profile(stage).packs_on_auto:
         return False
     return setting
 
 
 def packing_reason(stage: str, seq_len: int, per_worker: int, rows: int, per_row: float) -> str:
     """The plan's reason for a packed step of `rows` rows holding about `per_worker` examples."""
-    unit = PACKED_KINDS[stage_kind(stage).memory_kind]
+    unit = stage_profile(stage).packed_unit
     return (f"packing: {per_worker} {unit} per worker step in {rows} rows of {packed_width(stage, seq_len)} tokens "
             f"({per_row:.1f} {unit} per row in the sample)")
 
@@ -134,12 +132,12 @@ def packs(stage: str, cfg: StageConfig, lengths: LengthProfile | None) -> bool:
     was packed on the driver (the worker checks the attention path; stages/packing.py falls back safely where it
     fails)."""
     return (lengths is not None and lengths.conversations_per_row is not None
-            and stage_kind(stage).memory_kind in PACKED_KINDS and getattr(cfg, "packing", False) is not False)
+            and stage_profile(stage).packs and getattr(cfg, "packing", False) is not False)
 
 
 def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None, reasons: list[str]) -> int:
     """The sequence length memory is planned at, with its reason."""
-    if stage_kind(stage).memory_kind == "pt":
+    if stage_profile(stage).blocks:
         reasons.append(f"lengths: pretraining packs its text into blocks of seq_len {cfg.seq_len}")
         return cfg.seq_len
     if lengths is None:

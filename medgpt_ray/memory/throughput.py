@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.shapes import ModelShape
 
 
@@ -49,12 +50,8 @@ LAUNCH_SECONDS = 4e-5
 KERNELS_PER_LAYER = 30
 KERNELS_PER_LAYER_FUSED = 18  # Liger: one kernel per RMSNorm, SwiGLU and RoPE instead of several each
 KERNELS_PER_LORA_PROJECTION = 8
-# What TRL's own loss code costs beyond the terms above, as measured/predicted tokens/s on the H200 (Qwen2.5-1.5B
-# LoRA on real-length preference pairs, bench/results/real_length_throughput_1.5b_h200_orpo_simpo_kto.json):
-# ORPO and SimPO's eager concatenated forward (no compiled layers, a padded chosen+rejected batch, full-vocabulary
-# log-softmax and per-step metric syncs) ran at 0.41 of the FLOP model (7,923 and 7,971 against 19,318 tokens/s);
-# KTO's (its KL batch's two extra forwards are in the FLOPs) at 0.53 (9,553 against 17,983).
-LOSS_PATH_EFFICIENCY = {"orpo": 0.41, "kto": 0.53}
+# What TRL's own loss code costs beyond the terms above is each memory kind's `loss_path_efficiency`
+# (memory/profiles.py, with the measurements).
 
 
 def spec_for(name: str) -> GPUSpec:
@@ -69,20 +66,20 @@ def flops_per_token(shape: ModelShape, s: TrainSetup) -> float:
     """Training FLOPs per token: forward, backward (input grads; weight grads when trained), recompute."""
     linear = 2 * shape.linear_params
     attention = 2 * shape.layers * s.seq_len * shape.hidden  # causal: half of QK^T and AV
-    head = 0 if s.stage == "rm" else 2 * shape.vocab * shape.hidden
+    profile = memory_profile(s.stage)
+    head = 0 if profile.score_head else 2 * shape.vocab * shape.hidden
     forward = linear + attention + head
     layers_fwd = linear + attention
     if s.method == "full":
         backward = 2 * forward
     else:
+        # A frozen LM head (pt) takes its input grad only, already in `forward`.
         backward = forward + 2 * 2 * shape.lora_params(s.lora_rank)
-        if s.stage == "pt":
-            backward += 0  # frozen head: input grad only, already in `forward`
     recompute = s.ckpt_fraction * layers_fwd
     total = forward + backward + recompute
     if s.method == "qlora":
         total += (QLORA_DEQUANT_FACTOR - 1) * (2 * forward + recompute - head)
-    if s.stage in ("dpo", "kto") and s.dpo_reference != "precomputed":
+    if profile.reference and s.dpo_reference != "precomputed":
         total += forward  # the reference model's (or adapter-off policy's) forward
     if s.kl_batch:
         total += 2 * forward  # KTO's KL batch: the policy's and the reference's no-grad forwards
@@ -98,9 +95,10 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
     seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
-    if s.stage in ("pt", "orpo") and not s.fused_ce:
+    profile = memory_profile(s.stage)
+    if not (profile.score_head or profile.chunked_head) and not s.fused_ce:  # a loss over the full logits
         seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)
-    seconds /= LOSS_PATH_EFFICIENCY.get(s.stage, 1.0)
+    seconds /= profile.loss_path_efficiency
     trainable = shape.params if s.method == "full" else shape.lora_params(s.lora_rank)
     n = max(s.gpus, 1)
     per_step = 0.0

@@ -19,14 +19,15 @@ from medgpt_ray import models, templates
 from medgpt_ray.config import StageConfig, stage_kind
 from medgpt_ray.data.shards import num_rows, read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile, packing_setting
+from medgpt_ray.memory.profiles import stage_profile
 
 
 def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
             ) -> LengthProfile | None:
     """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long). Packed
     where the stage packs (lengths.packing_setting)."""
-    kind = stage_kind(stage).memory_kind
-    if kind == "pt":
+    kind, profile = stage_kind(stage).memory_kind, stage_profile(stage)
+    if profile.blocks:
         return None
     tok = models.load_tokenizer(base_model)
     template = templates.get_template(template_name)
@@ -50,7 +51,7 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
             continue
         prompt = len(enc["prompt_ids"])
         lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
-    packed = kind == "rm" and packing_setting(stage, cfg) is not False
+    packed = profile.packs and packing_setting(stage, cfg) is not False  # rm: whole pairs in packed rows
     per_row = _pairs_per_row(records, tok, template, cfg) if packed else None
     return LengthProfile.of(lengths, total, cfg.seq_len, per_row,
                             over_seq_len=over + sum(x >= cfg.seq_len for x in lengths), sampled=len(records))
