@@ -60,8 +60,7 @@ def _profile(built, out: dict[str, Any]) -> None:
 
 def _trl_loss(built, out: dict[str, Any]) -> None:
     """TRL's own compute_loss and HF's NaN filter: the per-micro-batch syncs back."""
-    for name in ("compute_loss", "log"):
-        built.trainer.__dict__.pop(name, None)
+    built.trainer.sync_free = False  # trainer_kit/sync_free.py: every micro-batch to TRL's compute_loss
     built.trainer.args.logging_nan_inf_filter = True
 
 

@@ -73,7 +73,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     kwargs = training_kwargs(train_inp)
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead
-    # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see stages/packing.py).
+    # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see trainer_kit/packed_rows.py).
     args = SFTConfig(**kwargs, max_length=None, packing=False, dataset_num_proc=None, **bucket_kwargs(inp))
     # Packed: PackedCounts first, it hands each micro-batch's real tokens to SyncFreeLoss's count.
     behaviours = (PackedCounts, SyncFreeLoss, ShardLoader) if collator is not None else (SyncFreeLoss, ShardLoader)

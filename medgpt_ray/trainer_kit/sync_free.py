@@ -20,9 +20,11 @@ from typing import Any
 class SyncFreeLoss:
     """SFTTrainer with the sync-free training loss and its once-per-log metrics. Composed with ShardLoader and, for
     packed rows, PackedCounts (listed before this class: its training_step hands over the rows' real tokens as
-    `packed_batch_tokens`, which TRL's num_tokens counts here)."""
+    `packed_batch_tokens`, which TRL's num_tokens counts here). `sync_free` false: TRL's own loss (a bench
+    compares the two, bench/step_overhead_probe.py)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, sync_free: bool = True, **kwargs: Any):
+        self.sync_free = sync_free
         self.pending_metrics: list = []
         self.packed_batch_tokens = None
         super().__init__(*args, **kwargs)
@@ -32,8 +34,8 @@ class SyncFreeLoss:
 
     def _plain(self) -> bool:
         parallelism = getattr(self.accelerator, "parallelism_config", None)
-        return (self.model.training and self.compute_loss_func is None and self.label_smoother is None
-                and not self.aux_loss_enabled and self.args.loss_type == "nll"
+        return (self.sync_free and self.model.training and self.compute_loss_func is None
+                and self.label_smoother is None and not self.aux_loss_enabled and self.args.loss_type == "nll"
                 and not (parallelism is not None and getattr(parallelism, "sp_enabled", False)))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
