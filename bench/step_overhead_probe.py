@@ -2,7 +2,7 @@
 
 The planner's SFT choice for a 24 GiB card (Qwen2.5-7B shape, LoRA r8 all-linear, seq 2048,
 micro-batch 4 x accumulation 2) is run through the real stage code, as planned (decoder layers compiled,
-bf16 LoRA inputs, the sync-free SFT loss: stages/speed.py, stages/sync_free.py) and with each of those taken
+bf16 LoRA inputs, the sync-free SFT loss: stages/speed.py, trainer_kit/sync_free.py) and with each of those taken
 away; "eager" is the same knobs as the planner ran them before (Liger layer kernels instead of compile,
 peft's fp32 input casts, TRL's per-micro-batch syncs). "planned-profiled" adds torch.profiler's tables.
 
@@ -60,8 +60,7 @@ def _profile(built, out: dict[str, Any]) -> None:
 
 def _trl_loss(built, out: dict[str, Any]) -> None:
     """TRL's own compute_loss and HF's NaN filter: the per-micro-batch syncs back."""
-    for name in ("compute_loss", "log"):
-        built.trainer.__dict__.pop(name, None)
+    built.trainer.sync_free = False  # trainer_kit/sync_free.py: every micro-batch to TRL's compute_loss
     built.trainer.args.logging_nan_inf_filter = True
 
 

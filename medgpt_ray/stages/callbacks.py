@@ -13,9 +13,9 @@ from transformers import TrainerCallback
 
 from medgpt_ray.config import stage_kind
 from medgpt_ray.stages import speed
-from medgpt_ray.stages.checkpointing import SelectiveCheckpointing
 from medgpt_ray.stages.inputs import Sink, StageInputs
 from medgpt_ray.stages.outputs import barrier, is_rank_zero
+from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing
 
 
 def stage_callbacks(inp: StageInputs, sink: Sink | None,

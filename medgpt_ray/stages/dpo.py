@@ -12,9 +12,10 @@ from medgpt_ray import models, templates
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import built_pairs, run_pairs
-from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def rendered_prompts(records: list[dict], tokenizer, template, seq_len: int | None,
@@ -78,7 +79,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                      label_smoothing=cfg.label_smoothing, discopop_tau=cfg.discopop_tau,
                      max_length=inp.cfg.seq_len, dataset_num_proc=None,
                      precompute_ref_log_probs=inp.cfg.precompute_ref_log_probs, **bucket_kwargs(inp))
-    trainer = DPOTrainer(
+    trainer = trainer_class(DPOTrainer, ShardLoader)(
         model=model,
         ref_model=ref_model,
         args=args,
@@ -87,8 +88,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         processing_class=tok,
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
+        shard=shard,
+        group_by_length=getattr(inp.cfg, "group_by_length", False),
     )
-    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
     return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 
 

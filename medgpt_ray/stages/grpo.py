@@ -6,11 +6,11 @@ LoRA the reference of the KL term (beta > 0) is the adapter-off policy; full tra
 reward_model reward is the rm's merged model beside the policy, an actor's (reward_model_gpu), or with
 reward_shared_base the rm's LoRA adapter on the policy's own base (stages/reward_adapter.py).
 
-Data: each worker reads its own shard of the train split (stages/sharding.py), and the trainer's loader is swapped
-for one over that shard that repeats every prompt `num_generations` times in a row (TRL's RepeatSampler order), so
-every worker's generation batch holds whole groups: TRL gathers the rewards over the workers and normalises them in
-contiguous groups of num_generations, which are then each one worker's. Every worker's epoch is padded to the
-largest shard's prompt count (the steps stay collective).
+Data: each worker reads its own shard of the train split (trainer_kit/sharding.py), and the trainer's class has a
+loader over that shard (trainer_kit/prompt_shard.py) that repeats every prompt `num_generations` times in a row
+(TRL's RepeatSampler order), so every worker's generation batch holds whole groups: TRL gathers the rewards over the
+workers and normalises them in contiguous groups of num_generations, which are then each one worker's. Every
+worker's epoch is padded to the largest shard's prompt count (the steps stay collective).
 
 Held-out: the mean accuracy reward of greedy completions of the held-out prompts, before training and after
 (`eval_accuracy_before`, `eval_accuracy`), with the format reward's mean beside them (and the reward model's mean
@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import MethodType
 from typing import Any
 
 from transformers import TrainerCallback
@@ -33,11 +32,13 @@ from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
-from medgpt_ray.stages.prompt_shard import install_prompt_shard
 from medgpt_ray.stages.reward_adapter import SharedBaseScore, reward_adapter_for
 from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.generation_rate import GenerationRate
+from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
 
 
 def prompt_rows(records: list[dict], tokenizer, template, prompt_len: int):
@@ -73,11 +74,11 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     return build_online(inp, GRPOTrainer, grpo_args, sink, callbacks)
 
 
-def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[StageInputs], Any], sink: Sink | None,
+def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInputs], Any], sink: Sink | None,
                  callbacks: Sequence[TrainerCallback]) -> BuiltStage:
     """An online-RL trainer (TRL's GRPOTrainer or RLOOTrainer: the same constructor) on this worker's shard of the
     prompts, with the reward functions the config names (a reward model on the policy's device), LoRA or full, the
-    generation counters and the held-out prompts (`trainer.medgpt_held_out`)."""
+    generation counters (trainer_kit/generation_rate.py) and the held-out prompts (`held_out`)."""
     cfg = inp.cfg
     data = open_stage_data(inp)
     tok = data.tokenizer
@@ -92,14 +93,11 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
                                max_completion_length=cfg.max_completion_length,
                                reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
                                remote=shared or inp.reward_scorer)
-    trainer = trainer_class(model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds,
-                            processing_class=tok, peft_config=peft_config,
-                            callbacks=stage_callbacks(inp, sink, callbacks))
+    trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader)(
+        model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds, processing_class=tok,
+        peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=data.shard)
     if shared is not None:
         shared.attach(trainer.model)  # the reward adapter beside the policy's, before any wrapping or optimizer
-    install_prompt_shard(trainer, data.shard)
-    count_generations(trainer)
-    trainer.medgpt_held_out = eval_ds
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_prompts": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
                               "skipped_too_long": skipped["too_long"],
@@ -108,7 +106,7 @@ def build_online(inp: StageInputs, trainer_class: Any, make_args: Callable[[Stag
                               **({"reward_model_scored_by": "shared_base" if shared else
                                   "actor" if inp.reward_scorer else "worker"}
                                  if "reward_model" in cfg.reward_funcs else {})},
-                      save_kwargs={"template": data.template})
+                      save_kwargs={"template": data.template}, held_out=eval_ds)
 
 
 def shared_base_scorer(inp: StageInputs) -> SharedBaseScore | None:
@@ -118,22 +116,6 @@ def shared_base_scorer(inp: StageInputs) -> SharedBaseScore | None:
     if inp.cfg.reward_shared_base is not True or "rm" not in inp.needs:
         return None
     return SharedBaseScore(reward_adapter_for(inp.needs["rm"], inp.model_path, inp.stage), inp.needs["rm"])
-
-
-def count_generations(trainer: Any) -> None:
-    """Log generations/s and generated tokens/s of this worker's generate calls (TRL logs lengths, not rates)."""
-    generate = trainer._generate
-
-    def timed(self, prompts):
-        t0 = time.perf_counter()
-        out = generate(prompts)
-        dt = max(time.perf_counter() - t0, 1e-9)
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["generation/generations_per_s"].append(len(out[1]) / dt)
-        self._metrics[mode]["generation/tokens_per_s"].append(sum(len(ids) for ids in out[1]) / dt)
-        return out
-
-    trainer._generate = MethodType(timed, trainer)
 
 
 def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -> list[str]:
@@ -184,10 +166,10 @@ def run_online(inp: StageInputs, build_stage: Callable[..., BuiltStage], sink: S
     t0 = time.monotonic()
     built = build_stage(inp, sink, callbacks)
     trainer = built.trainer
-    before = held_out_rewards(trainer, trainer.medgpt_held_out)
+    before = held_out_rewards(trainer, built.held_out)
     built.eval_size = 0  # no TRL evaluation: the held-out numbers are the greedy rewards below
     result = finish_stage(inp, built, t0, lambda ev: {})
-    after = held_out_rewards(trainer, trainer.medgpt_held_out)
+    after = held_out_rewards(trainer, built.held_out)
     result["eval"] = {**after, **{f"{k}_before": v for k, v in before.items() if k != "eval_prompts"}}
     write_result(inp, result)
     return result

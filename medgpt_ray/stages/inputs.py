@@ -20,7 +20,7 @@ class StageInputs:
     plan: StagePlan
     model_path: str  # the model this stage starts from (base, or the upstream stage's merged model)
     template: str
-    train_file: str  # canonical records, Parquet in hash order; each worker reads its shard (stages/sharding.py)
+    train_file: str  # canonical records, Parquet in hash order; each worker reads its shard (trainer_kit/sharding.py)
     eval_file: str  # the held-out records, Parquet, read whole
     out_dir: str  # runs/<name>/<stage>
     seed: int = 42
@@ -64,3 +64,5 @@ class BuiltStage:
     eval_size: int = 0  # held-out examples (0: no evaluation)
     extras: dict[str, Any] | None = None  # counts for the result (records, pairs, skipped)
     save_kwargs: dict[str, Any] | None = None  # template / seq_cls for save_outputs
+    # What the stage scores itself after training (kto: its held-out pairs; grpo, rloo: the held-out prompts).
+    held_out: Any = None

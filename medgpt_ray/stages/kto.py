@@ -1,12 +1,12 @@
-"""KTO: TRL's KTOTrainer on unpaired examples (data.unpaired's, and data.preference's pairs unpaired: chosen
-desirable, rejected undesirable), from the SFT model; the reference is the adapter-off policy (LoRA) or a frozen
-copy (full), as DPO's. The kto loss measures each example against a KL reference point estimated from mismatched
-prompt-completion pairs: TRL gives every example the completion of its neighbour in the shard (rotated within runs
-of micro-batch size) and refuses a micro-batch of 1 (the config and the planner keep it at 2 or more). The shard's
-sampler shuffles and groups by length (stages/sharding.py), so a micro-batch's KL completions are a random set of
-other examples' rather than its own: the same estimate of the reference point in expectation. The shard is read in
-an order of its own (a hash of each record), so a pair's two halves, next to each other in the split, are not each
-other's KL completion.
+"""KTO: TRL's KTOTrainer on unpaired examples (data.unpaired's, and data.preference's pairs unpaired: chosen desirable,
+rejected undesirable), from the SFT model; the reference is the adapter-off policy (LoRA) or a frozen copy (full),
+as DPO's. The kto loss measures each example against a KL reference point estimated from mismatched prompt-
+completion pairs: TRL gives every example the completion of its neighbour in the shard (rotated within runs of
+micro-batch size) and refuses a micro-batch of 1 (the config and the planner keep it at 2 or more). The shard's
+sampler shuffles and groups by length (trainer_kit/shard_sampler.py), so a micro-batch's KL completions are a random
+set of other examples' rather than its own: the same estimate of the reference point in expectation. The shard is
+read in an order of its own (a hash of each record), so a pair's two halves, next to each other in the split, are
+not each other's KL completion.
 
 Held-out accuracy: the share of held-out pairs whose chosen answer has the higher implicit reward
 beta * log pi/pi_ref (stages/implicit_reward.py); TRL's own eval loss and reward means are logged too."""
@@ -27,9 +27,10 @@ from medgpt_ray.stages.dpo import preference_texts, rendered_prompts
 from medgpt_ray.stages.implicit_reward import held_out_pairs, pair_accuracy
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import run_pairs
-from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def unpaired_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
@@ -72,23 +73,22 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                      desirable_weight=cfg.desirable_weight, undesirable_weight=cfg.undesirable_weight,
                      max_length=cfg.seq_len, dataset_num_proc=None, train_sampling_strategy="sequential",
                      **bucket_kwargs(inp))
-    trainer = KTOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                         processing_class=tok, peft_config=peft_config,
-                         callbacks=stage_callbacks(inp, sink, callbacks))
-    install_shard(trainer, shard, group_by_length=cfg.group_by_length)
-    trainer.medgpt_held_out_pairs = pair_ds
+    trainer = trainer_class(KTOTrainer, ShardLoader)(
+        model=model, ref_model=ref_model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+        processing_class=tok, peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks),
+        shard=shard, group_by_length=cfg.group_by_length)
     desirable = sum(train_ds["label"])
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_examples": len(train_ds), "train_desirable": desirable,
                               "train_undesirable": len(train_ds) - desirable,
                               "skipped_tools_unsupported": skipped["tools_unsupported"],
                               "skipped_too_long": skipped["too_long"]},
-                      save_kwargs={"template": template})
+                      save_kwargs={"template": template}, held_out=pair_ds)
 
 
 def _held_out(built: BuiltStage) -> dict[str, Any]:
     trainer = built.trainer
-    return pair_accuracy(trainer, trainer.medgpt_held_out_pairs, trainer.args.per_device_eval_batch_size)
+    return pair_accuracy(trainer, built.held_out, trainer.args.per_device_eval_batch_size)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:

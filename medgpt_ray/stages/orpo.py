@@ -15,10 +15,12 @@ from medgpt_ray import models
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.dpo import preference_texts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.pair_results import built_pairs, count_pair_tokens, run_pairs
-from medgpt_ray.stages.sharding import install_shard
+from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.pair_tokens import PairTokenCount
+from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
@@ -30,12 +32,12 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
-    kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # count_pair_tokens counts
+    kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
     args = ORPOConfig(**kwargs, beta=inp.cfg.beta, max_length=inp.cfg.seq_len, dataset_num_proc=None)
-    trainer = ORPOTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
-                          peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks))
-    count_pair_tokens(trainer)
-    install_shard(trainer, shard, group_by_length=inp.cfg.group_by_length)
+    trainer = trainer_class(ORPOTrainer, PairTokenCount, ShardLoader)(
+        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
+        peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=shard,
+        group_by_length=inp.cfg.group_by_length)
     return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
-from medgpt_ray.stages.sharding import shard_report
+from medgpt_ray.trainer_kit.sharding import shard_report
 
 
 def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,

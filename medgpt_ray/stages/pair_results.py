@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from types import MethodType
 from typing import Any
 
 from transformers import TrainerCallback
@@ -35,19 +34,3 @@ def run_pairs(build: Callable[..., BuiltStage], inp: StageInputs, sink: Sink | N
         "eval_loss": ev["eval_loss"], "eval_reward_accuracy": ev.get("eval_rewards/accuracies"),
         "eval_reward_margin": ev.get("eval_rewards/margins"), "eval_pairs": built.eval_size,
         **(held_out(built) if held_out else {})})
-
-
-def count_pair_tokens(trainer: Any) -> None:
-    """TRL's ORPO and CPO batches carry chosen_/rejected_ sequences and no input_ids, so HF's token counter finds
-    nothing to count (0 tokens/s): count the real tokens of both sequences of every pair (prompt included, as DPO's
-    count does), gathered over the ranks as HF's own count is. The stage's config turns HF's counter off."""
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        import torch
-
-        real = sum(inputs[k].sum() for k in ("chosen_attention_mask", "rejected_attention_mask") if k in inputs)
-        if isinstance(real, torch.Tensor):
-            self.state.num_input_tokens_seen += int(self.accelerator.gather(real.reshape(1)).sum().item())
-        return type(self).training_step(self, model, inputs, num_items_in_batch)
-
-    trainer.training_step = MethodType(training_step, trainer)

@@ -14,8 +14,9 @@ from medgpt_ray import models
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, quiet_libraries
-from medgpt_ray.stages.sharding import install_shard, read_eval, read_train_shard
 from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.sharding import ShardLoader, read_eval, read_train_shard
 
 
 def pack_blocks(texts: list[str], tokenizer, block_size: int) -> list[list[int]]:
@@ -56,15 +57,15 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
         model = get_peft_model(model, peft_config)
 
-    trainer = Trainer(
+    trainer = trainer_class(Trainer, ShardLoader)(
         model=model,
         args=TrainingArguments(**training_kwargs(inp)),
         train_dataset=_dataset(train_blocks),
         eval_dataset=_dataset(eval_blocks) if eval_blocks else None,
         data_collator=default_data_collator,
         callbacks=stage_callbacks(inp, sink, callbacks),
+        shard=shard,
     )
-    install_shard(trainer, shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_blocks),
                       extras={"train_blocks": len(train_blocks)})
 

@@ -2,16 +2,17 @@
 
 TRL's RewardTrainer pads every chosen and rejected sequence of a micro-batch to the longest one; on real preference
 data (answers of 200-1,500 tokens) that left the H200 padding-bound at 69 % fill. Here the train split's pairs are
-packed as units, by the same best-fit decreasing as SFT's rows (stages/packing.py), into rows of 2 x seq_len tokens:
-a pair's two sequences are at most seq_len each (encode_pairs cuts them), so every pair fits in one row, its chosen
-and rejected sequences side by side, and a pair never spans two rows or two micro-batches. A micro-batch of m rows
-holds the tokens of m pairs at their longest, what an unpacked micro-batch of m pairs is planned for.
+packed as units, by the same best-fit decreasing as SFT's rows (trainer_kit/packed_rows.py), into rows of 2 x
+seq_len tokens: a pair's two sequences are at most seq_len each (encode_pairs cuts them), so every pair fits in one
+row, its chosen and rejected sequences side by side, and a pair never spans two rows or two micro-batches. A micro-
+batch of m rows holds the tokens of m pairs at their longest, what an unpacked micro-batch of m pairs is planned
+for.
 
 Each sequence is a segment: position ids restart at 0 at every one (and at the row's tail padding), there is no
 attention_mask, use_cache=False, so SDPA and eager get the block-diagonal causal mask exactly as SFT's rows do
-(`packing.attention_path` checks the loaded model). Under FlashAttention the micro-batch's rows are flattened into
-one unpadded sequence for the varlen kernel, which reads the position ids (not run here, no FlashAttention on CPU:
-the flattened layout is tested under SDPA, which masks it the same way).
+(trainer_kit/packed_attention.py checks the loaded model). Under FlashAttention the micro-batch's rows are flattened
+into one unpadded sequence for the varlen kernel, which reads the position ids (not run here, no FlashAttention on
+CPU: the flattened layout is tested under SDPA, which masks it the same way).
 
 The forward (stages/reward_trainer.py's PackedRewardTrainer) is the model's own, through whatever wraps it (PEFT's
 SEQ_CLS model, DeepSpeed, DDP, compiled layers), so every hook and gradient sync runs as in TRL's. A
@@ -31,7 +32,8 @@ from typing import Any
 
 import torch
 
-from medgpt_ray.stages import packing
+from medgpt_ray.trainer_kit.packed_attention import ROWS
+from medgpt_ray.trainer_kit.packed_rows import CONVERSATIONS_KEY, TOKENS_KEY, pack, row_tensors
 
 ENDS_KEY = "medgpt_segment_ends"  # flat indices of each segment's scored token: chosen, rejected of each pair
 PACKED_COLUMNS = ("input_ids", "position_ids", "seq_lengths")  # what a packed train row holds
@@ -53,7 +55,7 @@ def pack_pairs(dataset: Any, seq_len: int) -> Any:
         ids.append(list(chosen) + list(rejected))
         positions.append(list(range(len(chosen))) + list(range(len(rejected))))
     pairs = Dataset.from_dict({"input_ids": ids, "position_ids": positions})
-    return packing.pack(pairs, row_width(seq_len), columns=("input_ids", "position_ids"))
+    return pack(pairs, row_width(seq_len), columns=("input_ids", "position_ids"))
 
 
 def scored_tokens(ids: list[int], positions: list[int], pad_id: int) -> list[int]:
@@ -71,7 +73,7 @@ def scored_tokens(ids: list[int], positions: list[int], pad_id: int) -> list[int
 class PairRowsCollator:
     """The train collate of packed pair rows: [rows, 2 x seq_len] input_ids and position_ids (ROWS), or the rows'
     real tokens as one sequence (FLAT); the scored token of every segment (ENDS_KEY), and the real tokens and pairs
-    (packing.TOKENS_KEY, packing.CONVERSATIONS_KEY) that packing.install takes out before the model."""
+    (TOKENS_KEY, CONVERSATIONS_KEY) that PackedCounts (trainer_kit/packed_counts.py) takes out before the model."""
 
     def __init__(self, mode: str, pad_id: int, seq_len: int):
         self.mode, self.pad_id, self.width = mode, pad_id, row_width(seq_len)
@@ -82,13 +84,13 @@ class PairRowsCollator:
         for ex in examples:
             ids, positions = list(ex["input_ids"]), list(ex["position_ids"])
             ends += [offset + i for i in scored_tokens(ids, positions, self.pad_id)]
-            offset += self.width if self.mode == packing.ROWS else len(ids)
-        if self.mode == packing.ROWS:
-            input_ids, position_ids = packing.row_tensors(examples, self.pad_id, self.width)
+            offset += self.width if self.mode == ROWS else len(ids)
+        if self.mode == ROWS:
+            input_ids, position_ids = row_tensors(examples, self.pad_id, self.width)
         else:
             input_ids = torch.tensor([[t for ex in examples for t in ex["input_ids"]]])
             position_ids = torch.tensor([[p for ex in examples for p in ex["position_ids"]]])
         real = sum(len(ex["input_ids"]) for ex in examples)
         return {"input_ids": input_ids, "position_ids": position_ids, ENDS_KEY: torch.tensor(ends),
-                packing.TOKENS_KEY: torch.tensor(real),
-                packing.CONVERSATIONS_KEY: torch.tensor(sum(len(ex["seq_lengths"]) for ex in examples))}
+                TOKENS_KEY: torch.tensor(real),
+                CONVERSATIONS_KEY: torch.tensor(sum(len(ex["seq_lengths"]) for ex in examples))}

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from trl import RewardTrainer
 
-from medgpt_ray.stages import packing
 from medgpt_ray.stages.reward_packing import ENDS_KEY, PACKED_COLUMNS
+from medgpt_ray.trainer_kit.packed_rows import TOKENS_KEY
 
 
 def score_head(model: Any) -> Any:
@@ -30,8 +30,9 @@ def score_head(model: Any) -> Any:
 
 
 class PackedRewardTrainer(RewardTrainer):
-    """TRL's RewardTrainer whose training batches are packed pair rows (PairRowsCollator, installed by
-    packing.install); evaluation batches are TRL's own and go to TRL's compute_loss."""
+    """TRL's RewardTrainer whose training batches are packed pair rows (PairRowsCollator, the shard loader's train
+    collate; rm composes it with PackedCounts and ShardLoader); evaluation batches are TRL's own and go to TRL's
+    compute_loss."""
 
     def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
         if "seq_lengths" in getattr(dataset, "column_names", ()):  # packed rows: already tokenized
@@ -66,8 +67,9 @@ class PackedRewardTrainer(RewardTrainer):
         """TRL's RewardTrainer metrics, with num_tokens the micro-batch's real tokens."""
         mode = "train" if self.model.training else "eval"
         if mode == "train":
-            real = self.__dict__.pop("_medgpt_batch_tokens", None)  # this rank's, set by packing.install
-            real = inputs[packing.TOKENS_KEY] if real is None else real  # a batch given to compute_loss directly
+            # This rank's, handed over by PackedCounts' training_step (trainer_kit/packed_counts.py).
+            real, self.packed_batch_tokens = getattr(self, "packed_batch_tokens", None), None
+            real = inputs[TOKENS_KEY] if real is None else real  # a batch given to compute_loss directly
             self._total_train_tokens += self.accelerator.gather_for_metrics(real).sum().item() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         with torch.no_grad():

@@ -21,9 +21,11 @@ from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
-from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.packed_counts import PackedCounts
+from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
@@ -71,11 +73,15 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
-        kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
+        kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead
     args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None,
                         center_rewards_coefficient=getattr(inp.cfg, "center_rewards_coefficient", None),
                         **bucket_kwargs(inp))
-    trainer = (PackedRewardTrainer if collator is not None else RewardTrainer)(
+    # Packed: TRL's RewardTrainer on pair rows, counting each micro-batch's real tokens and pairs.
+    rows = {"packed_unit": "pairs"} if collator is not None else {}
+    cls = (trainer_class(PackedRewardTrainer, PackedCounts, ShardLoader) if collator is not None
+           else trainer_class(RewardTrainer, ShardLoader))
+    trainer = cls(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -83,10 +89,11 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         processing_class=tok,
         peft_config=peft_config,
         callbacks=stage_callbacks(train_inp, sink, callbacks),
+        shard=shard,
+        group_by_length=getattr(inp.cfg, "group_by_length", False),
+        train_collate=collator,
+        **rows,
     )
-    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
-    if collator is not None:
-        packing.install(trainer, collator, unit="pairs")
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": packed.get("pairs", len(train_ds)),
                               "skipped_too_long": skipped["too_long"],

@@ -17,13 +17,17 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
-from medgpt_ray.stages import packing, sync_free
+from medgpt_ray.stages import packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
-from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.packed_counts import PackedCounts
+from medgpt_ray.trainer_kit.packed_rows import PackedCollator
+from medgpt_ray.trainer_kit.sharding import ShardLoader
+from medgpt_ray.trainer_kit.sync_free import SyncFreeLoss
 
 
 def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
@@ -68,10 +72,12 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
-        kwargs["include_num_input_tokens_seen"] = "no"  # packing.install counts the rows' real tokens instead
-    # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see stages/packing.py).
+        kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead
+    # TRL's own packing stays off: it would flatten each micro-batch into one sequence (see trainer_kit/packed_rows.py).
     args = SFTConfig(**kwargs, max_length=None, packing=False, dataset_num_proc=None, **bucket_kwargs(inp))
-    trainer = SFTTrainer(
+    # Packed: PackedCounts first, it hands each micro-batch's real tokens to SyncFreeLoss's count.
+    behaviours = (PackedCounts, SyncFreeLoss, ShardLoader) if collator is not None else (SyncFreeLoss, ShardLoader)
+    trainer = trainer_class(SFTTrainer, *behaviours)(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -79,11 +85,10 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         processing_class=tok,
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
+        shard=shard,
+        group_by_length=getattr(inp.cfg, "group_by_length", False),
+        train_collate=collator,
     )
-    sync_free.install(trainer)
-    install_shard(trainer, shard, group_by_length=getattr(inp.cfg, "group_by_length", False))
-    if collator is not None:
-        packing.install(trainer, collator)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": packed.get("conversations", len(train_ds)),
                               "skipped_too_long": skipped["too_long"],
@@ -91,9 +96,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                       save_kwargs={"template": template})
 
 
-# SFT packs conversations into rows of seq_len tokens (stages/packing.py).
+# SFT packs conversations into rows of seq_len tokens (trainer_kit/packed_rows.py).
 CONVERSATIONS = packing.PackedKind("conversations", encode_conversations, packing.pack, lambda seq_len: seq_len,
-                                   packing.PackedCollator)
+                                   PackedCollator)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from medgpt_ray.stages.checkpointing import decoder_layers
+from medgpt_ray.trainer_kit.checkpointing import decoder_layers
 
 # Graphs dynamo keeps per compiled function (all decoder layers share one) before it runs new variants uncompiled,
 # silently: torch's default is 8. Each path a step takes is its own graph, and each turns dynamic at its second

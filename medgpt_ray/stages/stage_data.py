@@ -11,7 +11,7 @@ from typing import Any
 from medgpt_ray import models, templates
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import quiet_libraries
-from medgpt_ray.stages.sharding import read_eval, read_train_shard
+from medgpt_ray.trainer_kit.sharding import read_eval, read_train_shard
 
 
 @dataclass
@@ -19,7 +19,7 @@ class StageData:
     tokenizer: Any
     template: Any
     records: list[dict]  # this worker's shard of the train split
-    shard: dict[str, Any]  # which shard (stages/sharding.py)
+    shard: dict[str, Any]  # which shard (trainer_kit/sharding.py)
     eval_records: list[dict]  # the whole held-out split
 
     def encoded(self, encode: Callable[..., tuple[Any, Any]], *args: Any) -> tuple[Any, Any, Any]:

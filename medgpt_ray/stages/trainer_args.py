@@ -6,8 +6,8 @@ from typing import Any
 
 from medgpt_ray.memory.lengths import BUCKET
 from medgpt_ray.memory.stage_plan import StagePlan
-from medgpt_ray.stages.checkpointing import checkpointing_kwargs
 from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.trainer_kit.checkpointing import checkpointing_kwargs
 
 
 def training_kwargs(inp: StageInputs) -> dict[str, Any]:

@@ -123,4 +123,4 @@ def test_kto_trainer_gets_the_methods_parameters(unpaired, tiny_model, tmp_path)
     t = built.trainer
     assert (t.beta, t.desirable_weight, t.undesirable_weight, t.loss_type) == (0.3, 1.5, 0.7, "apo_zero_unpaired")
     assert not t.calculate_KL and t.args.per_device_train_batch_size == 1 and t.ref_model is None  # LoRA: adapter off
-    assert len(t.medgpt_held_out_pairs) > 0
+    assert len(built.held_out) > 0

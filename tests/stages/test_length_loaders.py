@@ -42,7 +42,7 @@ def loader_batches(stage: str, data, model: Path, out: Path, compile_layers: boo
     built = build_stage(StageInputs(stage, config, plan, str(model), "chatml", data.train_file, data.eval_file,
                                     str(out)))
     trainer = built.trainer
-    return list(trainer.get_train_dataloader()), trainer.medgpt_shard, trainer.args.gradient_accumulation_steps
+    return list(trainer.get_train_dataloader()), trainer.shard_info, trainer.args.gradient_accumulation_steps
 
 
 def pairs_per_step(batches: list, accum: int) -> list[list[tuple[int, ...]]]:

@@ -1,7 +1,7 @@
-"""SFT packing (medgpt_ray/stages/packing.py) on the tiny model, in a plain process: a packed batch computes what the
-padded batch of the same conversations computes, the model gets a block-diagonal mask per row, and a packed stage
-trains, counts its real tokens and conversations, and equals the unpacked stage on a step of the same conversations.
-(Resuming a packed stage: tests/stages/test_resume_batches.py.)"""
+"""SFT packing (medgpt_ray/trainer_kit/packed_rows.py, stages/packing.py) on the tiny model, in a plain process: a
+packed batch computes what the padded batch of the same conversations computes, the model gets a block-diagonal mask
+per row, and a packed stage trains, counts its real tokens and conversations, and equals the unpacked stage on a step
+of the same conversations. (Resuming a packed stage: tests/stages/test_resume_batches.py.)"""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from medgpt_ray.config import ConfigError, LoraConfig, SFTStageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.data.shards import num_rows, read_records
 from medgpt_ray.memory.planner import plan_stage
-from medgpt_ray.stages import build_stage, packing
+from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.sft import encode_conversations
+from medgpt_ray.trainer_kit import packed_attention, packed_rows
 
 SEQ_LEN = 512
 
@@ -61,8 +62,8 @@ def padded_and_packed(tok, ds) -> tuple[dict, dict, list[dict]]:
 
     padded = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
         [{"input_ids": i, "labels": la} for i, la in zip(ds["input_ids"], ds["labels"], strict=True)])
-    rows = list(packing.pack(ds, SEQ_LEN))
-    return padded, packing.collate_rows(rows, tok.pad_token_id, SEQ_LEN), rows
+    rows = list(packed_rows.pack(ds, SEQ_LEN))
+    return padded, packed_rows.collate_rows(rows, tok.pad_token_id, SEQ_LEN), rows
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -86,10 +87,10 @@ def test_the_model_gets_a_block_diagonal_mask_per_row_and_a_conversation_sees_on
     tok, ds = encoded
     _, packed, rows = padded_and_packed(tok, ds)
     model = load(tiny_model)
-    assert packing.attention_path(model)[0] == packing.ROWS
+    assert packed_attention.attention_path(model)[0] == packed_attention.ROWS
     pos = packed["position_ids"]
-    allowed = packing.allowed_pairs(packing.mask_the_model_builds(model, pos))
-    assert torch.equal(allowed, packing.block_diagonal(pos))
+    allowed = packed_attention.allowed_pairs(packed_attention.mask_the_model_builds(model, pos))
+    assert torch.equal(allowed, packed_attention.block_diagonal(pos))
     r = next(i for i, row in enumerate(rows) if len(row["seq_lengths"]) >= 2)
     first, second = rows[r]["seq_lengths"][:2]
     assert allowed[r, first, first] and not allowed[r, first, first - 1]  # the 2nd conversation starts afresh
@@ -117,14 +118,14 @@ def test_rows_filled_to_the_last_token_still_get_a_mask_and_the_same_loss(encode
     width = min(len(x) for x in ds["input_ids"]) // 2  # every conversation cut to fill a row exactly
     rows = [{"input_ids": list(i[:width]), "labels": list(la[:width]), "seq_lengths": [width]}
             for i, la in zip(ds["input_ids"][:3], ds["labels"][:3], strict=True)]
-    batch = packing.collate_rows(rows, tok.pad_token_id, width)
+    batch = packed_rows.collate_rows(rows, tok.pad_token_id, width)
     assert batch["position_ids"][:, -1].tolist() == [0, 0, 0]
     assert batch["labels"][:, -1].tolist() == [r["labels"][-1] for r in rows]  # the last target is kept
     model = load(tiny_model)
-    assert packing.mask_the_model_builds(model, batch["position_ids"]) is not None
+    assert packed_attention.mask_the_model_builds(model, batch["position_ids"]) is not None
     plain = {"input_ids": batch["input_ids"], "labels": batch["labels"],
              "position_ids": torch.arange(width).expand(3, width)}
-    assert packing.mask_the_model_builds(model, plain["position_ids"]) is None  # what the restart prevents
+    assert packed_attention.mask_the_model_builds(model, plain["position_ids"]) is None  # what the restart prevents
     loss_rows, grads_rows = loss_and_grads(model, batch)
     loss_plain, grads_plain = loss_and_grads(model, plain)
     assert loss_rows == pytest.approx(loss_plain, abs=1e-5)
@@ -139,11 +140,11 @@ def test_packing_true_where_the_mask_would_cross_conversations_is_a_config_error
 
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     model = load(tiny_model)
-    mode, why = packing.resolve("auto", model, "sft")
+    mode, why = packed_attention.resolve("auto", model, "sft")
     assert mode is None and "block-diagonal" in why
     with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but .*set it to auto"):
-        packing.resolve(True, model, "sft")
-    assert packing.resolve(False, model, "sft") == (None, "packing: false")
+        packed_attention.resolve(True, model, "sft")
+    assert packed_attention.resolve(False, model, "sft") == (None, "packing: false")
 
 
 def stage_inputs(data, tiny_model: Path, out: Path, **kw) -> StageInputs:
@@ -160,14 +161,14 @@ class _Spy:
     def __init__(self, trainer):
         self.calls: list[dict] = []
         self.tokens: list[int] = []
-        collate = trainer.medgpt_collate
+        collate = trainer.train_collate
 
         def counting(examples):
             batch = collate(examples)
-            self.tokens.append(int(batch[packing.TOKENS_KEY]))
+            self.tokens.append(int(batch[packed_rows.TOKENS_KEY]))
             return batch
 
-        trainer.medgpt_collate = counting
+        trainer.train_collate = counting
         trainer.model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs):
@@ -178,9 +179,10 @@ class _Spy:
 def test_a_packed_stage_trains_on_rows_and_counts_real_tokens_and_conversations(data, tiny_model, tmp_path):
     built = build_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=6, effective_batch=8, packing=True))
     report = built.extras["packing"]
-    assert report["mode"] == packing.ROWS and report["conversations_per_row"] > 1.4 and 0.5 < report["fill"] <= 1
+    assert report["mode"] == packed_attention.ROWS
+    assert report["conversations_per_row"] > 1.4 and 0.5 < report["fill"] <= 1
     trainer = built.trainer
-    assert trainer.args.include_num_input_tokens_seen == "no"  # ours counts (packing.install)
+    assert trainer.args.include_num_input_tokens_seen == "no"  # ours counts (PackedCounts)
     assert trainer.args.per_device_train_batch_size == report["micro_batch_rows"]
     assert trainer.args.gradient_accumulation_steps == report["grad_accum"]
     assert report["micro_batch_rows"] * report["grad_accum"] == report["rows_per_step"] == round(
@@ -190,7 +192,7 @@ def test_a_packed_stage_trains_on_rows_and_counts_real_tokens_and_conversations(
     micro_batches = 6 * report["grad_accum"]
     assert len(spy.calls) == micro_batches
     for call in spy.calls:  # one packed row per batch row, and the model builds the mask from the position ids
-        assert "attention_mask" not in call and packing.TOKENS_KEY not in call
+        assert "attention_mask" not in call and packed_rows.TOKENS_KEY not in call
         assert call["input_ids"] == call["position_ids"] and call["input_ids"][1] == SEQ_LEN
         assert call["input_ids"][0] <= report["micro_batch_rows"]  # the epoch's last micro-batch may be short
     # Non-padding tokens only: the batches the steps took (the loader may have collated one more ahead).
@@ -224,7 +226,7 @@ def test_a_packed_stage_writes_its_rows_into_the_result_and_metrics(data, tiny_m
     from medgpt_ray.stages import run_stage
 
     r = run_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=2, effective_batch=4))  # packing: auto
-    assert r["packing"]["mode"] == packing.ROWS and r["packing"]["rows"] < r["train_records"]
+    assert r["packing"]["mode"] == packed_attention.ROWS and r["packing"]["rows"] < r["train_records"]
     assert r["workers"][0]["shard"]["packed"]["rows"] == r["packing"]["rows"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in rows if "loss" in x]

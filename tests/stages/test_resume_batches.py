@@ -20,7 +20,7 @@ from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.callbacks import INJECT_OOM_ENV
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import train
-from medgpt_ray.stages.sharding import ShardBatchSampler
+from medgpt_ray.trainer_kit.shard_sampler import ShardBatchSampler
 
 
 def per_step(out: Path) -> dict[int, tuple[float, float]]:

@@ -17,10 +17,11 @@ from medgpt_ray.config import LoraConfig, RMStageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.data.shards import num_rows, read_records
 from medgpt_ray.memory.planner import plan_stage
-from medgpt_ray.stages import build_stage, packing, reward_packing, run_stage
+from medgpt_ray.stages import build_stage, reward_packing, run_stage
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.reward_trainer import PackedRewardTrainer
 from medgpt_ray.stages.rm import encode_pairs
+from medgpt_ray.trainer_kit import packed_attention, packed_rows
 from tests.stages.test_stages import EASY_PAIRS
 
 SEQ_LEN = 256  # rows of 512 tokens: the easy pairs (170-240 tokens both sides) pack two a row
@@ -60,8 +61,8 @@ def loss_grads_metrics(trainer, batch: dict) -> tuple[float, dict[str, torch.Ten
     return loss.item(), grads, metrics
 
 
-@pytest.mark.parametrize(("method", "mode"), [("full", packing.ROWS), ("lora", packing.ROWS),
-                                              ("full", packing.FLAT)])
+@pytest.mark.parametrize(("method", "mode"), [("full", packed_attention.ROWS), ("lora", packed_attention.ROWS),
+                                              ("full", packed_attention.FLAT)])
 def test_packed_pairs_have_the_loss_metrics_and_gradients_of_trls_padded_batch(method, mode, pairs, tiny_model,
                                                                                tmp_path):
     """TRL's RewardTrainer.compute_loss on its collator's padded batch of ten pairs, and ours on the same pairs
@@ -74,8 +75,8 @@ def test_packed_pairs_have_the_loss_metrics_and_gradients_of_trls_padded_batch(m
     padded = trainer.data_collator([{"chosen_ids": c, "rejected_ids": r}
                                     for c, r in zip(ds["chosen_ids"], ds["rejected_ids"], strict=True)])
     packed = reward_packing.PairRowsCollator(mode, tok.pad_token_id, SEQ_LEN)(list(rows))
-    assert "attention_mask" not in packed and int(packed[packing.CONVERSATIONS_KEY]) == len(ds)
-    if mode == packing.ROWS:
+    assert "attention_mask" not in packed and int(packed[packed_rows.CONVERSATIONS_KEY]) == len(ds)
+    if mode == packed_attention.ROWS:
         assert packed["input_ids"].shape == (len(rows), 2 * SEQ_LEN)
     loss_padded, grads_padded, metrics_padded = loss_grads_metrics(trainer, padded)
     loss_packed, grads_packed, metrics_packed = loss_grads_metrics(trainer, packed)
@@ -132,7 +133,7 @@ def stage_inputs(data, tiny_model: Path, out: Path, **kw) -> StageInputs:
 def test_a_packed_rm_stage_trains_counts_pairs_and_reports_held_out_accuracy(data, tiny_model, tmp_path):
     r = run_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=2, effective_batch=4, packing=True))
     p = r["packing"]
-    assert p["mode"] == packing.ROWS and p["rows"] < p["pairs"] == r["train_pairs"] and 0.5 < p["fill"] <= 1
+    assert p["mode"] == packed_attention.ROWS and p["rows"] < p["pairs"] == r["train_pairs"] and 0.5 < p["fill"] <= 1
     assert 0.0 <= r["eval"]["eval_accuracy"] <= 1.0 and r["eval"]["eval_pairs"] > 0  # evaluated unpacked
     steps = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in steps if "loss" in x]
@@ -141,7 +142,7 @@ def test_a_packed_rm_stage_trains_counts_pairs_and_reports_held_out_accuracy(dat
 
 
 def test_one_step_of_the_same_pairs_packed_or_not_has_the_same_loss_and_gradient(data, tiny_model, tmp_path):
-    """Through the whole stage (sharded loader, TRL's trainer, packing.install's counts): one step of every pair of
+    """Through the whole stage (sharded loader, TRL's trainer, PackedCounts' counts): one step of every pair of
     the split in one micro-batch, packed rows or TRL's padded batch."""
     n = num_rows(data.train_file)
     first = {}

@@ -138,25 +138,26 @@ def test_the_planned_checkpointing_is_what_trains(stage, fraction, data, tiny_mo
     """Selective checkpointing keeps the first layers checkpointed and the rest not, also through TRL's DPO
     (which switches checkpointing off and on around its reference pass), and `false` is honoured although
     TRL's configs default to on."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    import torch
 
     from medgpt_ray.stages import build_stage
+    from medgpt_ray.trainer_kit.checkpointing import decoder_layers
 
     inp = make_inputs(stage, data, tiny_model, tmp_path, max_steps=2, grad_ckpt=fraction if 0 < fraction < 1
                       else bool(fraction))
     built = build_stage(inp)
-    seen: list[list[bool]] = []
-    step = built.trainer.training_step
+    seen: list[tuple[int, bool]] = []  # (layer, checkpointing) of every training forward with gradients
 
-    def spy(model, inputs, *args, **kwargs):
-        out = step(model, inputs, *args, **kwargs)  # after the step: DPO's reference pass has toggled the flags
-        seen.append([m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer)])
-        return out
+    def record(module, args, index):
+        if module.training and torch.is_grad_enabled():  # not DPO's reference pass (no_grad), not evaluation
+            seen.append((index, module.gradient_checkpointing))
 
-    built.trainer.training_step = spy
+    for index, layer in enumerate(decoder_layers(built.trainer.model)):
+        layer.register_forward_pre_hook(lambda module, args, index=index: record(module, args, index))
     built.trainer.train()
     expected = {0.0: [False, False], 0.5: [True, False], 1.0: [True, True]}[fraction]
-    assert seen and all(flags == expected for flags in seen)
+    assert {index for index, _ in seen} == {0, 1}
+    assert all(flag == expected[index] for index, flag in seen), seen
 
 
 def test_a_stage_without_ray_serves_the_same_metrics_on_its_port(data, tiny_model, tmp_path, monkeypatch):
@@ -185,12 +186,13 @@ def _train_logs(built) -> list[dict]:
 def test_sync_free_sft_loss_logs_what_trl_logs(data, tiny_model, tmp_path):
     """The SFT stage's loss without per-micro-batch host syncs trains and logs exactly as TRL's own."""
     from medgpt_ray.stages import build_stage
+    from medgpt_ray.trainer_kit.sync_free import SyncFreeLoss
 
     ours = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "a", max_steps=3, effective_batch=8))
-    assert "compute_loss" in vars(ours.trainer) and ours.trainer.args.logging_nan_inf_filter is False
+    assert isinstance(ours.trainer, SyncFreeLoss) and ours.trainer.sync_free
+    assert ours.trainer.args.logging_nan_inf_filter is False
     trl = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "b", max_steps=3, effective_batch=8))
-    for name in ("compute_loss", "log"):
-        del trl.trainer.__dict__[name]  # back to SFTTrainer's methods
+    trl.trainer.sync_free = False  # every micro-batch to SFTTrainer's compute_loss
     a, b = _train_logs(ours), _train_logs(trl)
     assert len(a) == len(b) == 3 and all(set(x) == set(y) for x, y in zip(a, b, strict=True))
     for x, y in zip(a, b, strict=True):

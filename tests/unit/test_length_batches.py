@@ -1,14 +1,14 @@
-"""Length-grouped batches (stages/sharding.py): steps of similar lengths pad less than random ones, hold the same
-examples in the same order whatever the micro-batch x accumulation split (the OOM back-off's invariant), and depend
-only on (seed, epoch); the lengths come from the tokenized columns TRL's trainers hold. (The real RM/DPO loaders
-with bucket padding: tests/stages/test_length_loaders.py.)"""
+"""Length-grouped batches (trainer_kit/shard_sampler.py): steps of similar lengths pad less than random ones, hold the
+same examples in the same order whatever the micro-batch x accumulation split (the OOM back-off's invariant), and
+depend only on (seed, epoch); the lengths come from the tokenized columns TRL's trainers hold. (The real RM/DPO
+loaders with bucket padding: tests/stages/test_length_loaders.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from medgpt_ray.stages.sharding import WINDOW_STEPS, ShardBatchSampler, epoch_order, example_lengths
+from medgpt_ray.trainer_kit.shard_sampler import WINDOW_STEPS, ShardBatchSampler, epoch_order, example_lengths
 
 BUCKET = 128
 

@@ -1,5 +1,5 @@
 """The train split's shards (one per training worker, data/shards.py) and the batch order each worker trains in
-(stages/sharding.py): disjoint, covering, sizes within one, a function of (data, workers) only; the order a
+(trainer_kit/shard_sampler.py): disjoint, covering, sizes within one, a function of (data, workers) only; the order a
 function of (seed, epoch) only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from medgpt_ray.data import shards
 from medgpt_ray.data.prepare import prepare_kind
-from medgpt_ray.stages.sharding import ShardBatchSampler, epoch_order
+from medgpt_ray.trainer_kit.shard_sampler import ShardBatchSampler, epoch_order
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 SOURCES = [str(SAMPLE / "sft_sharegpt.jsonl"), str(SAMPLE / "formats" / "sft_sharegpt_tools.jsonl")]

@@ -2,18 +2,19 @@
 
 The worker's records are rows [k*n // N, (k+1)*n // N) of the hash-ordered train file (data/shards.py), N the
 stage's Ray Train workers (the plan's num_workers; WORLD_SIZE in the worker). HF/accelerate would split the train
-dataloader across ranks again (each worker would see 1/N of 1/N), so the trainer's class is swapped for a subclass
-whose `get_train_dataloader` prepares the loader for one process (device placement, accelerate's skip/epoch
-handling) without that split: the pattern of Ray's `prepare_trainer`. The order of the examples depends only on
-(seed, epoch, shard): HF's resume ("skip the first k batches of the epoch") skips exactly what was trained, also
-after an OOM back-off (half the micro-batch, twice the accumulation: the same examples per step, in the same
-order). A different number of workers is a different plan identity, so a stage is never resumed across it.
+dataloader across ranks again (each worker would see 1/N of 1/N), so the stage's trainer class has ShardLoader
+(trainer_kit/sharding.py), whose `get_train_dataloader` prepares the loader for one process (device placement,
+accelerate's skip/epoch handling) without that split: the pattern of Ray's `prepare_trainer`. The order of the
+examples depends only on (seed, epoch, shard): HF's resume ("skip the first k batches of the epoch") skips exactly
+what was trained, also after an OOM back-off (half the micro-batch, twice the accumulation: the same examples per
+step, in the same order). A different number of workers is a different plan identity, so a stage is never resumed
+across it.
 
 Every rank must take the same number of batches per epoch (the gradient all-reduce is collective), but shards
 differ by a record, and packing (pt's blocks, sft's rows) or sft's too-long filter make the examples per shard
 differ more: the sampler pads each epoch to the largest shard's example count by repeating the epoch's first
 examples, as torch's DistributedSampler and accelerate's `even_batches` do. `micro_batch x grad_accum x N` examples
-per optimizer step, as before; a packed SFT stage's examples are its packed rows (stages/packing.py).
+per optimizer step, as before; a packed SFT stage's examples are its packed rows (trainer_kit/packed_rows.py).
 
 Grouped by length (`group_by_length`, rm, dpo and unpacked sft): a micro-batch is padded to its longest example, so
 random batches of 200-1,500-token pairs spend about a fifth of their slots on padding. The grouping works on whole
@@ -30,30 +31,7 @@ tight fails in its first step (HF's LengthGroupedSampler does the same). The epo
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
-from typing import Any
-
 import numpy as np
-
-from medgpt_ray.data.shards import num_rows, read_records, read_shard
-
-
-def this_worker() -> tuple[int, int]:
-    """(rank, world size) of this training worker; (0, 1) in a plain process."""
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def read_train_shard(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """This worker's train records, and what it read (for the stage's result)."""
-    rank, world = this_worker()
-    records, rows = read_shard(path, world, rank)
-    return records, {"rank": rank, "shards": world, "rows": list(rows), "split_rows": num_rows(path)}
-
-
-def read_eval(path: str) -> list[dict[str, Any]]:
-    """The held-out records, whole (HF splits the evaluation across ranks)."""
-    return read_records(path)
 
 
 def epoch_order(n: int, length: int, seed: int, epoch: int) -> list[int]:
@@ -146,90 +124,3 @@ def example_lengths(dataset) -> np.ndarray | None:
     return n("input_ids") if "input_ids" in columns else None
 
 
-class _CountingCollator:
-    """The train collator, counting the examples it collates (what this worker trained on, for the result), for
-    packed rows (stages/packing.py) the conversations in them, and for padded batches the real tokens against the
-    padded slots (`fill`) and how many sequence lengths the model saw (`padded_lengths`; bucket padding bounds it)."""
-
-    def __init__(self, collate, info: dict[str, Any]):
-        self.collate, self.info = collate, info
-        self.lengths: set[int] = set()
-        self.real = self.slots = 0
-
-    def __call__(self, examples):
-        self.info["trained_examples"] = self.info.get("trained_examples", 0) + len(examples)
-        if examples and "seq_lengths" in examples[0]:
-            self.info["trained_conversations"] = (self.info.get("trained_conversations", 0)
-                                                  + sum(len(e["seq_lengths"]) for e in examples))
-        batch = self.collate(examples)
-        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-        if mask is not None and mask.dim() == 2:
-            self.real, self.slots = self.real + int(mask.sum()), self.slots + mask.numel()
-            self.lengths.add(int(mask.shape[1]))
-            self.info.update(fill=round(self.real / max(self.slots, 1), 4), padded_lengths=len(self.lengths))
-        return batch
-
-
-def shard_dataloader(trainer):
-    """The train DataLoader over this worker's shard as it is, prepared by accelerate for a single process."""
-    import datasets
-    from accelerate.data_loader import prepare_data_loader
-    from torch.utils.data import DataLoader
-
-    args, dataset = trainer.args, trainer.train_dataset
-    if dataset is None:
-        raise ValueError("Trainer: training requires a train_dataset.")
-    if isinstance(dataset, datasets.Dataset):
-        dataset = trainer._remove_unused_columns(dataset, description="training")
-    n = len(dataset)
-    seed = args.data_seed if args.data_seed is not None else args.seed
-    info = trainer.medgpt_shard
-    info.update(examples=n, epoch_examples=examples_on_every_rank(trainer, n))
-    # A packed stage collates its train rows itself (stages/packing.py); evaluation keeps the trainer's collator.
-    packed = getattr(trainer, "medgpt_collate", None)
-    collate = packed or trainer.data_collator
-    # Packed rows are all seq_len wide: nothing to group.
-    lengths = example_lengths(dataset) if getattr(trainer, "medgpt_group_by_length", False) and not packed else None
-    info["group_by_length"] = lengths is not None
-    micro = trainer._train_batch_size
-    sampler = ShardBatchSampler(n, info["epoch_examples"], micro, seed, args.dataloader_drop_last, lengths=lengths,
-                                step=micro * args.gradient_accumulation_steps)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_CountingCollator(collate, info),
-                        num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,
-                        persistent_workers=args.dataloader_persistent_workers and args.dataloader_num_workers > 0,
-                        prefetch_factor=args.dataloader_prefetch_factor)
-    # num_processes=1: no BatchSamplerShard around our sampler; the batches still go to the worker's device.
-    return prepare_data_loader(loader, device=trainer.accelerator.device, num_processes=1, process_index=0,
-                               put_on_device=True, dispatch_batches=False, even_batches=False)
-
-
-_CLASSES: dict[tuple[type, Any], type] = {}
-
-
-def swap_train_dataloader(trainer, loader: Callable[[Any], Any], what: str) -> None:
-    """Swap the trainer's class for a cached subclass that overrides only get_train_dataloader with `loader`
-    (the shard loaders here and in stages/prompt_shard.py); `what` names the data for the class's docstring."""
-    base = type(trainer)
-    if base in _CLASSES.values():
-        return
-    if (base, loader) not in _CLASSES:
-        _CLASSES[(base, loader)] = type(f"Shard{base.__name__}", (base,), {
-            "get_train_dataloader": lambda self: loader(self),
-            "__doc__": f"{base.__name__} over its worker's shard of {what}.",
-        })
-    trainer.__class__ = _CLASSES[(base, loader)]
-
-
-def install_shard(trainer, shard: dict[str, Any], group_by_length: bool = False) -> None:
-    """Make this trainer train on its worker's shard as it is, its steps grouped by length if asked. `shard` is
-    what read_train_shard said; the loader adds its counts."""
-    trainer.medgpt_shard = shard
-    trainer.medgpt_group_by_length = group_by_length
-    swap_train_dataloader(trainer, shard_dataloader, "the train split (stages/sharding.py)")
-
-
-def shard_report(trainer) -> dict[str, Any] | None:
-    """What this worker read and trained on: rank, row range, examples, examples per epoch (padded), and the
-    examples it trained on in this attempt (a resumed attempt does not count the batches it skipped)."""
-    info = getattr(trainer, "medgpt_shard", None)
-    return dict(info) if info is not None else None
