@@ -19,9 +19,10 @@ from medgpt_ray.stages import speed
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
-from medgpt_ray.stages.sharding import install_shard
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def load_teacher(inp: StageInputs):
@@ -65,10 +66,10 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                      prediction_loss_only=True)
     # Not peft's bf16 input cast: the student also generates outside the Trainer's autocast (as GRPO does).
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
-    trainer = GKDTrainer(model=model, teacher_model=load_teacher(inp), args=args,
-                         data_collator=PromptAnswerCollator(tok.pad_token_id), train_dataset=train_ds,
-                         eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept)
-    install_shard(trainer, data.shard)
+    trainer = trainer_class(GKDTrainer, ShardLoader)(
+        model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
+        train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
+        shard=data.shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_prompt_too_long": skipped["prompt_too_long"],
                               "skipped_tools_unsupported": skipped["tools_unsupported"],
