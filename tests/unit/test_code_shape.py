@@ -1,4 +1,5 @@
-"""The house rules on size (ARCHITECTURE.md): small modules with one job each, functions that fit on a screen."""
+"""The house rules on size (docs/ARCHITECTURE.md): small modules with one job each, functions that fit on a screen
+(300 and 60 lines since issue 33, met by a unit per job, never by joining lines: ruff's line length is unchanged)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,17 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "medgpt_ray"
-MAX_FILE_LINES = 400
-MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 300
+MAX_FUNCTION_LINES = 60
 
 
-def test_no_module_over_400_lines():
+def test_no_module_over_300_lines():
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_FILE_LINES}
     assert not long, f"split these modules: {long}"
 
 
-def test_no_function_over_80_lines():
+def test_no_function_over_60_lines():
     long = {}
     for p in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
