@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,7 @@ def measure_one(c: dict[str, Any], workdir: Path, cap_gib: float, steps: int,
     plan = StagePlan(c["stage"], c["method"], c["precision"], c["micro_batch"], accum, 1, True, c["ckpt_fraction"],
                      c["fused_ce"], c["optim"], c["zero"], c["offload"], None,
                      fused_kernels=bool(c.get("fused_kernels")), compile=bool(c.get("compile")))
-    plan.deepspeed = deepspeed_config(plan, cfg)
+    plan = replace(plan, deepspeed=deepspeed_config(plan, cfg))
     kind = {"pt": "pretrain", "sft": "sft", "rm": "preference", "dpo": "preference"}[c["stage"]]
     split = workdir / "data" / "prepared" / kind / f"{kind}.train.parquet"
     inp = StageInputs(c["stage"], cfg, plan, str(workdir / "models" / c["model"]), "chatml",

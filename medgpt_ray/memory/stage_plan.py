@@ -16,7 +16,7 @@ from medgpt_ray.memory.generation import setup_fields
 from medgpt_ray.placement.device import StagePlacement
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prediction:
     """What the planner predicted for the chosen configuration, and the per-GPU budget it was chosen for."""
 
@@ -36,7 +36,7 @@ class Prediction:
     host_usable_gib: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class StagePlan:
     stage: str
     method: str

@@ -5,6 +5,7 @@ accumulation) trains the same pairs in every step. (The sampler alone: tests/uni
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def loader_batches(stage: str, data, model: Path, out: Path, compile_layers: boo
         kw["packing"] = False  # padded batches (packed rows: tests/stages/test_reward_packing.py)
     config = CONFIGS[stage](**{**kw, **cfg})
     plan = plan_stage(stage, config, 1, False)
-    plan.compile = compile_layers  # as on a GPU; the layers are only compiled when training starts, never here
+    # as on a GPU; the layers are only compiled when training starts, never here
+    plan = replace(plan, compile=compile_layers)
     out.mkdir(parents=True, exist_ok=True)
     built = build_stage(StageInputs(stage, config, plan, str(model), "chatml", data.train_file, data.eval_file,
                                     str(out)))

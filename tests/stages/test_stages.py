@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -205,7 +206,7 @@ def test_compiled_decoder_layers_train_like_eager_ones(data, tiny_model, tmp_pat
     from medgpt_ray.stages.speed import CompileDecoderLayers, decoder_layers
 
     inp = make_inputs("sft", data, tiny_model, tmp_path / "c", max_steps=2)
-    inp.plan.compile = True
+    inp = replace(inp, plan=replace(inp.plan, compile=True))
     compiled = build_stage(inp)
     cb = next(c for c in compiled.trainer.callback_handler.callbacks if isinstance(c, CompileDecoderLayers))
     eager = build_stage(make_inputs("sft", data, tiny_model, tmp_path / "e", max_steps=2))
@@ -239,7 +240,8 @@ def test_lora_inputs_stay_bf16_under_autocast_only(data, tiny_model, tmp_path):
 
     for precision, expect_during in (("bf16", False), ("fp32", True)):
         inp = make_inputs("sft", data, tiny_model, tmp_path / precision, max_steps=2)
-        inp.plan.precision = precision  # bf16 on CPU: the Trainer's CPU autocast, as on a GPU
+        # bf16 on CPU: the Trainer's CPU autocast, as on a GPU
+        inp = replace(inp, plan=replace(inp.plan, precision=precision))
         built = build_stage(inp)
         spy = Spy()
         built.trainer.add_callback(spy)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -292,7 +293,7 @@ def test_plan_json_round_trips_with_typed_placement_and_prediction():
     from medgpt_ray.placement.topology import load_topology_file
 
     plan = plan_stage("sft", sft_7b(), 4, True, Q7, RTX4090)
-    plan.placement = place_stage(load_topology_file("8x4090-dual-socket"), 4, None, {})
+    plan = replace(plan, placement=place_stage(load_topology_file("8x4090-dual-socket"), 4, None, {}))
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["placement"]["gpus"] == plan.placement.gpus and d["prediction"]["peak_gib"] == plan.prediction.peak_gib
     back = type(plan).from_dict(d)
