@@ -50,7 +50,7 @@ def setup_fields(cfg: Any, stage: str, use_gpu: bool) -> dict[str, Any]:
 def generation_choices(s: TrainSetup, num_generations: int):
     """`s` with each generation batch the planner may choose (TRL's steps_per_generation: micro-batches per generate
     call, a divisor of grad_accum), each call holding whole groups of num_generations completions (a worker's share
-    of TRL's group normalisation, stages/prompt_shard.py); just `s` for a stage that does not generate. Fewer
+    of TRL's group normalisation, trainer_kit/prompt_shard.py); just `s` for a stage that does not generate. Fewer
     micro-batches per call: a smaller KV cache, more calls (memory/throughput.py prices each)."""
     if not s.generations or s.gen_steps:  # gen_steps set: the kind's trainer fixes it (opd: every micro-batch)
         yield s

@@ -31,7 +31,7 @@ SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash orde
 # 3.8 s at new lengths and the others took 0.25-0.4 s; padded up to multiples of 128, nothing compiled after step 1
 # but the first evaluation, a bucket seen before ran in 0.04-0.06 s and a new bucket's first step took ~0.3 s.
 # 128 bounds the lengths at seq_len / 128 and the padding at 127 tokens a row (little once steps are grouped by
-# length, stages/sharding.py), and is a multiple of the attention kernels' tiles.
+# length, trainer_kit/shard_sampler.py), and is a multiple of the attention kernels' tiles.
 BUCKET = 128
 PAD_MULTIPLE = BUCKET  # padded batches are planned at a multiple of this (the bucket, when compiled)
 UNSAMPLED_GUARD = 1.15  # a sample's longest row times this, when the split has rows the sample did not see

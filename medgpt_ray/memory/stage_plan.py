@@ -73,7 +73,7 @@ class StagePlan:
     reward_model_gpu: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """What plan.json holds (run/manifest.write_plan writes it)."""
+        """What plan.json holds (run/job.write_plan, its one writer, writes it)."""
         d = asdict(self)
         d["placement"] = None if self.placement is None else self.placement.to_dict()
         return d
