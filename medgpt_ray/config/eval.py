@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from medgpt_ray.config.stages import StageConfig
+from medgpt_ray.config.stage import StageConfig
 
 
 class EvalStageConfig(StageConfig):

@@ -16,7 +16,7 @@ from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 
 
 def _module(inputs: StageInputs):
-    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.stages.<kind> unless its entry names another."""
+    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.kinds.<kind>.stage unless its entry names another."""
     return importlib.import_module(inputs.module or stage_kind(inputs.stage).module_name)
 
 
