@@ -4,13 +4,13 @@ Unknown keys are errors (a typo must not silently fall back to a default), and
 every error names the file (or `--set`) and the dotted key.
 
 The parts: base.py (strictness, errors), clean.py (the cleaner's options), stage.py (the keys every stage has),
-what several kinds share (preference.py, online_rl.py), eval.py (the eval kind's keys), registry.py (the kinds),
+what several kinds share (preference.py, online_rl.py), registry.py (the kinds),
 stages.py (the `stages:` section), sections.py (model, data, resources), pipeline.py (the whole config and its
 stage graph), loading.py (YAML, --overrides and --set in, one validation). Each kind's own config class and
 registration is kinds/<kind>/config.py. This module names what callers import.
 
 A stage kind is registered when its config module is imported, and the registry's order is the pipeline's (the
-kinds' config modules in the block below, then eval, at the end): a new kind is one import line here.
+kinds' config modules in the block below, eval last): a new kind is one import line here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from medgpt_ray.config.clean import (
     QualityConfig,
     SignoffConfig,
 )
-from medgpt_ray.config.eval import EvalStageConfig
 from medgpt_ray.config.loading import apply_override, load_clean_config, load_config, parse_set, resolved_dict
 from medgpt_ray.config.online_rl import OnlineRLStageConfig
 from medgpt_ray.config.pipeline import PipelineConfig
@@ -46,6 +45,7 @@ from medgpt_ray.kinds.kto.config import KTOStageConfig
 from medgpt_ray.kinds.grpo.config import GRPOStageConfig
 from medgpt_ray.kinds.rloo.config import RLOOStageConfig
 from medgpt_ray.kinds.opd import config as _opd  # noqa: F401  (registers the opd kind: kinds/opd/config.py)
+from medgpt_ray.kinds.eval.config import EvalStageConfig
 # isort: on
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
@@ -55,10 +55,3 @@ __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", 
            "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
            "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
-
-# eval, off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split
-# (config/eval.py); registered here, after the training kinds (the block above). Its
-# module is in run/: it generates with infer/, which stages/ may not import.
-register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
-                              module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
-                              reads=("prompt", "exam", "pretrain")))

@@ -1,6 +1,6 @@
 """The stage-kind registry: what a kind is (its config class, data kind, default `from`, memory model, how it is
-judged on preference pairs) and the kinds registered so far (each kinds/<kind>/config.py registers its kind, eval is
-registered by config/__init__)."""
+judged on preference pairs) and the kinds registered so far (each kinds/<kind>/config.py registers its kind, imported in
+pipeline order by config/__init__)."""
 
 from __future__ import annotations
 
