@@ -4,12 +4,13 @@ Unknown keys are errors (a typo must not silently fall back to a default), and
 every error names the file (or `--set`) and the dotted key.
 
 The parts: base.py (strictness, errors), clean.py (the cleaner's options), stage.py (the keys every stage has),
-a config module per family of stage kinds (stages.py, preference.py, online_rl.py, eval.py), registry.py (the
-kinds), sections.py (model, data, resources), pipeline.py (the whole config and its stage graph), loading.py
-(YAML, --overrides and --set in, one validation). This module names what callers import.
+what several kinds share (preference.py, online_rl.py), registry.py (the kinds),
+stages.py (the `stages:` section), sections.py (model, data, resources), pipeline.py (the whole config and its
+stage graph), loading.py (YAML, --overrides and --set in, one validation). Each kind's own config class and
+registration is kinds/<kind>/config.py. This module names what callers import.
 
-A stage kind is registered when its config module is imported, and the registry's order is the pipeline's
-(config/stages.py's kinds, then config/online_rl.py's, then eval, below): a new kind is one import line here.
+A stage kind is registered when its config module is imported, and the registry's order is the pipeline's (the
+kinds' config modules in the block below, eval last): a new kind is one import line here.
 """
 
 from __future__ import annotations
@@ -23,22 +24,29 @@ from medgpt_ray.config.clean import (
     QualityConfig,
     SignoffConfig,
 )
-from medgpt_ray.config.eval import EvalStageConfig
 from medgpt_ray.config.loading import apply_override, load_clean_config, load_config, parse_set, resolved_dict
-from medgpt_ray.config.online_rl import GRPOStageConfig, OnlineRLStageConfig, RLOOStageConfig
+from medgpt_ray.config.online_rl import OnlineRLStageConfig
 from medgpt_ray.config.pipeline import PipelineConfig
-from medgpt_ray.config.preference import (
-    DPOStageConfig,
-    KTOStageConfig,
-    ORPOStageConfig,
-    RMStageConfig,
-    SimPOStageConfig,
-)
 from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind, stage_kind
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
 from medgpt_ray.config.stage import MEMORY_KNOBS, PLAN_RESOLVED_KNOBS, LengthGroupedStageConfig, StageConfig
-from medgpt_ray.config.stages import SFTStageConfig, StagesConfig
+from medgpt_ray.config.stages import StagesConfig
+
+# The kinds register as their config modules are imported, and the registry's order is the pipeline's: this block
+# is in pipeline order, kept out of import sorting (a new kind is one line here, docs/ARCHITECTURE.md).
+# isort: off
+from medgpt_ray.kinds.pt import config as _pt  # noqa: F401  (pt has the base StageConfig: it only registers)
+from medgpt_ray.kinds.sft.config import SFTStageConfig
+from medgpt_ray.kinds.rm.config import RMStageConfig
+from medgpt_ray.kinds.dpo.config import DPOStageConfig
+from medgpt_ray.kinds.orpo.config import ORPOStageConfig
+from medgpt_ray.kinds.simpo.config import SimPOStageConfig
+from medgpt_ray.kinds.kto.config import KTOStageConfig
+from medgpt_ray.kinds.grpo.config import GRPOStageConfig
+from medgpt_ray.kinds.rloo.config import RLOOStageConfig
 from medgpt_ray.kinds.opd import config as _opd  # noqa: F401  (registers the opd kind: kinds/opd/config.py)
+from medgpt_ray.kinds.eval.config import EvalStageConfig
+# isort: on
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
@@ -47,10 +55,3 @@ __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", 
            "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
            "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
-
-# eval, off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split
-# (config/eval.py); registered here, after the training kinds (config/stages.py, then config/online_rl.py). Its
-# module is in run/: it generates with infer/, which stages/ may not import.
-register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
-                              module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
-                              reads=("prompt", "exam", "pretrain")))

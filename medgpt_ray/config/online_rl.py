@@ -1,16 +1,16 @@
-"""The online-RL stage kinds' config (grpo, rloo): prompt records (data.prompt), completions sampled by the trainer's
-own generate, scored by reward functions by name (stages/rewards.py). The keys both share live in
-OnlineRLStageConfig; each kind adds its trainer's own. Registered here, after config/stages.py's kinds."""
+"""What the online-RL stage kinds (grpo, rloo) share: prompt records (data.prompt), completions sampled by the
+trainer's own generate, scored by reward functions by name (stages/rewards.py). The keys both share live in
+OnlineRLStageConfig; each kind adds its trainer's own in kinds/<kind>/config.py, which registers it
+(docs/ARCHITECTURE.md, "The stage-kind contract")."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, PrivateAttr, model_validator
 
 from medgpt_ray.config.base import Auto
-from medgpt_ray.config.registry import StageKind, register_stage_kind
-from medgpt_ray.config.stages import StageConfig
+from medgpt_ray.config.stage import StageConfig
 
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
 
@@ -111,49 +111,3 @@ class OnlineRLStageConfig(StageConfig):
             return (f"the rm stage starts from {rm_start or 'the base model'}, this stage from "
                     f"{own_start or 'the base model'}")
         return None
-
-
-GRPOLoss = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
-
-
-class GRPOStageConfig(OnlineRLStageConfig):
-    """GRPO on prompt records (data.prompt): TRL's GRPOTrainer, trained on the group-relative advantages (each
-    completion's reward against its group's mean, scaled by `scale_rewards`)."""
-
-    beta: Annotated[float, Field(ge=0)] = 0.0
-    """KL coefficient against the reference (the adapter-off policy for LoRA, a frozen copy for full); 0: no
-    reference pass (TRL's default)."""
-    loss_type: GRPOLoss = "dapo"
-    """TRL's loss aggregation: grpo (per-sequence mean), dr_grpo, dapo (TRL's default), bnpo."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage scaling: by the group's reward std (GRPO), the batch's, or none (Dr. GRPO)."""
-
-
-class RLOOStageConfig(OnlineRLStageConfig):
-    """RLOO (MedicalGPT's "PPO" stage) on prompt records (data.prompt): TRL's RLOOTrainer, rewarded by the rm stage's
-    model (always: rloo needs rm), each completion's advantage its reward less the mean of the other k - 1 of its
-    group (REINFORCE leave-one-out), the KL to the reference subtracted from the reward."""
-
-    reward_funcs: Annotated[list[str], Field(min_length=1)] = ["reward_model"]
-    """Reward functions by name (stages/rewards.py); must hold reward_model (the rm stage's score), the RL reward of
-    this kind. Rule rewards may join it: accuracy, format, length, or a custom "package.module:function"."""
-    beta: Annotated[float, Field(ge=0)] = 0.05
-    """KL coefficient: beta x the completion's summed log-ratio to the reference is subtracted from its reward (the
-    reference is the adapter-off policy for LoRA, a frozen copy for full); 0: no reference pass. TRL's default 0.05."""
-    normalize_advantages: bool = False
-    """Normalise the advantages over each generation batch to mean 0 and std 1 (TRL's normalize_advantages)."""
-
-    @model_validator(mode="after")
-    def _rewarded_by_the_rm(self) -> RLOOStageConfig:
-        if "reward_model" not in self.reward_funcs:
-            raise ValueError(f"reward_funcs: {self.reward_funcs} has no reward_model: rloo is rewarded by the rm "
-                             f"stage's model (add reward_model; rule rewards may join it), or use grpo for rule "
-                             f"rewards alone")
-        return self
-
-
-# Off unless enabled: GRPO on TRL's GRPOTrainer, RLOO on TRL's RLOOTrainer; rloo plans as grpo does (generation
-# phase + training phase, memory/generation.py) with the reward model always resident.
-register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
-register_stage_kind(StageKind("rloo", RLOOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5},
-                              memory_model="grpo"))

@@ -1,6 +1,6 @@
 """The stage-kind registry: what a kind is (its config class, data kind, default `from`, memory model, how it is
-judged on preference pairs) and the kinds registered so far (config/stages.py and config/online_rl.py register the
-built-in ones)."""
+judged on preference pairs) and the kinds registered so far (each kinds/<kind>/config.py registers its kind, imported in
+pipeline order by config/__init__)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class PairAccuracy:
 
 @dataclass(frozen=True)
 class StageKind:
-    """A stage kind. A new one is a module (build and run, like medgpt_ray/stages/sft.py), a config class and
+    """A stage kind. A new one is a module (build and run, like medgpt_ray/kinds/sft/stage.py), a config class and
     this registry entry: the config, the stage graph, the planner and the runners take it from here."""
 
     name: str  # its key under `stages:`, and the stage's name in a run (one stage per kind)
@@ -29,7 +29,7 @@ class StageKind:
     data_kind: str  # the data.<kind> it trains on
     default_from: str | None  # whose model it starts from unless `from` says otherwise; None: the base model
     defaults: dict[str, Any] = field(default_factory=dict)  # the kind's own defaults (pt: full, lr 5e-5)
-    module: str | None = None  # None: medgpt_ray.stages.<name>
+    module: str | None = None  # None: medgpt_ray.kinds.<name>.stage
     memory_model: str | None = None  # the built-in kind whose memory/throughput model it follows; None: itself
     pair_accuracy: PairAccuracy | None = None  # a kind that ranks preference pairs: where its accuracy is
     # False: the kind trains nothing and has no model of its own (eval): it runs as one Ray task, not a Ray Train run,
@@ -40,7 +40,7 @@ class StageKind:
 
     @property
     def module_name(self) -> str:
-        return self.module or f"medgpt_ray.stages.{self.name}"
+        return self.module or f"medgpt_ray.kinds.{self.name}.stage"
 
     @property
     def memory_kind(self) -> str:

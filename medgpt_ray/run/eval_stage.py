@@ -1,6 +1,6 @@
-"""The eval stage (stages.eval, config/eval.py): the run's models compared on the held-out split, in one process.
+"""The eval stage (stages.eval, kinds/eval/config.py): the run's models compared on the held-out split, in one process.
 
-Registered as the eval kind's module (config/stages.py), so the runner calls `run(inputs)` like any stage's; it lives
+Registered as the eval kind's module (kinds/eval/config.py), so the runner calls run(inputs) like any stage's; it lives
 in run/ because it generates with infer/'s Generator (the batch-generation model side, here in-process: no actor pool
 for a few dozen prompts), which stages/ may not import. Per model, loaded once: (a) the response-only loss and
 perplexity of the held-out SFT conversations (and of held-out pretraining text when the run has some), (b) greedy

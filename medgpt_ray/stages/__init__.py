@@ -1,4 +1,6 @@
-"""One module per training stage; each builds its HF/TRL trainer from a StagePlan.
+"""What the stage kinds' modules share (inputs, outputs, callbacks, telemetry, rewards, ...), and the entry that
+runs one: each kind's module (kinds/<kind>/stage.py unless its registry entry names another) builds its HF/TRL
+trainer from a StagePlan.
 
 Stages are plain functions callable in any process: `run_stage(inputs, sink, callbacks)`. Ray only wraps them
 (run/stage_runner.py), so a test can call them directly; what Ray needs inside a worker (a report callback, a
@@ -16,7 +18,7 @@ from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 
 
 def _module(inputs: StageInputs):
-    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.stages.<kind> unless its entry names another."""
+    """The stage kind's module (config.STAGE_KINDS): medgpt_ray.kinds.<kind>.stage unless its entry names another."""
     return importlib.import_module(inputs.module or stage_kind(inputs.stage).module_name)
 
 

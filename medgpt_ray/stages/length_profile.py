@@ -60,7 +60,7 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
 def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
     """GRPO: each prompt as the stage renders it (left out where it fills seq_len - max_completion_length), plus
     the max_completion_length tokens a generated batch is padded up to."""
-    from medgpt_ray.stages.dpo import rendered_prompts
+    from medgpt_ray.kinds.dpo.stage import rendered_prompts
 
     prompts, _, skipped = rendered_prompts(records, tok, template, cfg.seq_len - cfg.max_completion_length, "prompts")
     lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) + cfg.max_completion_length for p in prompts]
@@ -70,8 +70,8 @@ def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageCo
 
 def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:
     """The sample's pairs per packed row (stages/reward_packing.py); None when none of them fits."""
+    from medgpt_ray.kinds.rm.stage import encode_pairs
     from medgpt_ray.stages import packing, reward_packing
-    from medgpt_ray.stages.rm import encode_pairs
 
     try:
         encoded = encode_pairs(records, tok, template, cfg.seq_len)[0]
@@ -96,8 +96,8 @@ def _no_progress_bars() -> Iterator[None]:
 
 
 def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfig, packed: bool) -> LengthProfile:
+    from medgpt_ray.kinds.sft.stage import encode_conversations
     from medgpt_ray.stages import packing
-    from medgpt_ray.stages.sft import encode_conversations
 
     encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len)
     lengths = [len(x) for x in encoded["input_ids"]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from medgpt_ray.config import ConfigError, load_config
-from medgpt_ray.config.preference import DPOLoss
+from medgpt_ray.kinds.dpo.config import DPOLoss
 
 MINIMAL = "model: {path: tiny}\n"
 

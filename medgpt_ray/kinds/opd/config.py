@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from medgpt_ray.config.base import Auto
 from medgpt_ray.config.registry import STAGE_KINDS, StageKind, register_stage_kind
-from medgpt_ray.config.stages import StageConfig
+from medgpt_ray.config.stage import StageConfig
 
 
 class OPDStageConfig(StageConfig):

@@ -22,8 +22,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.kinds.dpo.stage import preference_texts, rendered_prompts
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.dpo import preference_texts, rendered_prompts
 from medgpt_ray.stages.implicit_reward import held_out_pairs, pair_accuracy
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import run_pairs

@@ -1,6 +1,6 @@
-"""SimPO: TRL's CPOTrainer (trl.experimental.cpo) with loss_type "simpo": the chosen answer's length-normalised
-log-probability must beat the rejected one's by a margin (gamma), with no reference model; `cpo_alpha` > 0 adds the
-chosen answer's NLL (CPO-SimPO). Held-out accuracy is TRL's: chosen ranked first by that normalised reward."""
+"""ORPO: TRL's ORPOTrainer (trl.experimental.orpo): the NLL of the chosen answer plus an odds-ratio term against
+the rejected one, with no reference model, so it can start from the base model as well as from SFT. Held-out
+accuracy is TRL's: chosen ranked first by the length-normalised log-probability."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models
+from medgpt_ray.kinds.dpo.stage import preference_texts
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.dpo import preference_texts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.stage_data import open_stage_data
@@ -24,22 +24,20 @@ from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # chosen knowingly: TRL 1.16 keeps CPO there
-    from trl.experimental.cpo import CPOConfig, CPOTrainer
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # chosen knowingly: TRL 1.16 keeps ORPO there
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-    cfg = inp.cfg
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
     train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
     kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
-    args = CPOConfig(**kwargs, loss_type="simpo", beta=cfg.beta, simpo_gamma=cfg.gamma,
-                     cpo_alpha=cfg.cpo_alpha, max_length=cfg.seq_len, dataset_num_proc=None)
-    trainer = trainer_class(CPOTrainer, PairTokenCount, ShardLoader)(
+    args = ORPOConfig(**kwargs, beta=inp.cfg.beta, max_length=inp.cfg.seq_len, dataset_num_proc=None)
+    trainer = trainer_class(ORPOTrainer, PairTokenCount, ShardLoader)(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
         peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=shard,
-        group_by_length=cfg.group_by_length)
+        group_by_length=inp.cfg.group_by_length)
     return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 
 

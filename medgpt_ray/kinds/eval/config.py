@@ -1,4 +1,5 @@
-"""The eval stage's config (stages.eval): what it measures on the held-out split and how much of it.
+"""The eval kind's config (stages.eval): what it measures on the held-out split and how much of it. Sits with
+config/ (docs/ARCHITECTURE.md, "The stage-kind contract"); registered here, imported by config/__init__ last.
 
 The eval stage trains nothing: it compares the models of a run. Its `from` (default sft) is the reference model of
 the win rates; its `needs` (default: every other enabled stage) the models it compares, rm among them as the judge.
@@ -10,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from medgpt_ray.config.stages import StageConfig
+from medgpt_ray.config.registry import StageKind, register_stage_kind
+from medgpt_ray.config.stage import StageConfig
 
 
 class EvalStageConfig(StageConfig):
@@ -37,3 +39,10 @@ class EvalStageConfig(StageConfig):
     """Tokens generated per exam question for the generated-letter accuracy."""
     loss_model: Literal["response", "all"] = "response"
     """response: the loss of the assistant turns only (as SFT trains); all: every token of the conversation."""
+
+
+# Off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split; registered
+# after the training kinds. Its module is in run/: it generates with infer/, which stages/ and kinds/ may not import.
+register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
+                              module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
+                              reads=("prompt", "exam", "pretrain")))

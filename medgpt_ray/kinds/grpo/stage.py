@@ -16,7 +16,7 @@ Held-out: the mean accuracy reward of greedy completions of the held-out prompts
 (`eval_accuracy_before`, `eval_accuracy`), with the format reward's mean beside them (and the reward model's mean
 score, `eval_reward_model`, when one is among the rewards).
 
-build_online and run_online serve rloo too (stages/rloo.py): TRL's RLOOTrainer takes GRPOTrainer's arguments."""
+build_online and run_online serve rloo too (kinds/rloo/stage.py): TRL's RLOOTrainer takes GRPOTrainer's arguments."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models
+from medgpt_ray.kinds.dpo.stage import rendered_prompts
 from medgpt_ray.stages.callbacks import stage_callbacks
-from medgpt_ray.stages.dpo import rendered_prompts
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.reward_adapter import SharedBaseScore, reward_adapter_for

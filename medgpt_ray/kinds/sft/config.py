@@ -1,0 +1,21 @@
+"""The sft kind's config: supervised fine-tuning on conversations (data.sft), from pt's model. Sits with config/
+(docs/ARCHITECTURE.md, "The stage-kind contract"); registered here, imported by config/__init__ in pipeline order."""
+
+from __future__ import annotations
+
+from medgpt_ray.config.base import Auto
+from medgpt_ray.config.registry import StageKind, register_stage_kind
+from medgpt_ray.config.stage import LengthGroupedStageConfig
+
+
+class SFTStageConfig(LengthGroupedStageConfig):
+    packing: Auto | bool = "auto"
+    """Pack the conversations into rows of `seq_len` tokens (best-fit decreasing), each conversation attending
+    only to itself (position ids restart at every conversation); labels unchanged. auto: on where the model's
+    attention keeps a row's conversations apart (SDPA and eager, checked on the loaded model; FlashAttention), off
+    elsewhere; true there is an error. `effective_batch` still counts conversations: a step takes as many packed
+    rows as hold about that many (the real count is logged as conversations_per_step). Not a memory knob: it
+    changes which conversations share a step, so it is in the fingerprint."""
+
+
+register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))
