@@ -119,6 +119,6 @@ class LengthGroupedStageConfig(StageConfig):
     group_by_length: bool = True
     """Group examples of similar length into the same optimizer step, so micro-batches pad little: windows of 50
     steps of the shuffled epoch are sorted by length (a pair: prompt + its longer answer) and cut into steps, shuffled
-    again (stages/sharding.py). Any micro-batch x accumulation split (an OOM back-off) trains the same steps. In the
-    fingerprint: it changes which examples share a step. Packed rows (sft, rm) ignore it."""
+    again (trainer_kit/shard_sampler.py). Any micro-batch x accumulation split (an OOM back-off) trains the same
+    steps. In the fingerprint: it changes which examples share a step. Packed rows (sft, rm) ignore it."""
 
