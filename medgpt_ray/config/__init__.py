@@ -44,13 +44,14 @@ from medgpt_ray.kinds.simpo.config import SimPOStageConfig
 from medgpt_ray.kinds.kto.config import KTOStageConfig
 from medgpt_ray.kinds.grpo.config import GRPOStageConfig
 from medgpt_ray.kinds.rloo.config import RLOOStageConfig
-from medgpt_ray.kinds.opd import config as _opd  # noqa: F401  (registers the opd kind: kinds/opd/config.py)
+from medgpt_ray.kinds.opd.config import OPDStageConfig
 from medgpt_ray.kinds.eval.config import EvalStageConfig
 # isort: on
 
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
-           "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "ORPOStageConfig",
+           "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "OPDStageConfig",
+           "ORPOStageConfig",
            "OnlineRLStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig", "QualityConfig", "RLOOStageConfig",
            "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
