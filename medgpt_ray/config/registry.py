@@ -36,7 +36,6 @@ class StageKind:
     # and its manifest entry points at its results directory
     trains: bool = True
     reads: tuple[str, ...] = ()  # other data kinds it reads when the config gives them (eval: prompt, exam)
-    memory_terms: str | None = None  # "module:function": its own TrainSetup fields and networks (memory/kind_terms.py)
 
     @property
     def module_name(self) -> str:

@@ -10,9 +10,10 @@ from typing import Any
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, gib
 from medgpt_ray.memory.estimator import Estimate, TrainSetup
-from medgpt_ray.memory.generation import generation_choices, setup_fields
+from medgpt_ray.memory.generation import generation_choices
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.options import compiles, liger_available
+from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.throughput import tokens_per_second
 
@@ -73,8 +74,7 @@ def setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
             optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro, fused_kernels=kernels,
-            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), **setup_fields(cfg, stage, use_gpu)),
-            getattr(cfg, "num_generations", 0))
+            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), **setup_fields(stage, cfg, use_gpu)))
 
 
 def candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:

@@ -22,14 +22,12 @@ from __future__ import annotations
 from medgpt_ray.memory.activations import PACKED_MASK_BYTES_PER_ELEMENT, activation_terms, loss_bytes
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.setup import GIB, Estimate, SetupError, TrainSetup, check_setup
-from medgpt_ray.memory.shapes import ModelShape
+from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape
 
 # What callers import from here: the setup, the answer, and the measured constants tests check against.
 __all__ = ["GIB", "NF4_BYTES_PER_PARAM", "PACKED_MASK_BYTES_PER_ELEMENT", "RUNTIME_OVERHEAD_BYTES", "Estimate",
            "SetupError", "TrainSetup", "check_setup", "estimate"]
 
-# bitsandbytes NF4 with double quantization: 4 bits + an 8-bit absmax per 64 weights + an fp32 absmax per 256 blocks.
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 # CUDA caching allocator, cuBLAS workspace and library buffers seen in max_memory_allocated on an idle model.
 RUNTIME_OVERHEAD_BYTES = 0.25 * GIB
 # DeepSpeed's ZeRO gradient reduction buckets (reduce_bucket_size 5e7 elements, bf16 + fp32 copies), and
@@ -114,7 +112,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
 
     # --- static: weights, master copy, optimizer states --------------------------------------------------------
     b, grads, grad_bytes, state_bytes = _static_terms(shape, s, total, trainable, n)
-    own = s.kind_terms(shape, s) if s.kind_terms else None  # a kind's own networks (memory/kind_terms.py)
+    own = s.kind_terms(shape, s) if s.kind_terms else None  # a kind's own networks (memory/kind_memory.py)
     b.update(own.resident if own else {})
     static = sum(b.values())
     host = _offload_host_bytes(s, total, trainable, state_bytes, n)

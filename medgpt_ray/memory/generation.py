@@ -19,44 +19,23 @@ the largest that fits is the fastest, memory/throughput.py). Measured on the H20
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from medgpt_ray.memory import kind_terms
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape
 
 SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
 
 
-def setup_fields(cfg: Any, stage: str, use_gpu: bool) -> dict[str, Any]:
-    """The TrainSetup fields a stage's own keys decide (KTO's KL batch; SimPO's NLL term; DPO's precomputed
-    reference; GRPO's and RLOO's generation, reward network and reference), and those a kind decides through its
-    memory terms (memory/kind_terms.py): laid over the planner's knobs with dataclasses.replace."""
-    fields: dict[str, Any] = {"kl_batch": getattr(cfg, "kl_batch", False),
-                              "nll_term": getattr(cfg, "cpo_alpha", 1.0) > 0,
-                              "dpo_reference": "precomputed" if getattr(cfg, "precompute_ref_log_probs", False)
-                              else "auto"}
-    if hasattr(cfg, "num_generations"):
-        # A reward model in an actor of its own (reward_model_gpu) is not on the policy's device; with a shared base
-        # (reward_shared_base, resolved by the pipeline config) it is an adapter on the policy's base, no network.
-        shared = getattr(cfg, "reward_shared_base", False) is True
-        fields.update(generations=cfg.num_generations, completion_len=cfg.max_completion_length,
-                      reward_network="reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
-                      reward_adapter=shared, reward_lora_rank=cfg.reward_lora_rank if shared else 0,
-                      reference=cfg.beta > 0)
-    return {**fields, **kind_terms.setup_fields(stage, cfg, use_gpu)}
-
-
-def generation_choices(s: TrainSetup, num_generations: int):
+def generation_choices(s: TrainSetup):
     """`s` with each generation batch the planner may choose (TRL's steps_per_generation: micro-batches per generate
-    call, a divisor of grad_accum), each call holding whole groups of num_generations completions (a worker's share
+    call, a divisor of grad_accum), each call holding whole groups of `s.generations` completions (a worker's share
     of TRL's group normalisation, trainer_kit/prompt_shard.py); just `s` for a stage that does not generate. Fewer
     micro-batches per call: a smaller KV cache, more calls (memory/throughput.py prices each)."""
     if not s.generations or s.gen_steps:  # gen_steps set: the kind's trainer fixes it (opd: every micro-batch)
         yield s
         return
     for d in range(1, s.grad_accum + 1):
-        if s.grad_accum % d == 0 and (s.micro_batch * d) % num_generations == 0:
+        if s.grad_accum % d == 0 and (s.micro_batch * d) % s.generations == 0:
             yield replace(s, gen_steps=d)
 
 
@@ -92,7 +71,7 @@ def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
 
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
     """The stage's peak: estimator.estimate's, or for a generating stage (GRPO) the larger of its two phases."""
-    # The setup carries the phase: grpo's and rloo's keys set it, opd's memory terms (memory/kind_terms.py) too.
+    # The setup carries the phase: the kinds' setup fields set it (kinds/<kind>/memory.py).
     return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
 
 
@@ -131,13 +110,12 @@ def _size_text(size: float) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 / 10 else f"{size / 2**20:.1f} MiB"  # MiB: the tiny model
 
 
-def reward_model_placement(shape: ModelShape, s: TrainSetup, cfg: Any, use_gpu: bool,
-                           usable_gib: float | None) -> str | None:
+def reward_model_placement(shape: ModelShape, s: TrainSetup, use_gpu: bool, usable_gib: float | None) -> str | None:
     """Where the reward model is held (plan.json's reward_model_on), None without one: beside the policy on every
     training worker's device, as an adapter on the policy's own base there (shared base), or (reward_model_gpu) in
     an actor on a device of its own, which must then hold the network and one scoring forward; ValueError with the
     numbers when that GPU is too small."""
-    own = bool(getattr(cfg, "reward_model_gpu", False))
+    own = s.reward_model_gpu
     where = "the GPU" if use_gpu else "the CPU memory"
     if s.reward_adapter:
         return (f"the policy's own base (shared base): the rm stage's LoRA adapter + score head in {where} of each "
@@ -170,7 +148,7 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
         if g >= 2 and s.micro_batch * s.grad_accum * g // s.generations >= 1:
             fewer = replace(s, generations=g, grad_accum=max(s.grad_accum * g // s.generations, 1), gen_steps=0)
             options.append((f"num_generations {g} (same prompts per step)",
-                            min(generation_choices(fewer, g), key=TrainSetup.generation_batch, default=fewer)))
+                            min(generation_choices(fewer), key=TrainSetup.generation_batch, default=fewer)))
     for c in (s.completion_len // 2, s.completion_len // 4):
         if c >= 16:
             shorter = replace(s, completion_len=c, seq_len=s.seq_len - s.completion_len + c)

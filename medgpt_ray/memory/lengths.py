@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from medgpt_ray.config import StageConfig
-from medgpt_ray.memory.profiles import stage_profile
+from medgpt_ray.memory.profiles import stage_packing, stage_profile
 
 SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash order: a uniform sample)
 # Compiled layers see each micro-batch's sequence length. Padded to its own longest row, that is a new length nearly
@@ -103,18 +103,15 @@ def packed_width(stage: str, seq_len: int) -> int:
     return stage_profile(stage).packed_row_sequences * seq_len
 
 
-# rm's `packing: auto`: off. On CPU a small model's attention over packed rows of 2 x seq_len costs more than the
-# padding it saves (the tiny preset, the demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked). On
-# the H200 (1.5B LoRA, real-length pairs, bench/results/real_length_throughput_1.5b_h200_rm_packed.json) packed rows
-# ran no faster than padded pairs (33,557 against 34,092 tokens/s median): SDPA's dense masked attention over the
-# wider rows costs what the padding saved. They used 20 % less memory (14.5 against 18.0 GiB): `packing: true`.
+# What the worker reports where `packing: auto` leaves a kind unpacked (its profile's packs_on_auto; the measurements
+# are with the rm kind's, kinds/rm/memory.py).
 RM_AUTO = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
 
 
 def packing_setting(stage: str, cfg: StageConfig) -> str | bool:
     """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
-    the key, and for rm's auto (RM_AUTO)."""
-    setting = getattr(cfg, "packing", False)
+    the key, and for `auto` where the kind's profile does not pack on auto (RM_AUTO)."""
+    setting = stage_packing(stage, cfg)
     if setting == "auto" and not stage_profile(stage).packs_on_auto:
         return False
     return setting
@@ -132,7 +129,7 @@ def packs(stage: str, cfg: StageConfig, lengths: LengthProfile | None) -> bool:
     was packed on the driver (the worker checks the attention path; stages/packing.py falls back safely where it
     fails)."""
     return (lengths is not None and lengths.conversations_per_row is not None
-            and stage_profile(stage).packs and getattr(cfg, "packing", False) is not False)
+            and stage_profile(stage).packs and stage_packing(stage, cfg) is not False)
 
 
 def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None, reasons: list[str]) -> int:

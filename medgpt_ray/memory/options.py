@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.memory.kind_memory import MemoryProfile
 from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, rows_per_step
-from medgpt_ray.memory.profiles import MemoryProfile, stage_profile
+from medgpt_ray.memory.profiles import stage_profile
 from medgpt_ray.memory.shapes import ModelShape
 
 MAX_MICRO_BATCH = 64

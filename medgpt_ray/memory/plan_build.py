@@ -42,7 +42,7 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
     num_workers, use_gpu, lengths = layout["num_workers"], layout["use_gpu"], layout["lengths"]
     compiled = compiles(cfg, use_gpu, s.method, s.zero)
     try:
-        reward_model_on = reward_model_placement(shape, s, cfg, use_gpu, budget.usable_gib)
+        reward_model_on = reward_model_placement(shape, s, use_gpu, budget.usable_gib)
     except ValueError as e:
         raise PlanError(f"stages.{stage}.{e}") from None
     reasons.append(f"compile: {compiled} (" + ("explicit" if cfg.compile != "auto" else

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from medgpt_ray.memory.profiles import PROFILES, memory_profile
+from medgpt_ray.memory.profiles import memory_kinds, memory_profile
 
 GIB = 2**30
 
@@ -27,7 +27,7 @@ class TrainSetup:
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     kl_batch: bool = False  # KTO's KL term: a no-grad forward of mismatched completions by policy and reference
-    nll_term: bool = True  # orpo kind: an NLL loss on the chosen half (ORPO always; SimPO only when cpo_alpha > 0)
+    nll_term: bool = True  # a loss over full logits with an NLL term on the chosen half (kinds/orpo/memory.py)
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed rows with a block-diagonal mask (sft: stages/packing.py, rm: reward_packing.py)
@@ -37,8 +37,9 @@ class TrainSetup:
     reward_adapter: bool = False  # GRPO: the reward is the rm's LoRA adapter + score head on the policy's base
     reward_lora_rank: int = 0  # that adapter's rank (the rm stage's lora.rank); 0: taken as this stage's
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
+    reward_model_gpu: bool = False  # GRPO: the reward model in an actor on a device of its own (reward_model_gpu)
     gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
-    kind_terms: Any = None  # (shape, setup) -> KindTerms: a kind's own networks (memory/kind_terms.py)
+    kind_terms: Any = None  # (shape, setup) -> KindTerms: a kind's own networks (memory/kind_memory.py)
 
     def generation_batch(self) -> int:
         """Completions one generate call holds on one worker (TRL's default: one call per optimizer step)."""
@@ -77,8 +78,9 @@ class SetupError(ValueError):
 
 
 def check_setup(s: TrainSetup) -> None:
-    if s.stage not in PROFILES:
-        raise SetupError(f"stage {s.stage!r}: one of {', '.join(PROFILES)}")
+    kinds = memory_kinds()
+    if s.stage not in kinds:
+        raise SetupError(f"stage {s.stage!r}: one of {', '.join(kinds)}")
     profile = memory_profile(s.stage)
     if s.method not in ("full", "lora", "qlora"):
         raise SetupError(f"method {s.method!r}: one of full, lora, qlora")

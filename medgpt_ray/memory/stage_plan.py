@@ -12,7 +12,7 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.estimator import TrainSetup
-from medgpt_ray.memory.generation import setup_fields
+from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.placement.device import StagePlacement
 
 
@@ -109,7 +109,7 @@ class StagePlan:
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None, gen_steps=self.steps_per_generation or 0),
-            **setup_fields(cfg, self.stage, self.use_gpu))
+            **setup_fields(self.stage, cfg, self.use_gpu))
 
     def identity(self) -> dict[str, Any]:
         """What decides what the stage trains (for fingerprints). Memory knobs do not: micro-batch vs

@@ -66,7 +66,17 @@ def _graph() -> dict[str, set[str]]:
         if any(i == "ray" or i.startswith("ray.") for i in imported):
             deps.add("ray")
         graph[_module_name(path)] = deps
-    return graph
+    return _with_kind_memory_edges(graph)
+
+
+# memory/profiles.py imports each kind's memory module by the kind's registered name (importlib, no import
+# statement): model those edges, so that an upward import or a cycle through them fails here too.
+KIND_MEMORY_LOADER = "memory.profiles"
+
+
+def _with_kind_memory_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    loaded = {m for m in graph if m.startswith("kinds.") and m.endswith(".memory") and m.count(".") == 2}
+    return {m: deps | loaded if m == KIND_MEMORY_LOADER else deps for m, deps in graph.items()}
 
 
 # A stage kind's files keep the layers of what they are (docs/ARCHITECTURE.md): kinds/<kind>/config.py sits with
@@ -149,6 +159,11 @@ def test_the_rules_can_fail(tmp_path):
     kinds = {"config": {"kinds.x.config"}, "kinds.x.config": {"config.registry"}, "config.registry": set(),
              "kinds.x.memory": {"kinds.x.stage"}, "kinds.x.stage": {"memory.planner"}, "memory.planner": set()}
     assert _upward(kinds) == ["kinds.x.memory -> kinds.x.stage"]  # a kind's memory terms may not build its trainer
+    # The loader's edges: a kind's memory module that imports what looks the kinds up (the estimator) is a cycle.
+    loader = _with_kind_memory_edges({"memory.profiles": {"config"}, "kinds.x.memory": {"memory.estimator"},
+                                      "memory.estimator": {"memory.profiles"}, "config": set()})
+    assert loader["memory.profiles"] == {"config", "kinds.x.memory"}
+    assert _cycles(loader) == [["kinds.x.memory", "memory.estimator", "memory.profiles", "kinds.x.memory"]]
 
 
 def test_the_clean_command_does_not_import_torch():

@@ -11,10 +11,11 @@ import pytest
 
 from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.kinds.opd.config import OPDStageConfig
-from medgpt_ray.memory import generation, kind_terms
+from medgpt_ray.memory import generation
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.estimator import NF4_BYTES_PER_PARAM, TrainSetup, estimate
 from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.shapes import PRESETS, load_shape
 from medgpt_ray.run import dag
 
@@ -96,7 +97,7 @@ def test_the_plan_holds_the_teacher_and_the_students_generation():
     short, long = planned(16), planned(768)
     assert long.tokens_per_s_per_gpu < 0.5 * short.tokens_per_s_per_gpu
     s = replace(TrainSetup(stage="sft", method="lora", precision="bf16", micro_batch=2, seq_len=1024),
-                **kind_terms.setup_fields("opd", make(seq_len=1024, max_new_tokens=768).stages.get("opd"), True))
+                **setup_fields("opd", make(seq_len=1024, max_new_tokens=768).stages.get("opd"), True))
     training = estimate(shape, replace(s, generations=0))
     assert generation.peak(shape, s).peak_bytes == training.peak_bytes  # GKD's full-vocabulary loss is the peak
     assert training.breakdown["teacher_weights"] == pytest.approx(2 * shape.params)

@@ -86,7 +86,6 @@ class OPDStageConfig(StageConfig):
 
 # Off unless enabled. The student starts from the base model unless `from` names a stage: distilling the sft stage
 # into the model it started from is the default pairing (teacher: sft). Plans as sft's training pass, plus the
-# teacher and the student's generation (kinds/opd/memory.py, through StageKind.memory_terms).
+# teacher and the student's generation (kinds/opd/memory.py).
 register_stage_kind(StageKind("opd", OPDStageConfig, "sft", None, {"enabled": False, "lr": 1e-5},
-                              module="medgpt_ray.kinds.opd.stage", memory_model="sft",
-                              memory_terms="medgpt_ray.kinds.opd.memory:setup_fields"))
+                              module="medgpt_ray.kinds.opd.stage", memory_model="sft"))

@@ -1,5 +1,5 @@
-"""The opd kind's memory terms (memory/kind_terms.py's hook, named by its registry entry): beside sft's training pass
-of the student, the frozen teacher and the student's own answers.
+"""The opd kind's memory terms (its MEMORY, memory/kind_memory.py; it follows sft's memory model): beside sft's
+training pass of the student, the frozen teacher and the student's own answers.
 
   resident   the teacher's weights, at its own shape (its config.json; a stage teacher has the run's base shape):
              bf16 (fp32 on CPU), or NF4 with teacher_quantization 4bit, as QLoRA's loader holds them
@@ -25,9 +25,8 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError
 from medgpt_ray.kinds.opd.config import OPDStageConfig
-from medgpt_ray.memory.estimator import NF4_BYTES_PER_PARAM, TrainSetup
-from medgpt_ray.memory.kind_terms import KindTerms
-from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
+from medgpt_ray.memory.kind_memory import KindMemory, KindTerms, PlannedSetup
+from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape, ShapeError, load_shape
 
 JSD_ELEMENTS_PER_LOGIT = 32  # measured ~31 (module docstring), a little above
 
@@ -60,7 +59,7 @@ def teacher_weight_bytes(shape: ModelShape, quantization: str, precision: str) -
     return (4 if precision == "fp32" else 2) * shape.params
 
 
-def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelShape, s: TrainSetup) -> KindTerms:
+def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelShape, s: PlannedSetup) -> KindTerms:
     t = teacher or shape
     e = 4 if s.precision == "fp32" else 2
     tokens = s.tokens()
@@ -69,3 +68,6 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
         training={"teacher_logits": e * tokens * t.vocab,
                   "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.intermediate),
                   "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
+
+
+MEMORY = KindMemory(setup_fields=setup_fields)

@@ -1,0 +1,30 @@
+"""The grpo kind's memory model, rloo's too (docs/ARCHITECTURE.md, "The stage-kind contract"): TRL's GRPOTrainer,
+the same chunked LM head as SFT; not calibrated yet apart from the generation phase: the SFT scale for its training
+pass, and memory/generation.py adds the generation phase its keys below ask for (completions, the reward model, the
+reference)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from medgpt_ray.config.online_rl import OnlineRLStageConfig
+from medgpt_ray.kinds.grpo.config import GRPOStageConfig
+from medgpt_ray.memory.kind_memory import KindMemory, MemoryProfile
+
+
+def online_rl_fields(cfg: OnlineRLStageConfig, reference: bool) -> dict[str, Any]:
+    """An online-RL stage's generation phase, its reward model and its reference (a KL term: `reference`). A reward
+    model in an actor of its own (reward_model_gpu) is not on the policy's device; with a shared base
+    (reward_shared_base, resolved by the pipeline config) it is an adapter on the policy's base, no network."""
+    shared = cfg.reward_shared_base is True
+    return {"generations": cfg.num_generations, "completion_len": cfg.max_completion_length,
+            "reward_network": "reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
+            "reward_adapter": shared, "reward_lora_rank": cfg.reward_lora_rank if shared else 0,
+            "reward_model_gpu": cfg.reward_model_gpu, "reference": reference}
+
+
+def setup_fields(cfg: GRPOStageConfig, use_gpu: bool) -> dict[str, Any]:
+    return online_rl_fields(cfg, reference=cfg.beta > 0)
+
+
+MEMORY = KindMemory(MemoryProfile("grpo", chunked_head=True), setup_fields=setup_fields)
