@@ -8,17 +8,23 @@ import sys
 
 from medgpt_ray.cli.args import config_error, fraction, non_negative_float, positive_float, positive_int
 from medgpt_ray.cli.run import add_config_args
-from medgpt_ray.config import ConfigError
+from medgpt_ray.config import STAGE_KINDS, ConfigError
 from medgpt_ray.memory.estimator import SetupError, TrainSetup, estimate
 from medgpt_ray.memory.format import format_plan
 from medgpt_ray.memory.shapes import PRESETS, ShapeError, load_shape
 from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
 
 
+def memory_kinds() -> list[str]:
+    """The memory models the registered training kinds follow, in pipeline order (TrainSetup's `stage`)."""
+    return list(dict.fromkeys(k.memory_kind for k in STAGE_KINDS.values() if k.trains))
+
+
 def add_estimate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help=f"a local model directory (config.json only) or a preset: {', '.join(['tiny', *PRESETS])}")
-    p.add_argument("--stage", required=True, choices=["pt", "sft", "rm", "dpo"])
+    p.add_argument("--stage", required=True, choices=memory_kinds(),
+                   help="the memory model: a training stage kind's own, or the one it follows (simpo: orpo)")
     p.add_argument("--method", required=True, choices=["full", "lora", "qlora"])
     p.add_argument("--lora-rank", type=positive_int, default=8)
     p.add_argument("--precision", required=True, choices=["bf16", "amp-bf16", "fp32"],

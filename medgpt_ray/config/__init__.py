@@ -27,7 +27,15 @@ from medgpt_ray.config.clean import (
 from medgpt_ray.config.loading import apply_override, load_clean_config, load_config, parse_set, resolved_dict
 from medgpt_ray.config.online_rl import OnlineRLStageConfig
 from medgpt_ray.config.pipeline import PipelineConfig
-from medgpt_ray.config.registry import STAGE_KINDS, PairAccuracy, StageKind, register_stage_kind, stage_kind
+from medgpt_ray.config.registry import (
+    STAGE_KINDS,
+    PairAccuracy,
+    StageKind,
+    register_stage_kind,
+    reward_model_kind,
+    run_evaluator,
+    stage_kind,
+)
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
 from medgpt_ray.config.stage import MEMORY_KNOBS, PLAN_RESOLVED_KNOBS, LengthGroupedStageConfig, StageConfig
 from medgpt_ray.config.stages import StagesConfig
@@ -55,4 +63,5 @@ __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", 
            "OnlineRLStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig", "QualityConfig", "RLOOStageConfig",
            "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",
-           "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "stage_kind"]
+           "load_clean_config", "load_config", "parse_set", "register_stage_kind", "resolved_dict", "reward_model_kind",
+           "run_evaluator", "stage_kind"]

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, PrivateAttr, model_validator
 
 from medgpt_ray.config.base import Auto
+from medgpt_ray.config.registry import reward_model_kind
 from medgpt_ray.config.stage import StageConfig
 
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
@@ -60,12 +61,13 @@ class OnlineRLStageConfig(StageConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _reward_model_needs_rm(cls, data: Any) -> Any:
-        # The kind's default reward_funcs count too: rloo's is [reward_model], so it needs rm unless told otherwise.
+    def _reward_model_needs_its_stage(cls, data: Any) -> Any:
+        # The kind's default reward_funcs count too: rloo's is [reward_model], so it needs the reward-model stage
+        # (rm) unless told otherwise.
         if isinstance(data, dict) and "reward_model" in (data.get("reward_funcs")
                                                          or cls.model_fields["reward_funcs"].default):
-            needs = list(data.get("needs") or [])
-            data = {**data, "needs": needs if "rm" in needs else [*needs, "rm"]}
+            needs, rm = list(data.get("needs") or []), reward_model_kind()
+            data = {**data, "needs": needs if rm in needs else [*needs, rm]}
         return data
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from medgpt_ray.config.base import _Strict
 from medgpt_ray.config.online_rl import OnlineRLStageConfig
-from medgpt_ray.config.registry import STAGE_KINDS, stage_kind
+from medgpt_ray.config.registry import STAGE_KINDS, reward_model_kind, stage_kind
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
 from medgpt_ray.config.stage import StageConfig
 from medgpt_ray.config.stages import StagesConfig
@@ -57,27 +57,33 @@ class PipelineConfig(_Strict):
         return self.model_copy(update={"stages": self.stages.model_copy(update=changed)}) if changed else self
 
     def _eval_needs(self) -> dict[str, StageConfig]:
-        """An enabled eval stage with no `needs` given compares every other enabled stage's model to its `from`."""
-        ev = self.stages.get("eval") if "eval" in self.stages.kinds() else None
-        if ev is None or not ev.enabled or ev.needs:
-            return {}
-        start = self.start_of("eval")
-        others = [s for s in self.enabled_stages() if s not in ("eval", start)]
-        return {"eval": ev.model_copy(update={"needs": others})} if others else {}
+        """An enabled stage that evaluates the run (eval) with no `needs` given compares every other enabled stage's
+        model to its `from`."""
+        out: dict[str, StageConfig] = {}
+        for name in self.stages.kinds():
+            ev = self.stages.get(name)
+            if not stage_kind(name).evaluates_run or not ev.enabled or ev.needs:
+                continue
+            start = self.start_of(name)
+            others = [s for s in self.enabled_stages() if s not in (name, start)]
+            if others:
+                out[name] = ev.model_copy(update={"needs": others})
+        return out
 
     def _shared_base_resolved(self) -> dict[str, StageConfig]:
         """An online-RL stage's reward_shared_base resolved (auto -> true or false), or refused when true cannot
         hold (stages/reward_adapter.py: the rm's LoRA adapter on this stage's own base)."""
         out: dict[str, StageConfig] = {}
+        rm = reward_model_kind()
         for s in self.enabled_stages():
             c = self.stages.get(s)
-            if not isinstance(c, OnlineRLStageConfig) or "rm" not in c.needs or c.reward_shared_base is False:
+            if not isinstance(c, OnlineRLStageConfig) or rm not in c.needs or c.reward_shared_base is False:
                 continue
-            blocker = c.shared_base_blocker(self.stages.get("rm"), self.start_of("rm"), self.start_of(s))
+            blocker = c.shared_base_blocker(self.stages.get(rm), self.start_of(rm), self.start_of(s))
             if c.reward_shared_base is True and blocker:
                 raise ValueError(f"stages.{s}.reward_shared_base: true, but {blocker}")
             resolved = c.model_copy(update={"reward_shared_base": blocker is None})
-            resolved._rm_lora_rank = self.stages.get("rm").lora.rank if blocker is None else 0
+            resolved._rm_lora_rank = self.stages.get(rm).lora.rank if blocker is None else 0
             out[s] = resolved
         return out
 

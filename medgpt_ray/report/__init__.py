@@ -22,14 +22,14 @@ STRICT_ENV = "MEDGPT_RAY_REPORT_STRICT"
 
 def build_report(run_dir: str | Path) -> str:
     from medgpt_ray.report import sections
-    from medgpt_ray.report.eval_section import eval_section
+    from medgpt_ray.report.eval_section import anchor, eval_section
     from medgpt_ray.report.html import esc, page
     from medgpt_ray.report.rundata import read_run
 
     run = read_run(run_dir)
     stages = sections.active(run)
     stage_parts = [sections.stage_section(s) for s in stages]
-    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), ("eval", "eval"),
+    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), (anchor(), anchor()),
            *[(f"stage-{s.name}", s.name) for s in stages]]
     meta = (f"{esc(run.run_dir)} · written {esc(time.strftime('%Y-%m-%d %H:%M:%S'))} by "
             f"<code>medgpt-ray report</code>")

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.config import STAGE_KINDS
+from medgpt_ray.config import STAGE_KINDS, run_evaluator
 from medgpt_ray.report import plots
 from medgpt_ray.report.html import figure, note, section, table
+
+
+def anchor() -> str:
+    """The section's id and its link in the report's navigation: the name of the stage that evaluates the run."""
+    return run_evaluator() or "evaluation"
 
 
 def _ordered(names: list[str]) -> list[str]:
@@ -48,7 +53,7 @@ def _win_rates(ev: dict[str, Any]) -> str:
 
 def eval_section(ev: dict[str, Any] | None) -> str:
     if not ev:
-        return section("eval", "Evaluation", note("not run: no eval stage in this run (stages.eval.enabled)"))
+        return section(anchor(), "Evaluation", note("not run: no eval stage in this run (stages.eval.enabled)"))
     d = ev["data"]
     body = note(f"held-out: {d['heldout_conversations']} SFT conversations (loss), {d['prompts']} prompts answered "
                 f"greedily by each model, {d['exam_questions']} exam questions (data.exam); judge: "
@@ -60,4 +65,4 @@ def eval_section(ev: dict[str, Any] | None) -> str:
             "log-likelihood": [ev["models"][n]["exam"]["loglik_accuracy"] for n in names],
             "generated letter": [ev["models"][n]["exam"]["generated_accuracy"] for n in names]}),
             "exam accuracy", "")
-    return section("eval", "Evaluation", body)
+    return section(anchor(), "Evaluation", body)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import STAGE_KINDS, stage_kind
+from medgpt_ray.config import STAGE_KINDS, run_evaluator, stage_kind
 
 PREPARED_FILE = "prepared.json"  # runs/<name>/data/prepared.json, written by the pipeline after preparing
 
@@ -135,6 +135,15 @@ def read_sweeps(run_dir: Path) -> list[SweepData]:
     return out
 
 
+def _evaluation(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's evaluation: summary.json's entry under the evaluating stage's name (eval), else that stage's
+    results.json in its directory (a run stopped before its summary was written)."""
+    evaluator = run_evaluator()
+    if evaluator is None:
+        return None
+    return summary.get(evaluator) or _json(run_dir / evaluator / "results.json")
+
+
 def read_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -156,7 +165,7 @@ def read_run(run_dir: str | Path) -> RunData:
     return RunData(run_dir, summary.get("name") or config.get("name") or run_dir.name, summary.get("wall_s"),
                    stages, run_info, _json(run_dir / "clean" / "report.json"),
                    _json(run_dir / "data" / PREPARED_FILE), read_sweeps(run_dir),
-                   summary.get("eval") or _json(run_dir / "eval" / "results.json"))
+                   _evaluation(run_dir, summary))
 
 
 _POSITION = re.compile(r"\s*\((?:column|line|char)[^)]*\)")

@@ -9,6 +9,7 @@ from typing import Any
 from medgpt_ray.report import plots
 from medgpt_ray.report.html import esc, figure, fmt, kv_table, note, section, status_badge, table
 from medgpt_ray.report.rundata import RunData, StageData, SweepData
+from medgpt_ray.stages.outputs import HELD_OUT
 
 RAN = ("done", "skipped", "failed", "interrupted")
 PLAN_KEYS = ("method", "precision", "num_workers", "micro_batch", "grad_accum", "ckpt_fraction", "fused_ce",
@@ -28,7 +29,7 @@ def run_section(run: RunData) -> str:
         r = s.summary
         loss = (f"{r['train_loss_first']:.3f} → {r['train_loss_last']:.3f}"
                 if isinstance(r.get("train_loss_first"), int | float) else None)
-        rows.append((s.name, s.status, r.get("steps"), s.wall_s, loss, fmt(r.get("eval") or {}) or None,
+        rows.append((s.name, s.status, r.get("steps"), s.wall_s, loss, fmt(r.get(HELD_OUT) or {}) or None,
                      r.get("error")))
     body = table(("stage", "state", "steps", "wall s", "loss first → last", "held-out", "error"), rows)
     disabled = [s.name for s in run.stages if s.status == "disabled"]
@@ -138,7 +139,7 @@ def _plan(stage: StageData) -> str:
 
 
 def _eval(stage: StageData) -> str:
-    ev = (stage.result or {}).get("eval") or stage.summary.get("eval") or {}
+    ev = (stage.result or {}).get(HELD_OUT) or stage.summary.get(HELD_OUT) or {}
     if not ev:
         return note("no held-out evaluation recorded for this stage")
     return table(("metric", "value"), list(ev.items()))

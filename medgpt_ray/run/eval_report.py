@@ -1,10 +1,12 @@
-"""The eval stage's results where a run reports: summary.json's `eval`, the lines under the summary table, and the
-Prometheus gauges (metrics.py defines them)."""
+"""The eval stage's results where a run reports: summary.json's `eval` (keyed by the name of the stage that
+evaluates the run, config.run_evaluator), the lines under the summary table, and the Prometheus gauges (metrics.py
+defines them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from medgpt_ray.config import run_evaluator
 from medgpt_ray.metrics import metrics
 
 
@@ -18,7 +20,8 @@ def summary_fields(outcome: Any) -> dict[str, Any]:
     if outcome is None or outcome.status not in ("done", "skipped", "not-run"):
         return {}
     found = _evaluation(outcome.result or {})
-    return {"eval": found} if found else {}
+    evaluator = run_evaluator()
+    return {evaluator: found} if found and evaluator else {}
 
 
 def _num(v: float | None, digits: int = 3) -> str:
@@ -27,7 +30,8 @@ def _num(v: float | None, digits: int = 3) -> str:
 
 def format_eval_lines(summary: dict[str, Any]) -> list[str]:
     """The eval section under the summary table: one line per model, then one per win rate."""
-    ev = summary.get("eval")
+    evaluator = run_evaluator()
+    ev = summary.get(evaluator) if evaluator else None
     if not ev:
         return []
     head = f"{'model':<6}{'loss':>8}{'ppl':>9}{'reward':>9}{'tokens':>8}{'exam ll':>9}{'exam gen':>10}"

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig, stage_kind
+from medgpt_ray.config import PipelineConfig, run_evaluator, stage_kind
 from medgpt_ray.run.dag import effective_from
 from medgpt_ray.run.manifest import write_json_atomic
+from medgpt_ray.stages.outputs import HELD_OUT
 
 DTYPES = ("bf16", "fp16", "fp32")
 
@@ -51,7 +52,7 @@ def _stage_card(run_dir: Path, cfg: PipelineConfig, stage: str, entry: dict[str,
     plan = entry.get("plan", {})
     return {"stage": stage, "from": effective_from(cfg, stage) or "base model", "data_kind": kind,
             "data_sha256": splits, "steps": result.get("steps"), "train_loss_first": result.get("train_loss_first"),
-            "train_loss_last": result.get("train_loss_last"), "eval": result.get("eval", {}),
+            "train_loss_last": result.get("train_loss_last"), HELD_OUT: result.get(HELD_OUT, {}),
             "method": plan.get("method"), "precision": plan.get("precision"), "finished_at": entry.get("finished_at"),
             "fingerprint": entry.get("fingerprint")}
 
@@ -66,8 +67,9 @@ def _card_markdown(info: dict[str, Any]) -> str:
         data = "<br>".join(f"{name} `{h[:16]}`" for name, h in s["data_sha256"].items()) or "-"
         loss = (f"{s['train_loss_first']:.3f} -> {s['train_loss_last']:.3f}"
                 if s["train_loss_first"] is not None and s["train_loss_last"] is not None else "-")
+        numbers = [(k, v) for k, v in s[HELD_OUT].items() if isinstance(v, int | float) and not isinstance(v, bool)]
         held = ", ".join(f"{k.removeprefix('eval_')}={v if isinstance(v, int) else f'{v:.3f}'}"
-                         for k, v in s["eval"].items() if isinstance(v, int | float) and not isinstance(v, bool)) or "-"
+                         for k, v in numbers) or "-"
         lines.append(f"| {s['stage']} ({s['method']}) | {s['from']} | {data} | {s['steps']} | {loss} | {held} |")
     if info.get("eval_stage"):  # the run's eval stage compared this model (README: the eval stage)
         e = info["eval_stage"]
@@ -115,13 +117,14 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
             "base_model": manifest["run"].get("base_model_path"), "git_commit": manifest["run"].get("git_commit"),
             "template": cfg.template_for(stage), "lineage": chain,
             "stages": [_stage_card(run_dir, cfg, s, finished[s]) for s in chain if s in finished]}
-    evaluation = (finished.get("eval", {}).get("result") or {}).get("evaluation") or {}
+    evaluator = run_evaluator()  # the stage that compared the run's models (eval), if the run has one
+    evaluation = ((finished.get(evaluator, {}) if evaluator else {}).get("result") or {}).get("evaluation") or {}
     if stage in evaluation.get("models", {}):
         info["eval_stage"] = {"reference": evaluation["reference"], **evaluation["models"][stage],
                               "win_rate": evaluation["win_rates"].get(stage)}
     out.mkdir(parents=True, exist_ok=True)
     echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
-    _save_model(model_dir, out, dtype, seq_cls=stage == "rm")
+    _save_model(model_dir, out, dtype, seq_cls=stage_kind(stage).sequence_classifier)
     (out / "README.md").write_text(_card_markdown(info), encoding="utf-8")
     write_json_atomic(out / "medgpt_export.json", info)
     echo(f"[export] done: {out} (model card README.md, medgpt_export.json)")

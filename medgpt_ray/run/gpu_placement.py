@@ -12,7 +12,7 @@ from dataclasses import replace
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from medgpt_ray.config import ConfigError, PipelineConfig
+from medgpt_ray.config import ConfigError, OnlineRLStageConfig, PipelineConfig
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.placement.policy import PlacementError, partition_gpus, place_stage
 from medgpt_ray.placement.topology import NoGPUError, Topology, load_topology_file, read_local_topology
@@ -50,7 +50,8 @@ def place_wave(cfg: PipelineConfig, topo: Topology, stages: list[str], plans: di
         plans[s] = place_one(cfg, topo, s, plans[s], shares[s], echo)
     taken = {g for s in (gpu_stages if parallel else []) for g in plans[s].placement.gpus}
     for s in gpu_stages:
-        if getattr(cfg.stages.get(s), "reward_model_gpu", False):
+        c = cfg.stages.get(s)
+        if isinstance(c, OnlineRLStageConfig) and c.reward_model_gpu:
             plans[s] = place_reward_model(s, plans[s], topo, taken)
             taken.add(plans[s].reward_model_gpu)
             echo(f"[{s:>3}] reward model on GPU {plans[s].reward_model_gpu}, its own (a Ray actor beside the "

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medgpt_ray.config import PipelineConfig
+from medgpt_ray.config import PipelineConfig, run_evaluator
 from medgpt_ray.report import write_run_report
 from medgpt_ray.run import eval_report, pair_report
 from medgpt_ray.run.manifest import Manifest, write_json_atomic
@@ -57,7 +57,7 @@ class RunSummary:
         return full
 
     def write(self, outcomes: dict[str, StageOutcome], wall_s: float, quiet: bool = False) -> dict[str, Any]:
-        stages = {}
+        stages, evaluator = {}, run_evaluator()  # the stage that compares the run's models (eval)
         for s in self.cfg.stages.kinds():
             o = outcomes[s]
             r = o.result.get("result", o.result) if o.status in ("skipped", "not-run") else o.result
@@ -65,7 +65,7 @@ class RunSummary:
             stages[s] = summary_entry(o.status, r, wall, o.error)
         summary = {"name": self.cfg.name, "run_dir": str(self.run_dir), "wall_s": round(wall_s, 2),
                    "stages": stages, **pair_report.summary_fields(self.cfg, stages, self.baselines),
-                   **eval_report.summary_fields(outcomes.get("eval"))}
+                   **eval_report.summary_fields(outcomes.get(evaluator) if evaluator else None)}
         write_json_atomic(self.run_dir / "summary.json", summary)
         if not quiet:  # the run's end, also after a failed stage: the table, then runs/<name>/report.html
             self.echo(format_summary(summary))

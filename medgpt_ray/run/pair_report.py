@@ -15,6 +15,7 @@ from typing import Any
 
 from medgpt_ray.config import PipelineConfig, stage_kind
 from medgpt_ray.data.preference_baselines import preference_baselines
+from medgpt_ray.stages.outputs import HELD_OUT
 
 KIND = "preference"
 
@@ -49,7 +50,7 @@ def summary_fields(cfg: PipelineConfig, stages: dict[str, dict[str, Any]],
     accuracy = {}
     for s in pair_stages(cfg):
         pa = stage_kind(s).pair_accuracy
-        value = (stages.get(s, {}).get("eval") or {}).get(pa.key)
+        value = (stages.get(s, {}).get(HELD_OUT) or {}).get(pa.key)
         if isinstance(value, float | int):
             accuracy[s] = {"accuracy": value, "scored_by": pa.scorer,
                            "over_baselines": value - max(known) if known else None}

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from medgpt_ray import models
-from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, resolved_dict, stage_kind
+from medgpt_ray.config import STAGE_KINDS, ConfigError, OnlineRLStageConfig, PipelineConfig, resolved_dict, stage_kind
 from medgpt_ray.data import prepare
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.metrics import set_stage_state
@@ -119,10 +119,11 @@ class Pipeline:
     def _check_reward_adapters(self, to_run: list[str], base_path: Path) -> None:
         """A stage about to run on the reward adapter of an rm finished in an earlier run: that adapter is there
         and fits this stage's base (an rm that reruns now writes its own; its `from` then reruns too)."""
-        if "rm" in to_run:
+        if any(stage_kind(s).produces_reward_model for s in to_run):
             return
         for s in to_run:
-            if getattr(self.cfg.stages.get(s), "reward_shared_base", False) is True:
+            c = self.cfg.stages.get(s)
+            if isinstance(c, OnlineRLStageConfig) and c.reward_shared_base is True:
                 check_reward_adapter(self.cfg, self.manifest, s, self._upstream_model(s, base_path))
 
     # ---- running --------------------------------------------------------------------------

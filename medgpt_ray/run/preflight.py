@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.data.input_paths import expand_paths
-from medgpt_ray.data.kinds import DataFileError
+from medgpt_ray.data.kinds import KINDS, DataFileError
 
-DATA_KEYS = ("pretrain", "sft", "preference", "prompt", "unpaired", "exam", "raw")
+DATA_KEYS = (*KINDS, "raw")  # every data.<kind> list, and data.raw
 
 
 def check_paths(cfg: PipelineConfig) -> None:

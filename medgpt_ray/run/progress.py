@@ -19,6 +19,7 @@ import ray
 from medgpt_ray.progress import format_eta, progress_line
 from medgpt_ray.run.eval_report import format_eval_lines
 from medgpt_ray.run.pair_report import format_pair_line
+from medgpt_ray.stages.outputs import HELD_OUT
 
 
 @ray.remote(num_cpus=0)
@@ -62,7 +63,7 @@ def result_brief(r: dict[str, Any]) -> str:
                      f"{ev['data']['exam_questions']} exam questions")
     if r.get("train_loss_first") is not None:
         parts.append(f"loss {r['train_loss_first']:.3f} -> {r['train_loss_last']:.3f}")
-    parts += [f"{k} {v:.3f}" for k, v in r.get("eval", {}).items() if isinstance(v, float)]
+    parts += [f"{k} {v:.3f}" for k, v in r.get(HELD_OUT, {}).items() if isinstance(v, float)]
     if r.get("recompiles") is not None:  # compiled layers only
         parts.append(f"{r['recompiles']} recompiles after step 1")
     return ", ".join(parts)
@@ -71,7 +72,7 @@ def result_brief(r: dict[str, Any]) -> str:
 def summary_entry(status: str, r: dict[str, Any], wall_s: float | None, error: str | None) -> dict[str, Any]:
     """A stage's row of summary.json, from its result (this run's, or the manifest's for a skipped stage)."""
     entry = {"status": status, "steps": r.get("steps"), "wall_s": wall_s, "train_loss_first": r.get("train_loss_first"),
-             "train_loss_last": r.get("train_loss_last"), "eval": r.get("eval", {}),
+             "train_loss_last": r.get("train_loss_last"), HELD_OUT: r.get(HELD_OUT, {}),
              "output_model": r.get("output_model"), "error": error}
     if r.get("recompiles") is not None:  # compiled layers: graphs compiled after the first step
         entry["recompiles"] = r["recompiles"]
@@ -87,7 +88,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     for s, st in summary["stages"].items():
         loss = (f"{st['train_loss_first']:.3f} -> {st['train_loss_last']:.3f}"
                 if st.get("train_loss_first") is not None else "")
-        ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get("eval") or {}).items()
+        ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get(HELD_OUT) or {}).items()
                        if isinstance(v, float))
         wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
         rc = f"{st['recompiles'] if st.get('recompiles') is not None else '':>7}" if compiled else ""

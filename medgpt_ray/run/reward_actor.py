@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from medgpt_ray.config import OnlineRLStageConfig, reward_model_kind
 from medgpt_ray.placement.device import GPU_TOKEN
 from medgpt_ray.stages.inputs import StageInputs
 
@@ -76,12 +77,13 @@ def start_reward_actor(model_dir: str, use_gpu: bool, gpu: int | None, env: dict
 def reward_model_actor(inputs: StageInputs, env: dict[str, str]) -> Iterator[StageInputs]:
     """`inputs` as they go to the workers: with reward_model_gpu, carrying the client of a reward-model actor
     started here (and killed when the stage ends, however it ends); otherwise unchanged."""
-    if not getattr(inputs.cfg, "reward_model_gpu", False):
+    if not (isinstance(inputs.cfg, OnlineRLStageConfig) and inputs.cfg.reward_model_gpu):
         yield inputs
         return
-    if "rm" not in inputs.needs:
-        raise ValueError(f"stages.{inputs.stage}.reward_model_gpu: no finished rm stage was given to serve")
-    actor = start_reward_actor(inputs.needs["rm"], inputs.plan.use_gpu, inputs.plan.reward_model_gpu, env)
+    rm = reward_model_kind()
+    if rm not in inputs.needs:
+        raise ValueError(f"stages.{inputs.stage}.reward_model_gpu: no finished {rm} stage was given to serve")
+    actor = start_reward_actor(inputs.needs[rm], inputs.plan.use_gpu, inputs.plan.reward_model_gpu, env)
     try:
         yield replace(inputs, reward_scorer=RemoteRewardModel(actor))
     finally:

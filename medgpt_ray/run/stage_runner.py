@@ -23,7 +23,7 @@ from medgpt_ray.run.placed_torch import torch_config_for
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.run.reward_actor import reward_model_actor
 from medgpt_ray.stages.inputs import StageInputs
-from medgpt_ray.stages.outputs import is_rank_zero
+from medgpt_ray.stages.outputs import HELD_OUT, is_rank_zero
 
 
 @dataclass
@@ -102,7 +102,7 @@ def final_metrics(result: dict[str, Any], extra: dict[str, Any]) -> dict[str, An
     import torch
 
     out = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None}
-    out.update(result.get("eval", {}))
+    out.update(result.get(HELD_OUT, {}))
     out.update({"completed": 1, **extra})
     if torch.cuda.is_available():
         out["measured_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

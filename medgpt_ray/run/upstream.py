@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medgpt_ray.config import PipelineConfig
+from medgpt_ray.config import OnlineRLStageConfig, PipelineConfig, reward_model_kind
 from medgpt_ray.run import dag
 from medgpt_ray.run.manifest import Manifest
 from medgpt_ray.stages.reward_adapter import reward_adapter_for
@@ -43,10 +43,10 @@ def check_reward_adapter(cfg: PipelineConfig, manifest: Manifest, stage: str, po
     finished rm's reward_adapter/, trained on `policy_base`. Checked on the driver before the stage is scheduled:
     on its worker the same error came only after Ray Train had started (an rm output from before reward adapters
     were kept has none)."""
-    c = cfg.stages.get(stage)
-    if getattr(c, "reward_shared_base", False) is not True or "rm" not in c.needs:
+    c, rm = cfg.stages.get(stage), reward_model_kind()
+    if not isinstance(c, OnlineRLStageConfig) or c.reward_shared_base is not True or rm not in c.needs:
         return
     try:
-        reward_adapter_for(finished_output(manifest, "rm", stage, "needs"), str(policy_base), stage)
+        reward_adapter_for(finished_output(manifest, rm, stage, "needs"), str(policy_base), stage)
     except ValueError as err:
         raise PipelineError(str(err)) from err

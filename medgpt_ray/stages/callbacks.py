@@ -31,9 +31,10 @@ def stage_callbacks(inp: StageInputs, sink: Sink | None,
                                         stage_metrics_callback(inp, watch)]
     if 0 < inp.plan.ckpt_fraction < 1:
         callbacks.append(SelectiveCheckpointing(inp.plan.ckpt_fraction))
-    # Not for GRPO: TRL generates with the policy outside the Trainer's autocast, where peft's fp32 cast is needed
-    # (bf16 inputs into fp32 adapters fail: the H200 run of bench/real_length_throughput.py --stages grpo).
-    if inp.plan.method != "full" and stage_kind(inp.stage).memory_kind != "grpo":
+    # Not for a kind whose trainer generates with the policy outside the Trainer's autocast (grpo, rloo), where
+    # peft's fp32 cast is needed (bf16 inputs into fp32 adapters fail: the H200 run of
+    # bench/real_length_throughput.py --stages grpo).
+    if inp.plan.method != "full" and not stage_kind(inp.stage).generates_outside_autocast:
         callbacks.append(speed.Bf16LoraInputs())
     if inp.plan.compile:
         callbacks.append(speed.CompileDecoderLayers())

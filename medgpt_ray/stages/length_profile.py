@@ -24,23 +24,23 @@ from medgpt_ray.memory.profiles import stage_profile
 
 def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
             ) -> LengthProfile | None:
-    """The stage's length profile; None for a pretraining-kind stage (its blocks are always seq_len long). Packed
-    where the stage packs (lengths.packing_setting)."""
-    kind, profile = stage_kind(stage).memory_kind, stage_profile(stage)
-    if profile.blocks:
+    """The stage's length profile, of what its kind measures (StageKind.measures); None for a kind that trains on
+    blocks (pretraining: always seq_len long). Packed where the stage packs (lengths.packing_setting)."""
+    measures, profile = stage_kind(stage).measures, stage_profile(stage)
+    if measures == "blocks":
         return None
     tok = models.load_tokenizer(base_model)
     template = templates.get_template(template_name)
     templates.check_template(template, tok)
     records = read_records(train_file, 0, SAMPLE_RECORDS)
     total = num_rows(train_file)
-    if kind == "sft":
+    if measures == "conversations":
         return _sft_profile(records, total, tok, template, cfg, packing_setting(stage, cfg) is not False)
-    if kind == "grpo":
+    if measures == "prompts":
         return _prompt_profile(records, total, tok, template, cfg)
     lengths, over = [], 0
     for r in records:
-        if kind == "kto":  # one completion per example: measured as a pair of it with itself
+        if measures == "completions":  # one completion per example: measured as a pair of it with itself
             r = {**r, "chosen": r["completion"], "rejected": r["completion"]}
         try:
             enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)

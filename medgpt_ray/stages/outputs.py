@@ -15,6 +15,10 @@ from typing import Any
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 from medgpt_ray.trainer_kit.sharding import shard_report
 
+# The key of a stage's held-out metrics in its result.json (the trainer's evaluate()), also in the manifest entry,
+# summary.json's stage row, the report and an exported model's card.
+HELD_OUT = "eval"
+
 
 def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
                  eval_metrics: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
@@ -22,7 +26,7 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     out, resumed = train(built.trainer, inp)
     ev = eval_metrics(built.trainer.evaluate()) if built.eval_size else {}
     save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
-    result = {**base_result(inp, built.trainer, out, resumed, t0), "eval": ev, **(built.extras or {}),
+    result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev, **(built.extras or {}),
               "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result

@@ -125,7 +125,7 @@ def import_reward(path: str) -> RewardFunc:
 
 
 def reward_functions(names: Sequence[str], *, length_target: int, max_completion_length: int,
-                     reward_model_dir: str | None = None, device: str = "cpu", stage: str = "grpo",
+                     reward_model_dir: str | None = None, device: str = "cpu", stage: str,
                      remote: RewardFunc | None = None) -> list[RewardFunc]:
     """The reward functions `stages.<stage>.reward_funcs` names, in its order; `remote`, when given, is the
     reward_model reward (a scorer whose model is held elsewhere: run/reward_actor.py, or the rm's adapter on the

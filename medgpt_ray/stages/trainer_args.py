@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from medgpt_ray.memory.lengths import BUCKET
+from medgpt_ray.memory.profiles import stage_profile
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit.checkpointing import checkpointing_kwargs
@@ -49,7 +50,8 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
     # Always explicit: TRL's configs default to checkpointing on, the plan may say off.
     kwargs.update(checkpointing_kwargs(plan.ckpt_fraction > 0))
     kwargs["optim"] = optimizer_name(plan)
-    flce = plan.fused_ce and inp.stage == "pt"  # sft/dpo: TRL's own chunked head, which Liger must not replace
+    # Only where the kind's fused CE is Liger's (pt); sft/dpo: TRL's own chunked head, which Liger must not replace.
+    flce = plan.fused_ce and stage_profile(inp.stage).liger_fused_ce
     # Fused layer ops come from compiling the decoder layers (speed.py) or, without compile, Liger's kernels.
     liger_layers = plan.fused_kernels and not plan.compile
     if flce or liger_layers:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig, stage_kind
+from medgpt_ray.config import STAGE_KINDS, ConfigError, PipelineConfig
 from medgpt_ray.config.base import _format_validation_error, _Strict
 
 PENALTY = 1e9  # the value a pruned trial reports: the worst for the searcher in either mode
@@ -110,6 +110,7 @@ def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> floa
     and its throughput prediction): what pruning a trial saves. None when it cannot be planned at all."""
     from medgpt_ray.memory.budget import make_budget
     from medgpt_ray.memory.planner import model_shape, plan_stage
+    from medgpt_ray.memory.profiles import stage_profile
 
     s = cfg.stages.get(stage)
     gpu_type = "rtx4090" if cfg.resources.gpu_type == "auto" else cfg.resources.gpu_type
@@ -119,7 +120,7 @@ def predicted_run_seconds(cfg: PipelineConfig, stage: str, records: int) -> floa
     except ConfigError:
         return None
     steps = s.max_steps if s.max_steps > 0 else math.ceil(s.epochs * records / s.effective_batch)
-    tokens = steps * s.effective_batch * s.seq_len * (2 if stage_kind(stage).memory_kind in ("rm", "dpo") else 1)
+    tokens = steps * s.effective_batch * s.seq_len * stage_profile(stage).sequences_per_example  # pairs: 2
     return tokens / (plan.prediction.tokens_per_s_per_gpu * plan.num_workers)
 
 

@@ -33,7 +33,7 @@ def test_the_summary_sets_each_stage_beside_the_baselines(tmp_path) -> None:
     assert run_baselines(cfg, tmp_path / "data", {}) == base
     assert run_baselines(cfg, tmp_path / "none", {}) is None
     cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml",
-                      [f"stages.{s}.enabled=false" for s in ("rm", "dpo", "orpo", "simpo", "kto")])
+                      [f"stages.{s}.enabled=false" for s in pair_stages(cfg)])
     assert run_baselines(cfg, tmp_path / "data", {"preference": d}) is None
 
     cfg = load_config(ROOT / "configs" / "tiny-cpu-alignment.yaml")

@@ -78,9 +78,9 @@ def test_custom_rewards_by_import_path_and_clear_errors():
     with pytest.raises(ValueError, match="import path"):
         import_reward("nonsense")
     with pytest.raises(ValueError, match="needs the output of a finished rm stage"):
-        reward_functions(["reward_model"], length_target=8, max_completion_length=16)
+        reward_functions(["reward_model"], length_target=8, max_completion_length=16, stage="grpo")
     funcs = reward_functions(["accuracy", "format", "length", "medgpt_ray.stages.rewards:accuracy"],
-                             length_target=8, max_completion_length=16)
+                             length_target=8, max_completion_length=16, stage="grpo")
     assert [f.__name__ for f in funcs] == ["accuracy", "format", "length", "accuracy"]
 
 
@@ -99,7 +99,7 @@ def test_reward_model_scores_prompt_and_completion(tiny_model, tmp_path):
     rm.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     (score,) = reward_functions(["reward_model"], length_target=8, max_completion_length=16,
-                                reward_model_dir=str(tmp_path))
+                                reward_model_dir=str(tmp_path), stage="grpo")
     got = score(prompts=["患者胸痛，去哪个科室？"] * 3, completions=["心内科", "呼吸科", "心内科"])
     assert len(got) == 3 and all(math.isfinite(x) for x in got)
     assert got[0] == pytest.approx(got[2]) and got[0] != got[1]

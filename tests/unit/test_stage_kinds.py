@@ -137,3 +137,35 @@ def test_from_round_trips_through_the_resolved_config():
     assert tree["stages"]["dpo"]["from"] == "pt"  # as the YAML says it (what a Tune trial re-validates)
     again = PipelineConfig.model_validate(tree)
     assert again == cfg and dag.effective_from(again, "dpo") == "pt"
+
+
+def test_what_the_layers_above_ask_of_a_kind_is_on_its_entry():
+    """run/, stages/, tune/, report/ and cli/ ask a kind's entry these facts instead of comparing its name
+    (tests/unit/test_kind_names.py keeps the names out)."""
+    from medgpt_ray.config import reward_model_kind, run_evaluator
+    from medgpt_ray.memory.profiles import stage_profile
+
+    def having(fact: str) -> list[str]:
+        return [k for k, v in STAGE_KINDS.items() if getattr(v, fact)]
+
+    assert reward_model_kind() == "rm" and having("produces_reward_model") == having("sequence_classifier") == ["rm"]
+    assert run_evaluator() == "eval" and having("evaluates_run") == ["eval"]
+    assert having("generates_outside_autocast") == ["grpo", "rloo"]
+    # Each kind's length profile measures the unit of the data it trains on; pretraining's blocks are not measured.
+    unit = {"pretrain": "blocks", "sft": "conversations", "preference": "pairs", "prompt": "prompts",
+            "unpaired": "completions"}
+    for name, kind in STAGE_KINDS.items():
+        assert kind.measures == unit[kind.data_kind], name
+        assert (kind.measures == "blocks") == stage_profile(name).blocks, name
+
+
+def test_the_reward_model_kind_is_one():
+    from medgpt_ray.config import reward_model_kind
+
+    rm = STAGE_KINDS["rm"]
+    register_stage_kind(StageKind("rm2", rm.config_class, "preference", "sft", produces_reward_model=True))
+    try:
+        with pytest.raises(ConfigError, match="2 reward-model kinds"):
+            reward_model_kind()
+    finally:
+        del STAGE_KINDS["rm2"]

@@ -58,4 +58,4 @@ class DPOStageConfig(LengthGroupedStageConfig):
 
 
 register_stage_kind(StageKind("dpo", DPOStageConfig, "preference", "sft", {"lr": 5e-6},
-                              pair_accuracy=IMPLICIT_REWARD))
+                              pair_accuracy=IMPLICIT_REWARD, measures="pairs"))

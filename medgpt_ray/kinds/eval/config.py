@@ -45,4 +45,4 @@ class EvalStageConfig(StageConfig):
 # after the training kinds. Its module is in run/: it generates with infer/, which stages/ and kinds/ may not import.
 register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
                               module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
-                              reads=("prompt", "exam", "pretrain")))
+                              reads=("prompt", "exam", "pretrain"), evaluates_run=True))

@@ -29,4 +29,5 @@ class GRPOStageConfig(OnlineRLStageConfig):
 
 # Off unless enabled: GRPO on TRL's GRPOTrainer; plans with a generation phase and a training phase
 # (memory/generation.py).
-register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5}))
+register_stage_kind(StageKind("grpo", GRPOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5},
+                              measures="prompts", generates_outside_autocast=True))

@@ -51,4 +51,5 @@ class KTOStageConfig(LengthGroupedStageConfig):
 # id): drawn like, not identical to, the preference split's that the baselines read.
 register_stage_kind(StageKind("kto", KTOStageConfig, "unpaired", "sft", {"enabled": False, "lr": 5e-6},
                               pair_accuracy=PairAccuracy("eval_reward_accuracy", "implicit reward beta*log(pi/pi_ref), "
-                                                         "on the unpaired split's held-out pairs")))
+                                                         "on the unpaired split's held-out pairs"),
+                              measures="completions"))

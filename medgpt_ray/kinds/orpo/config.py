@@ -19,4 +19,4 @@ class ORPOStageConfig(ReferenceFreeStageConfig):
 
 # Off unless enabled (REFERENCE_FREE_DEFAULTS); simpo plans as orpo does.
 register_stage_kind(StageKind("orpo", ORPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
-                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP))
+                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP, measures="pairs"))

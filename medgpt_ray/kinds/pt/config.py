@@ -8,4 +8,5 @@ from medgpt_ray.config.registry import StageKind, register_stage_kind
 from medgpt_ray.config.stage import StageConfig
 
 # The base model's continued pretraining: full training by default, at pretraining's learning rate.
-register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5}))
+register_stage_kind(StageKind("pt", StageConfig, "pretrain", None, {"method": "full", "lr": 5e-5},
+                              measures="blocks"))

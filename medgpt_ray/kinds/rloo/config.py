@@ -38,4 +38,4 @@ class RLOOStageConfig(OnlineRLStageConfig):
 # Off unless enabled: RLOO on TRL's RLOOTrainer; plans as grpo does (generation phase + training phase,
 # memory/generation.py) with the reward model always resident.
 register_stage_kind(StageKind("rloo", RLOOStageConfig, "prompt", "sft", {"enabled": False, "lr": 1e-5},
-                              memory_model="grpo"))
+                              memory_model="grpo", measures="prompts", generates_outside_autocast=True))

@@ -34,4 +34,5 @@ class RMStageConfig(LengthGroupedStageConfig):
 
 
 register_stage_kind(StageKind("rm", RMStageConfig, "preference", "sft", {"lr": 1e-5},
-                              pair_accuracy=PairAccuracy("eval_accuracy", "reward model score")))
+                              pair_accuracy=PairAccuracy("eval_accuracy", "reward model score"), measures="pairs",
+                              produces_reward_model=True, sequence_classifier=True))

@@ -23,4 +23,4 @@ class SimPOStageConfig(ReferenceFreeStageConfig):
 
 # Off unless enabled (REFERENCE_FREE_DEFAULTS); plans as orpo does (the same reference-free forward of both halves).
 register_stage_kind(StageKind("simpo", SimPOStageConfig, "preference", "sft", REFERENCE_FREE_DEFAULTS,
-                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP))
+                              memory_model="orpo", pair_accuracy=NORMALISED_LOGP, measures="pairs"))
