@@ -18,8 +18,8 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from medgpt_ray.generation.params import GenerationParams
     from medgpt_ray.infer.chat import ChatSession
-    from medgpt_ray.infer.generator import GenerationParams
     from medgpt_ray.infer.source import ModelSourceError, resolve_model
 
     try:

@@ -30,8 +30,8 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    from medgpt_ray.generation.params import GenerationParams
     from medgpt_ray.infer.batch import GenerateOptions, generate
-    from medgpt_ray.infer.generator import GenerationParams
     from medgpt_ray.infer.source import ModelSourceError, resolve_model
     from medgpt_ray.run.ray_env import connect_ray, echo
 

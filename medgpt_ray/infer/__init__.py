@@ -1,2 +1,3 @@
-"""Generation with trained models: batch generation on a Ray Data actor pool (batch.py); the eval stage, chat and
-serving build on it."""
+"""Generation with trained models, on Ray: batch generation on a Ray Data actor pool (batch.py), an OpenAI-compatible
+endpoint on Ray Serve (serve.py), a terminal chat (chat.py), and which model they run (source.py). The model side
+of all of them is the Ray-free engine, medgpt_ray/generation/ (docs/ARCHITECTURE.md, "Layout")."""

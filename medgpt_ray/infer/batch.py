@@ -23,7 +23,8 @@ import ray
 
 from medgpt_ray.data.files import Quarantined
 from medgpt_ray.data.prompt_rows import iter_prompts
-from medgpt_ray.infer.generator import GenerationParams, Generator
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.infer.source import ModelSourceError, resolve_model
 from medgpt_ray.progress import format_eta
 

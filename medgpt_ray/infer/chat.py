@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from medgpt_ray.infer.generator import GenerationParams, Generator, StreamedAnswer
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.stream import StreamedAnswer
 from medgpt_ray.infer.source import ModelSource
 
 

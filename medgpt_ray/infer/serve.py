@@ -17,7 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from medgpt_ray.infer.generator import GenerationParams, Generator, StreamedAnswer
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.stream import StreamedAnswer
 from medgpt_ray.infer.source import ModelSource
 
 ROLES = ("system", "user", "assistant")

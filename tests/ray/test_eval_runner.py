@@ -37,7 +37,7 @@ def test_the_eval_stage_runs_as_one_ray_task_on_a_finished_run(tiny_run, tiny_mo
     out = tmp_path / "eval"
     inp = StageInputs("eval", cfg, plan_stage("eval", cfg, 1, False), str(sft_model), "chatml",
                       str(data / "sft.train.parquet"), str(data / "sft.eval.parquet"), str(out),
-                      needs={"dpo": str(sft_model), "rm": str(rm)}, module="medgpt_ray.run.eval_stage",
+                      needs={"dpo": str(sft_model), "rm": str(rm)},
                       data_files={"exam": [exam.train_file, exam.eval_file]})
     result = run_task_on_ray(inp, RayOptions(str(tmp_path / "_ray"), "eval-runner-test"))
     assert result == json.loads((out / "result.json").read_text())

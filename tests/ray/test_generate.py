@@ -9,8 +9,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.infer.batch import GenerateOptions, done_ids, generate
-from medgpt_ray.infer.generator import GenerationParams
 from medgpt_ray.infer.source import ModelSourceError, resolve_model
 
 pytestmark = pytest.mark.ray
@@ -68,7 +68,7 @@ def test_greedy_answers_are_the_models_own_generate(ray_cluster, tiny_model, pro
     from transformers import AutoModelForCausalLM
 
     from medgpt_ray import models, templates
-    from medgpt_ray.infer.generator import stop_token_ids
+    from medgpt_ray.generation.prompts import stop_token_ids
 
     generate(GenerateOptions(str(tiny_model), [str(prompts)], tmp_path, GenerationParams(max_new_tokens=12),
                              template="chatml", batch_size=1), lambda _: None)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.infer.chat import ChatSession
-from medgpt_ray.infer.generator import GenerationParams
 from medgpt_ray.infer.source import ModelSource
 
 

@@ -48,7 +48,7 @@ def eval_inputs(data, model: Path, out: Path, needs: dict[str, str], **keys) -> 
     cfg = EvalStageConfig(**{"seq_len": 256, "max_prompts": 8, "max_new_tokens": 16, "bootstrap": 500, **keys})
     d = data["sft"]
     return StageInputs("eval", cfg, plan_stage("eval", cfg, 1, False), str(model), "chatml", d.train_file,
-                       d.eval_file, str(out), needs=needs, module="medgpt_ray.run.eval_stage",
+                       d.eval_file, str(out), needs=needs,
                        data_files={"exam": [data["exam"].train_file, data["exam"].eval_file]})
 
 
@@ -56,7 +56,7 @@ def test_scores_read_only_the_labelled_tokens_as_a_full_forward_does(tiny_model)
     import torch
 
     from medgpt_ray import models
-    from medgpt_ray.stages.eval_scores import sequence_logprobs
+    from medgpt_ray.kinds.eval.scores import sequence_logprobs
 
     model = models.load_causal_lm(tiny_model, "fp32", "full").eval()
     rows = [([5, 6, 7, 8, 9], [-100, -100, 7, 8, 9]), ([5, 6, 7], [-100, 6, 7]),

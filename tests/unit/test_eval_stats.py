@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from medgpt_ray.config import ConfigError, load_config
+from medgpt_ray.kinds.eval.scores import loglik_choice
+from medgpt_ray.kinds.eval.stats import bootstrap_interval, outcomes, win_rate
 from medgpt_ray.run import dag
 from medgpt_ray.run.eval_report import format_eval_lines
-from medgpt_ray.stages.eval_scores import loglik_choice
-from medgpt_ray.stages.eval_stats import bootstrap_interval, outcomes, win_rate
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,11 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 
 # Lower layers first. A module may import its own layer or a lower one; within a layer, a package may import only
 # the packages listed before it in the same layer (no sideways cycles).
+# generation/ (the Ray-free engine) sits below trainer_kit, stages and the kinds' stage modules, which may generate
+# with it; infer/ puts it on Ray from above.
 LAYERS: list[list[str]] = [
     ["config", "templates", "tiny", "models", "metrics", "progress"],
-    ["data", "placement", "memory", "trainer_kit", "stages", "kinds", "report"],
+    ["data", "placement", "memory", "generation", "trainer_kit", "stages", "kinds", "report"],
     ["infer", "run"],
     ["tune"],
     ["cli"],
@@ -21,7 +23,7 @@ LAYERS: list[list[str]] = [
 RAY_ALLOWED = {
     "run": "the only package that drives Ray Train",
     "tune": "the Tune driver",
-    "infer": "batch generation on a Ray Data actor pool",
+    "infer": "the generation engine on a Ray Data actor pool and Ray Serve (generation/ itself is Ray-free)",
     "data.clean": "the Ray Data cleaning pipeline (the other modules of data/ are pure)",
     "metrics": "its ray.util.metrics backend",
 }
@@ -146,7 +148,8 @@ def test_no_import_cycles():
 
 
 def test_the_rules_can_fail(tmp_path):
-    """The checks see what they must: nested imports, a Ray import in stages/, an upward import, a cycle."""
+    """The checks see what they must: nested imports, a Ray import in stages/ or generation/, an upward import (also
+    from the engine to its Ray front-ends or to the stages that use it), a cycle."""
     bad = tmp_path / "m.py"
     bad.write_text("import ray.train\nfrom medgpt_ray.run.pipeline import Pipeline\n\ndef f():\n"
                    "    from medgpt_ray.cli import main\n")
@@ -164,6 +167,10 @@ def test_the_rules_can_fail(tmp_path):
                                       "memory.estimator": {"memory.profiles"}, "config": set()})
     assert loader["memory.profiles"] == {"config", "kinds.x.memory"}
     assert _cycles(loader) == [["kinds.x.memory", "memory.estimator", "memory.profiles", "kinds.x.memory"]]
+    engine = {"generation.engine": {"ray", "infer.batch", "stages.inputs", "models"}, "infer.batch": {"ray"},
+              "kinds.x.stage": {"generation.engine"}, "stages.inputs": set(), "models": set()}
+    assert _ray_outside_edges(engine) == ["generation.engine"]  # the engine runs in any process
+    assert _upward(engine) == ["generation.engine -> infer.batch", "generation.engine -> stages.inputs"]
 
 
 def test_the_clean_command_does_not_import_torch():

@@ -42,7 +42,6 @@ class EvalStageConfig(StageConfig):
 
 
 # Off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split; registered
-# after the training kinds. Its module is in run/: it generates with infer/, which stages/ and kinds/ may not import.
-register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False},
-                              module="medgpt_ray.run.eval_stage", memory_model="sft", trains=False,
-                              reads=("prompt", "exam", "pretrain"), evaluates_run=True))
+# after the training kinds. Its module is kinds/eval/stage.py (it generates with the Ray-free generation engine).
+register_stage_kind(StageKind("eval", EvalStageConfig, "sft", "sft", {"enabled": False}, memory_model="sft",
+                              trains=False, reads=("prompt", "exam", "pretrain"), evaluates_run=True))

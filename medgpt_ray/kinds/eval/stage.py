@@ -1,13 +1,13 @@
 """The eval stage (stages.eval, kinds/eval/config.py): the run's models compared on the held-out split, in one process.
 
-Registered as the eval kind's module (kinds/eval/config.py), so the runner calls run(inputs) like any stage's; it lives
-in run/ because it generates with infer/'s Generator (the batch-generation model side, here in-process: no actor pool
-for a few dozen prompts), which stages/ may not import. Per model, loaded once: (a) the response-only loss and
+The eval kind's stage module, so the runner calls run(inputs) like any stage's (in one Ray task: the kind trains
+nothing, config/registry.py's `trains`); no Ray here. It generates with the engine's Generator (medgpt_ray/generation/,
+in-process: no actor pool for a few dozen prompts). Per model, loaded once: (a) the response-only loss and
 perplexity of the held-out SFT conversations (and of held-out pretraining text when the run has some), (b) greedy
 answers to the held-out prompts (every model but the pretraining one), (c) each exam question's options by
-log-likelihood and the letter it generates. Then the rm stage's model scores every answer, and each model's answers
-are compared with the reference model's (the stage's `from`, SFT by default) prompt by prompt: wins, ties, losses,
-the win rate (ties half) with a bootstrap 95 % interval (stages/eval_stats.py).
+log-likelihood and the letter it generates (kinds/eval/scores.py). Then the rm stage's model scores every answer, and
+each model's answers are compared with the reference model's (the stage's `from`, SFT by default) prompt by prompt:
+wins, ties, losses, the win rate (ties half) with a bootstrap 95 % interval (kinds/eval/stats.py).
 
 runs/<name>/eval/: results.json (the numbers, no record text), generations.jsonl and exam.jsonl (per item: the
 answers and their scores; owner-only, they hold medical text), result.json (the stage's receipt)."""
@@ -23,15 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray import models, templates
-from medgpt_ray.config import STAGE_KINDS, stage_kind
+from medgpt_ray.config import STAGE_KINDS, reward_model_kind, stage_kind
 from medgpt_ray.data.exam import exam_prompt, parse_letters
 from medgpt_ray.data.private import open_private
 from medgpt_ray.data.prompt_rows import as_prompt
 from medgpt_ray.data.shards import read_table
-from medgpt_ray.infer.generator import GenerationParams, Generator
-from medgpt_ray.stages import eval_scores, eval_stats
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.kinds.eval import scores, stats
 from medgpt_ray.stages.inputs import Sink, StageInputs
-from medgpt_ray.stages.outputs import worker_placement, write_result
+from medgpt_ray.stages.outputs import HELD_OUT, worker_placement, write_result
 
 BASE = "base"  # the name of the reference model when the stage starts from the base model
 
@@ -76,10 +77,10 @@ def load_data(inp: StageInputs) -> EvalData:
 
 def compared_models(inp: StageInputs) -> tuple[str, dict[str, str]]:
     """The reference model's name and every policy compared, {name: model dir} in the registry's order (the
-    reference first when it is the base model); the rm stage is the judge, not a policy."""
+    reference first when it is the base model); the reward-model stage is the judge, not a policy."""
     start = Path(inp.model_path)
     ref = start.parent.name if start.name == "model" and start.parent.name in STAGE_KINDS else BASE
-    found = {ref: str(start), **{s: p for s, p in inp.needs.items() if s != "rm"}}
+    found = {ref: str(start), **{s: p for s, p in inp.needs.items() if s != reward_model_kind()}}
     order = [BASE, *STAGE_KINDS]
     return ref, {s: found[s] for s in sorted(found, key=order.index)}
 
@@ -101,27 +102,27 @@ def _answers(gen: Generator, items: Sequence[tuple[str, dict]], batch_size: int)
 
 def _exam(gen: Generator, template: Any, data: EvalData, cfg: Any) -> list[dict]:
     records = [r for _, r in data.exam]
-    scores = eval_scores.exam_option_scores(gen.model, gen.tok, template, records, cfg.seq_len, cfg.batch_size)
+    option_scores = scores.exam_option_scores(gen.model, gen.tok, template, records, cfg.seq_len, cfg.batch_size)
     gen.params = GenerationParams(max_new_tokens=cfg.exam_max_new_tokens)
     asked = [(i, {"conversations": [{"role": "user", "content": exam_prompt(r)}]}) for i, r in data.exam]
     generated, _ = _answers(gen, asked, cfg.batch_size)
     out = []
-    for (qid, r), s, g in zip(data.exam, scores, generated, strict=True):
-        out.append({"id": qid, "answer": r["answer"], "loglik": eval_scores.loglik_choice(s),
-                    "loglik_sum": eval_scores.loglik_choice(s, normalised=False),
+    for (qid, r), s, g in zip(data.exam, option_scores, generated, strict=True):
+        out.append({"id": qid, "answer": r["answer"], "loglik": scores.loglik_choice(s),
+                    "loglik_sum": scores.loglik_choice(s, normalised=False),
                     "generated": parse_letters(g["response"], r["options"]), "response": g["response"]})
     return out
 
 
 def evaluate_model(name: str, path: str, inp: StageInputs, data: EvalData) -> ModelEval:
-    """Everything measured on one model, loaded once (infer's Generator: its model and tokenizer serve all)."""
+    """Everything measured on one model, loaded once (the engine's Generator: its model and tokenizer serve all)."""
     cfg = inp.cfg
     gen = Generator(path, inp.template, GenerationParams(max_new_tokens=cfg.max_new_tokens).as_dict())
     template = templates.get_template(inp.template)
     response_only = cfg.loss_model == "response"
-    res = ModelEval(eval_scores.conversation_loss(gen.model, gen.tok, template, data.conversations, cfg.seq_len,
+    res = ModelEval(scores.conversation_loss(gen.model, gen.tok, template, data.conversations, cfg.seq_len,
                                                   cfg.batch_size, response_only),
-                    eval_scores.text_loss(gen.model, gen.tok, data.texts, cfg.seq_len, cfg.batch_size)
+                    scores.text_loss(gen.model, gen.tok, data.texts, cfg.seq_len, cfg.batch_size)
                     if data.texts else None)
     if generates(name):
         res.answers, res.generate_seconds = _answers(gen, data.prompts, cfg.batch_size)
@@ -146,8 +147,8 @@ def _free() -> None:
 
 
 def judge(inp: StageInputs, data: EvalData, answers: dict[str, list[dict]]) -> dict[str, list[float]]:
-    """The rm stage's score of every model's answer to every prompt."""
-    rm_dir = Path(inp.needs["rm"])
+    """The reward-model stage's score of every model's answer to every prompt."""
+    rm_dir = Path(inp.needs[reward_model_kind()])
     tok = models.load_tokenizer(rm_dir)
     import torch
 
@@ -156,7 +157,7 @@ def judge(inp: StageInputs, data: EvalData, answers: dict[str, list[dict]]) -> d
     rm = rm.to(device).eval()
     template = templates.get_template(inp.template)
     prompts = [r for _, r in data.prompts]
-    out = {name: eval_scores.reward_scores(rm, tok, template, prompts, [a["response"] for a in rows],
+    out = {name: scores.reward_scores(rm, tok, template, prompts, [a["response"] for a in rows],
                                            inp.cfg.seq_len, inp.cfg.batch_size)
            for name, rows in answers.items()}
     del rm
@@ -179,14 +180,14 @@ def summarise(ref: str, evals: dict[str, ModelEval], rewards: dict[str, list[flo
                 m["answers"]["mean_reward"] = round(sum(rewards[name]) / len(rewards[name]), 4)
         if e.exam:
             m["exam"] = {"questions": len(e.exam),
-                         "loglik_accuracy": eval_stats.accuracy([x["loglik"] == x["answer"] for x in e.exam]),
-                         "loglik_sum_accuracy": eval_stats.accuracy([x["loglik_sum"] == x["answer"] for x in e.exam]),
-                         "generated_accuracy": eval_stats.accuracy([x["generated"] == x["answer"] for x in e.exam]),
+                         "loglik_accuracy": stats.accuracy([x["loglik"] == x["answer"] for x in e.exam]),
+                         "loglik_sum_accuracy": stats.accuracy([x["loglik_sum"] == x["answer"] for x in e.exam]),
+                         "generated_accuracy": stats.accuracy([x["generated"] == x["answer"] for x in e.exam]),
                          "unparsed": sum(not x["generated"] for x in e.exam)}
         per_model[name] = m
-    wins = {name: eval_stats.win_rate(rewards[name], rewards[ref], inp.cfg.bootstrap, inp.seed)
+    wins = {name: stats.win_rate(rewards[name], rewards[ref], inp.cfg.bootstrap, inp.seed)
             for name in rewards if name != ref and ref in rewards}  # a pretraining reference answers nothing
-    return {"reference": ref, "judge": "rm" if rewards else None, "models": per_model, "win_rates": wins,
+    return {"reference": ref, "judge": reward_model_kind() if rewards else None, "models": per_model, "win_rates": wins,
             "data": {"heldout_conversations": len(data.conversations), "pretrain_texts": len(data.texts),
                      "prompts": len(data.prompts), "exam_questions": len(data.exam)}}
 
@@ -208,12 +209,12 @@ def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Any] = (
     ref, policies = compared_models(inp)
     evals = {name: evaluate_model(name, path, inp, data) for name, path in policies.items()}
     answers = {name: e.answers for name, e in evals.items() if generates(name) and data.prompts}
-    rewards = judge(inp, data, answers) if "rm" in inp.needs and answers else {}
+    rewards = judge(inp, data, answers) if reward_model_kind() in inp.needs and answers else {}
     results = summarise(ref, evals, rewards, data, inp)
     inp.out.mkdir(parents=True, exist_ok=True)
     _write_items(inp.out, evals, rewards)
     (inp.out / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    result = {"stage": inp.stage, "steps": None, "wall_s": round(time.monotonic() - t0, 3), "eval": {},
+    result = {"stage": inp.stage, "steps": None, "wall_s": round(time.monotonic() - t0, 3), HELD_OUT: {},
               "evaluation": results, "workers": worker_placement(), "output_model": str(inp.out)}
     write_result(inp, result)
     return result

@@ -1,0 +1,11 @@
+"""The generation engine, Ray-free (docs/ARCHITECTURE.md, "Layout"): a trained model loaded for generation, prompts
+rendered with the chat template it was trained with, batches decoded up to each answer's stop token, or one answer
+streamed as it grows. It runs in any process; infer/ puts it on Ray (a Ray Data actor pool, Ray Serve replicas) and
+the stage kinds call it in their own process (the eval stage).
+
+- params.py    GenerationParams: how many tokens, greedy or sampled, how many samples, the seed
+- prompts.py   rendering a conversation as the model's prompt; the token ids where an answer ends
+- loading.py   the model and tokenizer for generation (the GPU's when there is one, else the CPU)
+- engine.py    Generator: a batch of prompts in, one row per sample out
+- stream.py    StreamedAnswer: one answer generated in a thread, read piece by piece (chat, serving)
+"""
