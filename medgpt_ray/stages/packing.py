@@ -9,6 +9,7 @@ from typing import Any
 
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import RM_AUTO, SAMPLE_RECORDS, packing_setting, rows_per_step
+from medgpt_ray.memory.profiles import stage_packing
 from medgpt_ray.memory.stage_plan import packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit.packed_attention import resolve
@@ -39,7 +40,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     plan, unit = inp.plan, kind.unit
     setting = packing_setting(inp.stage, inp.cfg)
     mode, why = resolve(setting, model, inp.stage)
-    if setting is False and getattr(inp.cfg, "packing", False) == "auto":
+    if setting is False and stage_packing(inp.stage, inp.cfg) == "auto":
         why = RM_AUTO
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}

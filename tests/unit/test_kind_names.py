@@ -23,8 +23,8 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 
 # Where kind names belong: the kinds' own folders and the registry.
 OWNERS = ("kinds/", "config/registry.py")
-# Still naming kinds while they move into kinds/ (issue 33): memory/'s profiles into kinds/<kind>/memory.py, the eval
-# stage's module into kinds/eval/stage.py. Each must still hold a name while it is listed here (a test below).
+# Paths still naming kinds while they move into kinds/ (none left since issue 33). Each must still hold a name while
+# it is listed here (a test below).
 PENDING: tuple[str, ...] = ()
 
 HELD_OUT_MODULE, HELD_OUT_NAME = "stages.outputs", "HELD_OUT"  # where the result's held-out metrics key is defined
@@ -115,3 +115,33 @@ def test_the_check_allows_the_non_kind_uses(source, module):
 
 def test_the_data_layer_may_not_name_a_stage_kind_of_its_own():
     assert kind_names_in('if kind == "rm":\n    pass\n', "data.example") == ["1: 'rm'"]
+
+
+def config_probes_in(source: str) -> list[str]:
+    """getattr/hasattr on a stage config (`cfg`, `c`, `config`, `….cfg`, `….stages.get(…)`): a kind's key read by
+    probing the base class instead of through the kind's own config class."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args):
+            target = node.args[0]
+            if ((isinstance(target, ast.Name) and target.id in ("cfg", "c", "config", "stage_cfg"))
+                    or (isinstance(target, ast.Attribute) and target.attr == "cfg")
+                    or (isinstance(target, ast.Call) and isinstance(target.func, ast.Attribute)
+                        and target.func.attr == "get")):
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_probes_a_stage_config_for_a_key():
+    """StagesConfig.get() returns the base class; a kind's own keys are read through its class (isinstance, or the
+    kind's own module, e.g. kinds/<kind>/memory.py), never by getattr (issue 33)."""
+    found = {r: hits for r in _files(("",)) if (hits := config_probes_in((PKG / r).read_text(encoding="utf-8")))}
+    assert not found, f"config probed with getattr/hasattr: {found}"
+
+
+@pytest.mark.parametrize("source", ['x = getattr(cfg, "packing", False)', 'hasattr(c, "num_generations")',
+                                    'getattr(inp.cfg, "kl_batch", False)',
+                                    'getattr(cfg.stages.get(s), "reward_model_gpu", False)'])
+def test_the_probe_check_flags_a_probe(source):
+    assert config_probes_in(source)

@@ -89,7 +89,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
         shard=shard,
-        group_by_length=getattr(inp.cfg, "group_by_length", False),
+        group_by_length=inp.cfg.group_by_length,
     )
     return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 

@@ -16,6 +16,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.kinds.rm.config import RMStageConfig
 from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
@@ -27,6 +28,12 @@ from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.packed_counts import PackedCounts
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
+
+def rm_config(inp: StageInputs) -> RMStageConfig:
+    """The stage's config as rm's own class (StageInputs carries the base class)."""
+    if not isinstance(inp.cfg, RMStageConfig):
+        raise TypeError(f"stage {inp.stage}: the rm trainer needs an RMStageConfig, got {type(inp.cfg).__name__}")
+    return inp.cfg
 
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     from datasets import Dataset
@@ -75,7 +82,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead
     args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None,
-                        center_rewards_coefficient=getattr(inp.cfg, "center_rewards_coefficient", None),
+                        center_rewards_coefficient=rm_config(inp).center_rewards_coefficient,
                         **bucket_kwargs(inp))
     # Packed: TRL's RewardTrainer on pair rows, counting each micro-batch's real tokens and pairs.
     rows = {"packed_unit": "pairs"} if collator is not None else {}
@@ -90,7 +97,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(train_inp, sink, callbacks),
         shard=shard,
-        group_by_length=getattr(inp.cfg, "group_by_length", False),
+        group_by_length=inp.cfg.group_by_length,
         train_collate=collator,
         **rows,
     )

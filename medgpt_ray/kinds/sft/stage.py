@@ -86,7 +86,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
         shard=shard,
-        group_by_length=getattr(inp.cfg, "group_by_length", False),
+        group_by_length=inp.cfg.group_by_length,
         train_collate=collator,
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
