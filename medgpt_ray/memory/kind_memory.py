@@ -55,6 +55,7 @@ class MemoryProfile:
     packed_unit: str = ""  # what a packed row holds
     packed_row_sequences: int = 1  # a packed row is this many x seq_len wide (whole pairs: 2)
     packs_on_auto: bool = True  # `packing: auto` packs (memory/lengths.py's packing_setting)
+    auto_unpacked_reason: str = ""  # what the worker reports where `packing: auto` leaves the kind unpacked
 
     def scale_for(self, method: str) -> float:
         """The activation scale for a training method (full, lora, qlora)."""

@@ -103,14 +103,9 @@ def packed_width(stage: str, seq_len: int) -> int:
     return stage_profile(stage).packed_row_sequences * seq_len
 
 
-# What the worker reports where `packing: auto` leaves a kind unpacked (its profile's packs_on_auto; the measurements
-# are with the rm kind's, kinds/rm/memory.py).
-RM_AUTO = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
-
-
 def packing_setting(stage: str, cfg: StageConfig) -> str | bool:
     """The stage's `packing` as the planner, the length profile and the worker read it: false for a kind without
-    the key, and for `auto` where the kind's profile does not pack on auto (RM_AUTO)."""
+    the key, and for `auto` where the kind's profile does not pack on auto (its auto_unpacked_reason)."""
     setting = stage_packing(stage, cfg)
     if setting == "auto" and not stage_profile(stage).packs_on_auto:
         return False

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from medgpt_ray.data.shards import read_records
-from medgpt_ray.memory.lengths import RM_AUTO, SAMPLE_RECORDS, packing_setting, rows_per_step
-from medgpt_ray.memory.profiles import stage_packing
+from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
+from medgpt_ray.memory.profiles import stage_packing, stage_profile
 from medgpt_ray.memory.stage_plan import packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit.packed_attention import resolve
@@ -41,7 +41,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     setting = packing_setting(inp.stage, inp.cfg)
     mode, why = resolve(setting, model, inp.stage)
     if setting is False and stage_packing(inp.stage, inp.cfg) == "auto":
-        why = RM_AUTO
+        why = stage_profile(inp.stage).auto_unpacked_reason
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}
         if plan.packing is not None:

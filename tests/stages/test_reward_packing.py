@@ -92,10 +92,10 @@ def test_packed_pairs_have_the_loss_metrics_and_gradients_of_trls_padded_batch(m
 
 def test_auto_leaves_rm_padded(data, tiny_model, tmp_path):
     """Packed rm rows measured no faster than padded pairs (on the H200; slower on CPU): auto does not pack rm."""
-    from medgpt_ray.memory.lengths import RM_AUTO
+    from medgpt_ray.kinds.rm.memory import AUTO_UNPACKED
 
     built = build_stage(stage_inputs(data, tiny_model, tmp_path, max_steps=1, effective_batch=4))
-    assert built.extras["packing"] == {"mode": None, "why": RM_AUTO}
+    assert built.extras["packing"] == {"mode": None, "why": AUTO_UNPACKED}
 
 
 def test_center_rewards_coefficient_reaches_the_trainer_and_its_loss(data, tiny_model, tmp_path):

@@ -18,13 +18,14 @@ ACTIVATION_SCALE = 0.9
 # the layers' saved activations fit at 0.64 and 0.77 of the eager ones: the larger, plus a little, is used. The
 # causal-LM stages' compiled layers are estimated by the fused-layer terms (`fused_kernels`), which they match.
 COMPILED_RM_LAYER_SCALE = 0.8
-# rm's `packing: auto`: off (packs_on_auto; memory/lengths.py's RM_AUTO says so to the user). On CPU a small
+# rm's `packing: auto`: off (packs_on_auto; AUTO_UNPACKED says so to the user). On CPU a small
 # model's attention over packed rows of 2 x seq_len costs more than the padding it saves (the tiny preset, the
 # demo's rm, 30 steps on one thread: 5.5 s of CPU packed, 2.2 unpacked). On the H200 (1.5B LoRA, real-length pairs,
 # bench/results/real_length_throughput_1.5b_h200_rm_packed.json) packed rows ran no faster than padded pairs
 # (33,557 against 34,092 tokens/s median): SDPA's dense masked attention over the wider rows costs what the padding
 # saved. They used 20 % less memory (14.5 against 18.0 GiB): `packing: true`.
 PACKS_ON_AUTO = False
+AUTO_UNPACKED = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
 
 
 def packing(cfg: RMStageConfig) -> Auto | bool:
@@ -36,4 +37,4 @@ MEMORY = KindMemory(MemoryProfile(
     fused_ce_refusal="the reward model has a 1-wide score head, no vocabulary loss", fused_kernels=False,
     kernels_refusal="fused layer kernels are applied to the causal-LM stages (pt, sft, dpo), not the reward model",
     compiled_layer_scale=COMPILED_RM_LAYER_SCALE, packs=True, packed_unit="pairs", packed_row_sequences=2,
-    packs_on_auto=PACKS_ON_AUTO), packing=packing)
+    packs_on_auto=PACKS_ON_AUTO, auto_unpacked_reason=AUTO_UNPACKED), packing=packing)
