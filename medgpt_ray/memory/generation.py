@@ -18,7 +18,9 @@ the largest that fits is the fastest, memory/throughput.py). Measured on the H20
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape
@@ -135,9 +137,11 @@ def reward_model_placement(shape: ModelShape, s: TrainSetup, use_gpu: bool, usab
     return f"{where}: {size_text}, {need:.2f} GiB with one scoring forward"
 
 
-def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
-    """What a GRPO/RLOO stage that fits nowhere could change: fewer generations per prompt (the generation batch
-    shrinks with them: fewer prompts per step), shorter completions, QLoRA, or (with a reward network) a second GPU
+def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float,
+             kind_hints: Sequence[tuple[str, dict[str, Any]]] = ()) -> list[str]:
+    """What a generating stage that fits nowhere could change: fewer generations per prompt (the generation batch
+    shrinks with them: fewer prompts per step), the kind's own hints (`kind_hints`, its memory module's: shorter
+    completions, opd's 4-bit teacher), QLoRA, or (with a reward network) a second GPU
     for the reward model (reward_model_gpu) or, for a LoRA policy, the rm's adapter on the policy's base
     (reward_shared_base); each with its predicted peak (reward_model_gpu's: the policy's GPU without the reward
     model)."""
@@ -149,10 +153,7 @@ def rl_hints(shape: ModelShape, s: TrainSetup, usable_gib: float) -> list[str]:
             fewer = replace(s, generations=g, grad_accum=max(s.grad_accum * g // s.generations, 1), gen_steps=0)
             options.append((f"num_generations {g} (same prompts per step)",
                             min(generation_choices(fewer), key=TrainSetup.generation_batch, default=fewer)))
-    for c in (s.completion_len // 2, s.completion_len // 4):
-        if c >= 16:
-            shorter = replace(s, completion_len=c, seq_len=s.seq_len - s.completion_len + c)
-            options.append((f"max_completion_length {c}", shorter))
+    options += [(label, replace(s, **fields)) for label, fields in kind_hints]
     if s.method != "qlora" and s.precision != "fp32":
         options.append(("method qlora", replace(s, method="qlora", precision="bf16", zero=0, offload="none")))
     if s.reward_network:

@@ -95,6 +95,10 @@ def no_packing(cfg: Any) -> bool:
     return False
 
 
+def no_hints(cfg: Any, s: Any) -> list[tuple[str, dict[str, Any]]]:
+    return []
+
+
 @dataclass(frozen=True)
 class KindMemory:
     """A stage kind's memory module's answer (its `MEMORY`); a kind without a module reads none of its keys here.
@@ -103,8 +107,11 @@ class KindMemory:
     laid over the planner's knobs with dataclasses.replace; among them may be `kind_terms`, a function
     (shape, setup) -> KindTerms of the kind's own networks: the resident ones in every phase, the training ones at
     the start of backward. It may raise ConfigError for a setting the planned resources cannot run.
-    packing(cfg): the stage's `packing` key (auto, true, false) for a kind that has one; False otherwise."""
+    packing(cfg): the stage's `packing` key (auto, true, false) for a kind that has one; False otherwise.
+    hints(cfg, setup): what the kind's own keys could change where nothing fits, as (the key and value for people,
+    the TrainSetup fields that change); memory/no_fit.py prices each and says whether it fits."""
 
     profile: MemoryProfile | None = None  # a memory kind's; None: the kind follows another's (its memory_model)
     setup_fields: Callable[[Any, bool], dict[str, Any]] = no_fields
     packing: Callable[[Any], Any] = no_packing
+    hints: Callable[[Any, Any], list[tuple[str, dict[str, Any]]]] = no_hints

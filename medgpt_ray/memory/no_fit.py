@@ -11,6 +11,7 @@ from medgpt_ray.memory.candidates import Candidate, candidate
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.generation import rl_hints
+from medgpt_ray.memory.profiles import kind_memory
 from medgpt_ray.memory.shapes import ModelShape
 
 
@@ -37,7 +38,11 @@ def explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[
         return (f"{label}: {gib(c.peak_gib)}{f' + {gib(c.host_node_gib)} host RAM/node' if c.host_node_gib else ''} "
                 f"({'fits' if c.fits(budget) else 'still over'})")
 
-    hints = rl_hints(shape, best.setup, usable)  # grpo, rloo: fewer generations, shorter completions, QLoRA, ...
+    hints = []
+    if best.setup.micro_batch > s0.micro_batch:  # a micro-batch the config fixed
+        hints.append(option(f"micro_batch {s0.micro_batch}", s0))
+    # A generating stage: fewer generations, the kind's own (shorter completions, ...), QLoRA, the reward model's place
+    hints += rl_hints(shape, s0, usable, kind_memory(stage).hints(cfg, s0))
     if s0.method != "qlora" and budget.gpu_gib is not None and not best.setup.generations:  # QLoRA needs a GPU
         hints.append(option("method qlora", replace(s0, method="qlora", precision="bf16", zero=0, offload="none")))
     for seq in (cfg.seq_len // 2, cfg.seq_len // 4, cfg.seq_len // 8):

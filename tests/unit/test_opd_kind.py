@@ -5,6 +5,7 @@ teacher's identity)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ from medgpt_ray.kinds.opd.config import OPDStageConfig
 from medgpt_ray.memory import generation
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.estimator import NF4_BYTES_PER_PARAM, TrainSetup, estimate
-from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.shapes import PRESETS, load_shape
 from medgpt_ray.run import dag
@@ -122,6 +123,25 @@ def test_the_teacher_is_planned_at_its_own_shape_and_precision(tmp_path):
     nf4 = NF4_BYTES_PER_PARAM * t7.linear_params + 2 * (t7.params - t7.linear_params)
     assert teacher_gib(teacher=str(tmp_path / "t7"), teacher_quantization="4bit") == pytest.approx(nf4 / 2**30,
                                                                                                   rel=1e-3)
+
+
+def test_the_measured_false_fit_is_refused_with_opds_own_options():
+    """On the H200 under a 24 GiB cap, micro-batch 2 of reference answers at seq_len 1024 (1.5B student with LoRA, a
+    1.5B teacher) died at 23.3 GiB while the old JSD count predicted 19.4 (bench/results/opd_memory_1.5b_h200_
+    uncalibrated.json); micro-batch 1 peaked at 18.14 GiB. Now micro-batch 2 is refused, and the options name opd's
+    own keys, priced at the header's micro-batch 1."""
+    rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
+    shape = load_shape("qwen2.5-1.5b")
+    c = make(seq_len=1024, max_new_tokens=256, method="lora", micro_batch=2).stages.get("opd")
+    with pytest.raises(PlanError) as err:
+        plan_stage("opd", c, 1, True, shape, rtx4090)
+    msg = str(err.value)
+    assert "other options at micro-batch 1 with full checkpointing: micro_batch 1: " in msg
+    assert re.search(r"micro_batch 1: [0-9.]+ GiB \(fits\)", msg)
+    assert "max_new_tokens 128: " in msg and "teacher_quantization 4bit: " in msg
+    assert "max_completion_length" not in msg  # grpo's key, not opd's
+    one = plan_stage("opd", c.model_copy(update={"micro_batch": 1}), 1, True, shape, rtx4090)
+    assert 18.14 <= one.prediction.peak_gib <= 22.0  # at or above the measured peak, within the card
 
 
 def test_a_4bit_teacher_is_refused_on_cpu():

@@ -23,8 +23,14 @@ def online_rl_fields(cfg: OnlineRLStageConfig, reference: bool) -> dict[str, Any
             "reward_model_gpu": cfg.reward_model_gpu, "reference": reference}
 
 
+def online_rl_hints(cfg: OnlineRLStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Shorter completions: the training sequence (prompt + completion) shrinks with them."""
+    return [(f"max_completion_length {c}", {"completion_len": c, "seq_len": s.seq_len - s.completion_len + c})
+            for c in (s.completion_len // 2, s.completion_len // 4) if c >= 16]
+
+
 def setup_fields(cfg: GRPOStageConfig, use_gpu: bool) -> dict[str, Any]:
     return online_rl_fields(cfg, reference=cfg.beta > 0)
 
 
-MEMORY = KindMemory(MemoryProfile("grpo", chunked_head=True), setup_fields=setup_fields)
+MEMORY = KindMemory(MemoryProfile("grpo", chunked_head=True), setup_fields=setup_fields, hints=online_rl_hints)

@@ -70,4 +70,14 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
                   "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
 
 
-MEMORY = KindMemory(setup_fields=setup_fields)
+def hints(cfg: OPDStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Shorter student answers (the generation phase shrinks; the training rows stay seq_len wide), and a teacher in
+    NF4 where it is in bf16 on a GPU."""
+    out = [(f"max_new_tokens {c}", {"completion_len": c}) for c in (s.completion_len // 2, s.completion_len // 4)
+           if c >= 16]
+    if cfg.teacher_quantization != "4bit" and s.precision != "fp32":
+        out.append(("teacher_quantization 4bit", {"kind_terms": partial(teacher_terms, teacher_shape(cfg), "4bit")}))
+    return out
+
+
+MEMORY = KindMemory(setup_fields=setup_fields, hints=hints)

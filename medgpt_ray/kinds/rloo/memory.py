@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.kinds.grpo.memory import online_rl_fields
+from medgpt_ray.kinds.grpo.memory import online_rl_fields, online_rl_hints
 from medgpt_ray.kinds.rloo.config import RLOOStageConfig
 from medgpt_ray.memory.kind_memory import KindMemory
 
@@ -14,4 +14,4 @@ def setup_fields(cfg: RLOOStageConfig, use_gpu: bool) -> dict[str, Any]:
     return online_rl_fields(cfg, reference=cfg.beta > 0)
 
 
-MEMORY = KindMemory(setup_fields=setup_fields)
+MEMORY = KindMemory(setup_fields=setup_fields, hints=online_rl_hints)
