@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from medgpt_ray.config import LengthGroupedStageConfig
 from medgpt_ray.memory.lengths import BUCKET
 from medgpt_ray.memory.profiles import stage_profile
 from medgpt_ray.memory.stage_plan import StagePlan
@@ -70,6 +71,12 @@ def bucket_kwargs(inp: StageInputs) -> dict[str, Any]:
     (~0.3 s in the same probe), once per length in the whole run, and padding costs every step. Padding is masked,
     so it changes no update beyond rounding: not part of the fingerprint."""
     return {"pad_to_multiple_of": min(BUCKET, inp.cfg.seq_len) if inp.plan.compile else None}
+
+
+def group_by_length(inp: StageInputs) -> bool:
+    """A length-grouped kind's `group_by_length`; a config of the base class (a stage built by hand) has no such key
+    and does not group."""
+    return isinstance(inp.cfg, LengthGroupedStageConfig) and inp.cfg.group_by_length
 
 
 def optimizer_name(plan: StagePlan) -> str:

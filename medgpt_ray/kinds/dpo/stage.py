@@ -13,7 +13,7 @@ from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
@@ -89,7 +89,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
         shard=shard,
-        group_by_length=inp.cfg.group_by_length,
+        group_by_length=group_by_length(inp),
     )
     return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
 

@@ -4,6 +4,7 @@ forward; its pairs may be packed into rows of 2 x seq_len (its `packing` key), n
 
 from __future__ import annotations
 
+from medgpt_ray.config import StageConfig
 from medgpt_ray.config.base import Auto
 from medgpt_ray.kinds.rm.config import RMStageConfig
 from medgpt_ray.memory.kind_memory import KindMemory, MemoryProfile
@@ -28,8 +29,9 @@ PACKS_ON_AUTO = False
 AUTO_UNPACKED = "packing: auto, off for rm (packed rows measured no faster than padded pairs; packing: true packs)"
 
 
-def packing(cfg: RMStageConfig) -> Auto | bool:
-    return cfg.packing
+def packing(cfg: StageConfig) -> Auto | bool:
+    """rm's `packing` key; a config of the base class (a stage built by hand, without the key) stays unpacked."""
+    return cfg.packing if isinstance(cfg, RMStageConfig) else False
 
 
 MEMORY = KindMemory(MemoryProfile(

@@ -23,17 +23,16 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.packed_counts import PackedCounts
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
-def rm_config(inp: StageInputs) -> RMStageConfig:
-    """The stage's config as rm's own class (StageInputs carries the base class)."""
-    if not isinstance(inp.cfg, RMStageConfig):
-        raise TypeError(f"stage {inp.stage}: the rm trainer needs an RMStageConfig, got {type(inp.cfg).__name__}")
-    return inp.cfg
+def center_rewards_coefficient(inp: StageInputs) -> float | None:
+    """rm's own key; a config of the base class (a stage built by hand, without the key) leaves it unset."""
+    return inp.cfg.center_rewards_coefficient if isinstance(inp.cfg, RMStageConfig) else None
+
 
 def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
     from datasets import Dataset
@@ -82,7 +81,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead
     args = RewardConfig(**kwargs, max_length=None, dataset_num_proc=None,
-                        center_rewards_coefficient=rm_config(inp).center_rewards_coefficient,
+                        center_rewards_coefficient=center_rewards_coefficient(inp),
                         **bucket_kwargs(inp))
     # Packed: TRL's RewardTrainer on pair rows, counting each micro-batch's real tokens and pairs.
     rows = {"packed_unit": "pairs"} if collator is not None else {}
@@ -97,7 +96,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(train_inp, sink, callbacks),
         shard=shard,
-        group_by_length=inp.cfg.group_by_length,
+        group_by_length=group_by_length(inp),
         train_collate=collator,
         **rows,
     )

@@ -22,7 +22,7 @@ from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.packed_counts import PackedCounts
 from medgpt_ray.trainer_kit.packed_rows import PackedCollator
@@ -86,7 +86,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         peft_config=peft_config,
         callbacks=stage_callbacks(inp, sink, callbacks),
         shard=shard,
-        group_by_length=inp.cfg.group_by_length,
+        group_by_length=group_by_length(inp),
         train_collate=collator,
     )
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
