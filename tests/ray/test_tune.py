@@ -26,13 +26,18 @@ SWEEP = {"stage": "sft", "metric": "eval_loss", "mode": "min", "searcher": "grid
 
 def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, repo, tmp_path, monkeypatch):
     # Over 60 s (~80 s on 2 cores), on purpose: a real 4-trial Tune sweep (2 trials each start a Ray Train run)
-    # and its restore; pruning, the best override and --resume are only visible across trials.
+    # and its restore; pruning, the best override and --resume are only visible across trials. The base config's
+    # data is `data.raw`: the sweep cleans it first, as the pipeline does, and its trials are planned and trained on
+    # that cleaned split (run/stage_data.py is the pipeline's and the sweep's data). That was a sweep of its own
+    # (one Tune experiment and one Ray Train run more, ~30-50 s); what it checked is checked on this one.
+    from medgpt_ray.data.shards import num_rows, read_table
     from medgpt_ray.tune.driver import run_sweep
 
     monkeypatch.chdir(repo)
     cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
     # Ray Train's and Tune's storage go where resources.storage_path says (shared storage on a cluster).
     base = {**BASE, "output_dir": str(tmp_path / "runs"),
+            "data": {"raw": [str(repo / "data/sample/raw")], "eval_fraction": 0.2},
             "resources": {**BASE["resources"], "storage_path": str(tmp_path / "storage")}}
     cfg_file.write_text(yaml.safe_dump(base))
     sweep_file.write_text(yaml.safe_dump(SWEEP))
@@ -51,7 +56,18 @@ def test_sweep_prunes_what_cannot_fit_and_writes_the_best_override(ray_cluster, 
     train_runs = sorted(p.name for p in (storage / "train").iterdir())
     assert len(train_runs) == 2 and (storage / "tune" / "sweep").is_dir()
     assert not (out / "train").exists() and not (out / "tune").exists()
-    assert len(list((out / "trials").iterdir())) == 2
+    trials = sorted((out / "trials").iterdir())
+    assert len(trials) == 2
+    # The trials' data is the cleaned raw sources: the planted ID redacted, every record the cleaner emitted split.
+    report = json.loads((out / "clean" / "report.json").read_text())
+    train, held_out = out / "data" / "sft.train.parquet", out / "data" / "sft.eval.parquet"
+    assert num_rows(train) + num_rows(held_out) == report["per_kind"]["sft"]["emitted"] > 0
+    sft_text = "\n".join(read_table(train).column("record").to_pylist())
+    assert "110105196709131164" not in sft_text and "<ID_CARD>" in sft_text  # cleaned: the planted ID redacted
+    for trial in trials:
+        plan = json.loads((trial / "sft" / "plan.json").read_text())
+        assert plan["lengths"]["records"] == num_rows(train)  # planned at the cleaned split's lengths
+        assert json.loads((trial / "sft" / "result.json").read_text())["steps"] == 2
     # The best trial is a ready override file the pipeline accepts.
     best = yaml.safe_load((out / "best_overrides.yaml").read_text())
     assert best["stages.sft.micro_batch"] == 2 and best["stages.sft.lr"] in (1.0e-3, 1.0e-2)
@@ -92,32 +108,3 @@ def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     ray.get(pool.release_owner.remote("trial_b"))
     assert ray.get(pool.acquire.remote()) == slots[1]
     ray.kill(pool)
-
-
-def test_a_sweep_over_raw_sources_trains_on_the_cleaned_data_as_the_pipeline_does(ray_cluster, repo, tmp_path,
-                                                                                 monkeypatch):
-    # One real trial (~30 s on 2 cores): the sweep cleans data.raw first, as the pipeline does, and its trial is
-    # planned and trained on that cleaned split (run/stage_data.py is the pipeline's and the sweep's data).
-    from medgpt_ray.data.shards import num_rows, read_table
-    from medgpt_ray.tune.driver import run_sweep
-
-    monkeypatch.chdir(repo)
-    cfg_file, sweep_file = tmp_path / "raw.yaml", tmp_path / "sweep.yaml"
-    base = {**BASE, "name": "rawsweep", "output_dir": str(tmp_path / "runs"),
-            "data": {"raw": [str(repo / "data/sample/raw")], "eval_fraction": 0.2},
-            "resources": {"num_workers": 1, "cpus_per_worker": 1},
-            "stages": {**BASE["stages"], "sft": {**BASE["stages"]["sft"], "max_steps": 1}}}
-    cfg_file.write_text(yaml.safe_dump(base))
-    sweep_file.write_text(yaml.safe_dump({**SWEEP, "space": {"micro_batch": {"grid": [2]}}}))
-    summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lambda _: None)
-    assert [r["status"] for r in summary["rows"]] == ["done"]
-    out = tmp_path / "runs" / "rawsweep-tune-sft"
-    report = json.loads((out / "clean" / "report.json").read_text())
-    train, held_out = out / "data" / "sft.train.parquet", out / "data" / "sft.eval.parquet"
-    assert num_rows(train) + num_rows(held_out) == report["per_kind"]["sft"]["emitted"] > 0
-    sft_text = "\n".join(read_table(train).column("record").to_pylist())
-    assert "110105196709131164" not in sft_text and "<ID_CARD>" in sft_text  # cleaned: the planted ID redacted
-    [trial] = list((out / "trials").iterdir())
-    plan = json.loads((trial / "sft" / "plan.json").read_text())
-    assert plan["lengths"]["records"] == num_rows(train)  # planned at the cleaned split's lengths
-    assert json.loads((trial / "sft" / "result.json").read_text())["steps"] == 1
