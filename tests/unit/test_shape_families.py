@@ -173,3 +173,14 @@ def test_an_unknown_layer_type_is_refused_with_the_field_named(tmp_path):
         load_shape(write(tmp_path, {**dense, "layer_types": ["full_attention", "linear_attention"] * 2}))
     with pytest.raises(ShapeError, match="layer_types is .*expected a list of 4"):
         load_shape(write(tmp_path, {**hybrid, "layer_types": ["full_attention"]}))
+
+
+def test_the_planner_refuses_a_model_path_of_an_unknown_family_as_a_config_error(tmp_path):
+    from medgpt_ray.config import ConfigError, PipelineConfig
+    from medgpt_ray.memory.planner import model_shape
+
+    write(tmp_path, {"model_type": "gemma", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "intermediate_size": 96})
+    cfg = PipelineConfig.model_validate({"model": {"path": str(tmp_path)}})
+    with pytest.raises(ConfigError, match="model.path: .*model_type is 'gemma'"):
+        model_shape(cfg)
