@@ -68,7 +68,10 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
 def model_shape(cfg: PipelineConfig) -> ModelShape:
     path = cfg.model.path
     if path == "tiny" or (Path(path).expanduser() / "config.json").is_file():
-        return load_shape(path)
+        try:
+            return load_shape(path)
+        except ShapeError as e:  # a family the shape cannot count: refused with the field named, never guessed
+            raise ConfigError(f"model.path: {e}") from None
     if cfg.model.shape:
         try:
             return load_shape(cfg.model.shape)
