@@ -15,13 +15,13 @@ data is bench/make_real_length_corpus.py's (its module docstring has the length 
                checkpointed, no compiled layers or fused kernels, unpacked (`packing: false` where the config has
                the key)
 
-The model has random weights of a Qwen2.5 shape (memory_calibration.prepare_model, with the tiny preset's
-tokenizer; needs CUDA) or is the tiny preset itself (`--model tiny`, CPU). On a GPU every worker caps its CUDA
-allocator at --gpu-mem-gib (bench/capped_stage.py), the planner plans for that card, and the OOM back-off is off:
-an OOM is a result. Measured per configuration, from the stage's metrics.jsonl: tokens/s of every step (the
-pipeline's count: non-padding tokens), their median and min after the first --warmup steps (a compile or a
-recompile shows as a slow step), all measured steps' tokens over their time (`overall`, what the ratios use),
-tokens per step, the peak allocated GiB against the plan's prediction, the plan.
+The model has random weights of a Qwen2.5 shape (memory_calibration.prepare_model, with the tiny preset's tokenizer;
+needs CUDA), of a Qwen3 / Qwen3.5 / Qwen3-MoE shape (bench/family_models.py), or is the tiny preset itself (`--model
+tiny`, CPU). On a GPU every worker caps its CUDA allocator at --gpu-mem-gib (bench/capped_stage.py), the planner
+plans for that card, and the OOM back-off is off: an OOM is a result. Measured per configuration, from the stage's
+metrics.jsonl: tokens/s of every step (the pipeline's count: non-padding tokens), their median and min after the
+first --warmup steps (a compile or a recompile shows as a slow step), all measured steps' tokens over their time
+(`overall`, what the ratios use), tokens per step, the peak allocated GiB against the plan's prediction, the plan.
 The JSON under --out is rewritten after every configuration (a timeout keeps what finished), with the command.
 
     # here (CPU, tiny model, about a minute):
@@ -55,6 +55,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT), str(BENCH)]
 
 import capped_stage  # noqa: E402
+import family_models  # noqa: E402
 import make_real_length_corpus as corpus_gen  # noqa: E402
 import memory_calibration as calib  # noqa: E402
 
@@ -66,7 +67,8 @@ VARIANTS = ("planner", "unpacked", "field-knobs")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"])
+    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b",
+                                                        *family_models.FAMILY_MODELS])
     ap.add_argument("--stages", default="sft", help="comma-separated, in order: pt,sft,rm,dpo,orpo,simpo,kto")
     ap.add_argument("--variants", default="planner", help="comma-separated, run in this order per stage: "
                                                           "planner,unpacked,field-knobs")
@@ -327,7 +329,9 @@ def prepare(a: argparse.Namespace, use_gpu: bool) -> tuple[str, dict[str, Any]]:
     else:
         if not use_gpu:
             raise SystemExit(f"--model {a.model} builds its random-init weights on CUDA; here only --model tiny")
-        model = str(calib.prepare_model(a.model, Path(a.workdir) / "models", tokenizer))
+        models = Path(a.workdir) / "models"
+        model = str(family_models.prepare_family_model(a.model, models, tokenizer)
+                    if a.model in family_models.FAMILY_MODELS else calib.prepare_model(a.model, models, tokenizer))
         tok_dir = Path(model)
     where = Path(a.workdir) / f"corpus-{a.sft_records}-{a.pref_records}-{a.seed}"
     cached = where / "summary.json"  # the generator is deterministic: one made earlier with this tokenizer is it
