@@ -153,10 +153,17 @@ def test_a_qwen2_moe_dense_mlp_layer_is_adapted_a_qwen3_moe_one_stays_frozen():
     assert qwen3 == {f"self_attn.{p}_proj" for p in "qkvo"}
 
 
-def test_a_composite_qwen3_5_config_is_planned_from_its_text_model(tmp_path):
-    """AutoModelForCausalLM builds the text model of a composite (vision-language) Qwen3.5 config.json."""
-    cfg = tf.Qwen3_5Config(text_config=CONFIGS["qwen3_5_text"]().to_dict())
-    assert shape_of(cfg, tmp_path).params == count(meta_model(cfg))
+COMPOSITE = {"qwen3_5_text": tf.Qwen3_5Config, "qwen3_5_moe_text": tf.Qwen3_5MoeConfig}
+
+
+@pytest.mark.parametrize("family", COMPOSITE)
+def test_a_composite_qwen3_5_config_is_planned_from_its_text_model(family, tmp_path):
+    """AutoModelForCausalLM builds the text model of a composite (vision-language) Qwen3.5 config.json; its LoRA
+    targets are its text model's (the MoE's explicit ones)."""
+    cfg = COMPOSITE[family](text_config=CONFIGS[family]().to_dict())
+    shape = shape_of(cfg, tmp_path)
+    assert shape.params == count(meta_model(cfg))
+    assert shape.lora_params(4) == count(peft_on(cfg, LoraConfig(rank=4)), trainable=True)
 
 
 def write(tmp_path, settings: dict) -> str:
