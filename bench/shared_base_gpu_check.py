@@ -128,7 +128,7 @@ def compare_scores(method: str, model_dir: Path, rm: dict, use_gpu: bool) -> dic
     base = models.load_causal_lm(model_dir, "bf16" if use_gpu else "fp32", method)
     if use_gpu and method != "qlora":  # bitsandbytes puts a 4-bit model on the GPU itself
         base = base.to("cuda")
-    policy = get_peft_model(base, models.lora_config(LoraConfig(rank=8, alpha=16), "CAUSAL_LM"))
+    policy = get_peft_model(base, models.lora_config(LoraConfig(rank=8, alpha=16), "CAUSAL_LM", base))
     shared = SharedBaseScore(reward_adapter_for(rm["output_model"], str(model_dir), "rloo"), rm["output_model"])
     shared.attach(policy)
     a = shared(prompts, completions)

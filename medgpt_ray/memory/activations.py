@@ -3,6 +3,8 @@ rebuilds, the backward's working set, and the loss's transient memory (terms of 
 
 from __future__ import annotations
 
+from collections import Counter
+
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.setup import TrainSetup
 from medgpt_ray.memory.shapes import ModelShape
@@ -19,9 +21,85 @@ QLORA_ACTIVATION_SCALE = 0.85
 LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
 
 
-def layer_activation_bytes(shape: ModelShape, s: TrainSetup) -> float:
-    """Bytes one decoder layer saves for backward, per token."""
-    h, inter = shape.hidden, shape.intermediate
+# Gated DeltaNet (Qwen3.5's linear attention) through transformers' PyTorch chunked delta rule, read from its modeling
+# code, not measured: per chunk of DELTA_RULE_CHUNK tokens and value head it keeps a few [chunk x chunk] fp32 matrices
+# and the fp32 [key_head_dim x value_head_dim] state at the chunk's start.
+DELTA_RULE_CHUNK = 64
+DELTA_RULE_CHUNK_MATRICES = 3
+
+
+def layer_kinds(shape: ModelShape) -> list[tuple[bool, bool]]:
+    """Each layer's (linear attention, routed MLP), in order: a dense model's are all (False, False)."""
+    linear, moe = set(shape.linear_layers), set(shape.moe_layers)
+    return [(i in linear, i in moe) for i in range(shape.layers)]
+
+
+def _mixer_bytes(shape: ModelShape, e: int, linear: bool) -> float:
+    """What the attention (or linear-attention) block saves per token, inside the layer."""
+    if linear:
+        return _linear_attention_bytes(shape, e)
+    # SDPA keeps q, k, v, out (+ fp32 logsumexp). HF repeats k/v to every head before SDPA whenever the batch
+    # carries an attention mask, which every stage's collator passes: GQA's small k/v save nothing here.
+    # Qwen3.5's gated attention also keeps the output and the sigmoid of its gate.
+    return e * 4 * shape.hidden + 4 * shape.heads + (2 * e * shape.q_dim if shape.q_gate else 0)
+
+
+def _linear_attention_bytes(shape: ModelShape, e: int) -> float:
+    """A Gated-DeltaNet layer's own terms instead of attention's: its projections' outputs (q, k, v in one of 2k + v,
+    z, b, a), the causal convolution's output (SiLU's input), the core output and its gated norm, and the delta
+    rule's fp32 copies, chunk matrices and per-chunk recurrent state."""
+    k, v, nv = shape.linear_key_dim, shape.linear_value_dim, shape.linear_value_heads
+    qkv = 2 * k + v
+    projections = e * (2 * qkv + 3 * v + 2 * nv)
+    # q and k repeated to the value heads, v, beta and the decay, in fp32; the chunk's [chunk x chunk] matrices.
+    rule = 4 * (2 * nv * shape.linear_key_head_dim + v + 2 * nv) + 4 * nv * DELTA_RULE_CHUNK * DELTA_RULE_CHUNK_MATRICES
+    state = 4 * nv * shape.linear_key_head_dim * shape.linear_value_head_dim / DELTA_RULE_CHUNK
+    return projections + rule + state
+
+
+def _mlp_bytes(shape: ModelShape, s: TrainSetup, e: int, moe: bool) -> float:
+    """What the MLP saves per token: a dense SwiGLU of `intermediate`, or a routed layer's active experts."""
+    if not moe:
+        # SiLU's input, its output and the up projection, for the product's backward; Liger's SwiGLU keeps the
+        # two projections and recomputes SiLU.
+        return e * (2 if s.fused_kernels else 3) * shape.intermediate
+    k, h = shape.experts_per_token, shape.hidden
+    # The SwiGLU of each of the k active experts and of the shared expert (Liger patches the dense MLP only), each
+    # active expert's output (kept for its routing weight's gradient), the shared expert's (for its sigmoid gate).
+    swiglu = e * 3 * shape.routed_width + e * k * h + (e * h if shape.shared_expert_intermediate else 0)
+    # The router: logits over every expert and their fp32 softmax; the top-k fp32 weights, int64 indices and the
+    # int64 token positions each active expert gathers. Scales with the experts only here, [tokens x experts].
+    router = (e + 4) * shape.experts + (4 + 8 + 8) * k
+    return swiglu + router
+
+
+def _linear_inputs(shape: ModelShape, s: TrainSetup, linear: bool, moe: bool) -> int:
+    """Elements per token of the inputs a layer's matmuls keep for weight grads (full) or for bitsandbytes' 4-bit
+    matmul (QLoRA): the mixer's (its input, its output projection's) and the MLP's."""
+    h = shape.hidden
+    mixer = h + shape.linear_value_dim if linear else 2 * h
+    if not moe:
+        return mixer + h + shape.intermediate
+    shared = h + shape.shared_expert_intermediate  # the router's and the shared expert's input; its down_proj's
+    if s.method == "qlora":
+        return mixer + shared  # the routed experts stay 16-bit and frozen: no input kept for them
+    return mixer + shared + shape.experts_per_token * (h + shape.moe_intermediate)
+
+
+def _lora_bytes(shape: ModelShape, s: TrainSetup, e: int, linear: bool, moe: bool) -> float:
+    """LoRA: the bf16 copy of each adapted input (after dropout) that lora_A saves, and lora_B's input."""
+    h, r = shape.hidden, s.lora_rank
+    if not (linear or moe or shape.lora_targets):  # attention + dense MLP under all-linear, as calibrated
+        return e * (6 * h + shape.intermediate) + 7 * e * r
+    mixer = shape.linear_attention_linears() if linear else shape.attention_linears()
+    adapted = shape.lora_adapted(mixer) + shape.lora_adapted(shape.mlp_linears(moe))
+    return e * sum(a + r for _, a, _ in adapted)  # what config/lora_targets.py adapts, input by input
+
+
+def layer_activation_bytes(shape: ModelShape, s: TrainSetup, linear: bool = False, moe: bool = False) -> float:
+    """Bytes one decoder layer saves for backward, per token: an attention layer with a dense MLP unless `linear`
+    (a hybrid's linear-attention layer) or `moe` (a routed MLP)."""
+    h = shape.hidden
     deepspeed = s.zero > 0 and s.method == "full"
     # The residual stream is fp32 when fp32 weights run under autocast (HF's bf16=True); DeepSpeed casts to bf16.
     stream = 4 if (s.precision in ("amp-bf16", "fp32") and not deepspeed) else 2
@@ -30,19 +108,11 @@ def layer_activation_bytes(shape: ModelShape, s: TrainSetup) -> float:
     # RMSNorm: its fp32 input, and the normalized tensor when the norm weight is trained. Liger's kernel keeps
     # only its input as it came (and a per-row fp32 rstd) and derives the weight grad from it.
     norm = stream * h + 4 if s.fused_kernels else 4 * h + (stream * h if trainable_base else 0)
-    # SDPA keeps q, k, v, out (+ fp32 logsumexp). HF repeats k/v to every head before SDPA whenever the batch
-    # carries an attention mask, which every stage's collator passes: GQA's small k/v save nothing here.
-    attn = e * 4 * h + 4 * shape.heads
-    # SiLU's input, its output and the up projection, for the product's backward; Liger's SwiGLU keeps the
-    # two projections and recomputes SiLU.
-    mlp = e * (2 if s.fused_kernels else 3) * inter
-    total = 2 * norm + attn + mlp
+    total = 2 * norm + _mixer_bytes(shape, e, linear) + _mlp_bytes(shape, s, e, moe)
     if trainable_base or s.method == "qlora":
-        # Linear inputs, kept for weight grads (full) or by bitsandbytes' 4-bit matmul (QLoRA).
-        total += e * (3 * h + inter)
+        total += e * _linear_inputs(shape, s, linear, moe)
     if s.method != "full":
-        # LoRA: the bf16 copy of each adapted input (after dropout) that lora_A saves, and lora_B's input.
-        total += e * (6 * h + inter) + 7 * e * s.lora_rank
+        total += _lora_bytes(shape, s, e, linear, moe)
         # Unattributed, measured: bf16 LoRA layers keep ~8h bytes/token more than the terms above account
         # for (0.5B, 1.5B: 7-14h; 7B: ~3h). Kept on the safe side for the large models.
         total += LORA_UNATTRIBUTED_BYTES_PER_HIDDEN * h
@@ -68,25 +138,28 @@ def activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     b: dict[str, float] = {}
     tokens = s.tokens()
     scale = profile.scale_for(s.method) * (QLORA_ACTIVATION_SCALE if s.method == "qlora" else 1.0)
-    per_layer = layer_activation_bytes(shape, s)
+    kinds = layer_kinds(shape)
+    per_kind = {kind: layer_activation_bytes(shape, s, *kind) for kind in dict.fromkeys(kinds)}
     if s.compiled:
-        per_layer *= profile.compiled_layer_scale
+        per_kind = {kind: per_layer * profile.compiled_layer_scale for kind, per_layer in per_kind.items()}
     stream = 4 if (s.precision in ("amp-bf16", "fp32") and not (deepspeed and full)) else 2
     k = round(s.ckpt_fraction * shape.layers)
-    saved = (shape.layers - k) * per_layer + k * stream * shape.hidden
+    live = Counter(kinds[k:])  # the layers after the first k (checkpointed) ones, by kind
+    saved = sum(n * per_kind[kind] for kind, n in live.items()) + k * stream * shape.hidden
     # A checkpointed layer rebuilds its activations during its backward. The checkpointed layers are the first
     # ones, reached last by backward, when the later layers' activations are already freed: the rebuild only
-    # adds to the peak when every layer is checkpointed.
-    recompute = per_layer if k == shape.layers else 0
+    # adds to the peak when every layer is checkpointed (then the largest layer's).
+    recompute = max(per_kind.values()) if k == shape.layers else 0
     # Around the layers: embedding output and final norm; the LM head input when the head trains.
     edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
     b["activations"] = tokens * (saved + edges) * scale
     if s.packed:  # micro_batch packed rows; rm's are 2 x seq_len wide (the tokens are those of micro_batch pairs)
         width = s.seq_len * profile.packed_row_sequences
-        b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(
-            shape.layers - k, 1)
+        attention = sum(n for (linear, _), n in live.items() if not linear)  # linear attention takes no mask
+        b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(attention, 1)
     b["recompute"] = tokens * recompute * scale
-    # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's).
+    # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's), at
+    # the widest MLP a token runs through (a routed layer's: its active experts' and shared expert's).
     e = 4 if s.precision == "fp32" else 2
-    b["backward_working_set"] = tokens * e * (3 * shape.intermediate + 2 * shape.hidden) * scale
+    b["backward_working_set"] = tokens * e * (3 * shape.mlp_width + 2 * shape.hidden) * scale
     return b

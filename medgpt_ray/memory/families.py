@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from medgpt_ray.config.lora_targets import MOE_LORA_TARGETS
 from medgpt_ray.memory.shape_model import ModelShape, ShapeError
 
 Settings = dict[str, Any]
@@ -132,8 +133,7 @@ def _qwen2_moe(r: Reader) -> Settings:
 
 def _qwen3_moe(r: Reader) -> Settings:
     s = _qwen3_moe_attention(r)
-    return dict(s, **_experts(r, 128, 8, 768, 0), intermediate=int(r.get("intermediate_size", 6144)),
-                lora_adapts_experts=True)
+    return dict(s, **_experts(r, 128, 8, 768, 0), intermediate=int(r.get("intermediate_size", 6144)))
 
 
 def _qwen3_moe_attention(r: Reader) -> Settings:
@@ -208,7 +208,8 @@ def shape_from_config(cfg: Any, name: str, source: str = "config.json") -> Model
         raise r.refuse("model_type", kind, f"the families {', '.join(FAMILIES)}")
     family, kv_default, head_dim = FAMILIES[kind]
     tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-    settings = {**_base(r, name, kv_default, head_dim, bool(tie)), **family(r)}
+    settings = {**_base(r, name, kv_default, head_dim, bool(tie)), **family(r),
+                "lora_targets": MOE_LORA_TARGETS.get(kind, ())}  # what `all-linear` adapts: the loader's list too
     if settings["kv_heads"] < 1 or settings["heads"] % settings["kv_heads"]:
         raise ShapeError(f"{source}: num_key_value_heads is {settings['kv_heads']}; it must divide "
                          f"num_attention_heads ({settings['heads']})")

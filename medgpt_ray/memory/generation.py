@@ -1,9 +1,10 @@
 """GRPO's and RLOO's peak GPU memory (memory kind grpo): the larger of their two phases.
 
   generation  weights + optimizer states (+ a frozen reference copy, full training with beta > 0) + the reward
-              model when it is a network (rloo: always) + the KV cache of one generate call: 2 (K, V) x layers x
-              kv_heads x head_dim x bytes x generation batch (completions: prompts x num_generations) x (prompt +
-              completion) tokens, + the sampling logits of the batch (fp32) and the prefill's one-layer working set
+              model when it is a network (rloo: always) + the KV cache of one generate call: 2 (K, V) x full-attention
+              layers x kv_heads x head_dim x bytes x generation batch (completions: prompts x num_generations) x
+              (prompt + completion) tokens (a hybrid's linear-attention layers: a fixed state per sequence
+              instead), + the sampling logits of the batch (fp32) and the prefill's one-layer working set
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
   scoring     with a shared base (reward_shared_base, stages/reward_adapter.py) the reward model is no network: the
@@ -42,8 +43,19 @@ def generation_choices(s: TrainSetup):
 
 
 def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """K and V of every full-attention layer for every token of the generation batch (it grows with the length)."""
     e = 4 if s.precision == "fp32" else 2
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * e * s.generation_batch() * s.seq_len
+    return 2 * shape.attention_layers * shape.kv_heads * shape.head_dim * e * s.generation_batch() * s.seq_len
+
+
+def linear_state_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """What a hybrid's linear-attention layers hold per sequence instead of a cache that grows: the fp32 recurrent
+    state [value_heads x key_head_dim x value_head_dim] and the causal convolution's last kernel-width inputs (of
+    the q, k, v projection: 2k + v wide); 0 for a model without linear attention."""
+    e = 4 if s.precision == "fp32" else 2
+    recurrent = 4 * shape.linear_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim
+    conv = e * (2 * shape.linear_key_dim + shape.linear_value_dim) * shape.linear_conv_kernel
+    return len(shape.linear_layers) * (recurrent + conv) * s.generation_batch()
 
 
 def reward_network_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -67,8 +79,8 @@ def scoring_bytes(shape: ModelShape, s: TrainSetup) -> float:
     shared base PEFT's mixed-batch forward also copies each adapted input (x[rows], then cast to the fp32
     adapter's dtype): at the widest, down_proj's, 2 + 4 bytes per element beside the input itself."""
     e = 4 if s.precision == "fp32" else 2
-    mixed = (e + 4) * SCORING_BATCH * s.seq_len * shape.intermediate if s.reward_adapter else 0
-    return e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.intermediate) + mixed
+    mixed = (e + 4) * SCORING_BATCH * s.seq_len * shape.mlp_width if s.reward_adapter else 0
+    return e * SCORING_BATCH * s.seq_len * (4 * shape.hidden + 3 * shape.mlp_width) + mixed
 
 
 def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
@@ -95,8 +107,9 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
         "reward_model": rm,
         "reward_adapter": adapter,
         "kv_cache": kv_cache_bytes(shape, s),
+        "linear_attention_state": linear_state_bytes(shape, s),
         "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
-        "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.intermediate),
+        "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
     })
     phases = [(training, f"training ({train.moment})"), (generation, "generation")]

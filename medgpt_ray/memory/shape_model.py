@@ -45,10 +45,9 @@ class ModelShape:
     experts_per_token: int = 0
     moe_intermediate: int = 0
     shared_expert_intermediate: int = 0  # with its own 1-output gate (Qwen2-MoE, Qwen3.5-MoE)
-    # PEFT 0.21's `all-linear` on this family wraps the fused experts and the router, and the attention's q/k/v/o
-    # only (Qwen3-MoE; not Qwen2-MoE or Qwen3.5-MoE, where it adapts every nn.Linear and no expert): measured in
-    # tests/unit/test_shape_families.py. Which targets a MoE should train: issue 34 item 2.
-    lora_adapts_experts: bool = False
+    # The nn.Linear names LoRA adapts: () is PEFT's `all-linear` (every one), a MoE family's list otherwise
+    # (config/lora_targets.py: attention, dense and shared-expert MLPs; never the routers, gates or routed experts).
+    lora_targets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.head_dim:
@@ -62,35 +61,72 @@ class ModelShape:
     def q_dim(self) -> int:
         return self.heads * self.head_dim
 
-    def _attention_linears(self) -> list[tuple[int, int]]:
+    def attention_linears(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) of a full-attention layer's nn.Linear projections."""
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
-        return [(h, q * (2 if self.q_gate else 1)), (h, kv), (h, kv), (q, h)]
+        return [("q_proj", h, q * (2 if self.q_gate else 1)), ("k_proj", h, kv), ("v_proj", h, kv), ("o_proj", q, h)]
 
-    def _linear_attention_linears(self) -> list[tuple[int, int]]:
+    def linear_attention_linears(self) -> list[tuple[str, int, int]]:
+        """A Gated-DeltaNet layer's: q, k and v in one projection, its output gate z, beta's b and the decay's a."""
         h, nv = self.hidden, self.linear_value_heads
-        k, v = self.linear_key_heads * self.linear_key_head_dim, nv * self.linear_value_head_dim
-        return [(h, 2 * k + v), (h, v), (h, nv), (h, nv), (v, h)]
+        k, v = self.linear_key_dim, self.linear_value_dim
+        return [("in_proj_qkv", h, 2 * k + v), ("in_proj_z", h, v), ("in_proj_b", h, nv), ("in_proj_a", h, nv),
+                ("out_proj", v, h)]
 
-    def _mlp_linears(self, inter: int, fused: bool = False) -> list[tuple[int, int]]:
+    def mlp_linears(self, moe: bool = False) -> list[tuple[str, int, int]]:
+        """A dense MLP layer's, or a routed layer's nn.Linears: its shared expert's and that expert's 1-output gate
+        (the routed experts are fused 3-D parameters, the router a parameter: neither is nn.Linear)."""
         h = self.hidden
-        return [(h, 2 * inter), (inter, h)] if fused else [(h, inter), (h, inter), (inter, h)]
+        if moe:
+            si = self.shared_expert_intermediate
+            return [*self._swiglu(si), ("shared_expert_gate", h, 1)] if si else []
+        if self.fused_gate_up:
+            return [("gate_up_proj", h, 2 * self.intermediate), ("down_proj", self.intermediate, h)]
+        return self._swiglu(self.intermediate)
 
-    def _moe_linears(self) -> list[tuple[int, int]]:
-        si = self.shared_expert_intermediate
-        return [*self._mlp_linears(si), (self.hidden, 1)] if si else []
+    def _swiglu(self, inter: int) -> list[tuple[str, int, int]]:
+        h = self.hidden
+        return [("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
 
-    def _layer_linears(self) -> list[tuple[int, list[tuple[int, int]]]]:
-        """(how many layers, the (in, out) of each nn.Linear) for each kind of mixer and of MLP."""
+    def lora_adapted(self, linears: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        """Those of `linears` LoRA adapts (all of them under PEFT's `all-linear`)."""
+        return [lin for lin in linears if not self.lora_targets or lin[0] in self.lora_targets]
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    @property
+    def attention_layers(self) -> int:
+        """Full-attention layers: those that hold a KV cache (a hybrid's linear-attention layers hold a state)."""
+        return self.layers - len(self.linear_layers)
+
+    @property
+    def routed_width(self) -> int:
+        """The MLP width one token runs through in a routed layer: its active experts' and the shared expert's."""
+        return self.experts_per_token * self.moe_intermediate + self.shared_expert_intermediate
+
+    @property
+    def mlp_width(self) -> int:
+        """The widest MLP a token runs through: the dense layers' `intermediate`, a routed layer's active width."""
+        dense = self.layers - len(self.moe_layers)
+        return max([self.intermediate] * bool(dense) + [self.routed_width] * bool(self.moe_layers))
+
+    def _layer_linears(self) -> list[tuple[int, list[tuple[str, int, int]]]]:
+        """(how many layers, the (name, in, out) of each nn.Linear) for each kind of mixer and of MLP."""
         n_lin, n_moe = len(self.linear_layers), len(self.moe_layers)
-        return [(self.layers - n_lin, self._attention_linears()), (n_lin, self._linear_attention_linears()),
-                (self.layers - n_moe, self._mlp_linears(self.intermediate, self.fused_gate_up)),
-                (n_moe, self._moe_linears())]
+        return [(self.layers - n_lin, self.attention_linears()), (n_lin, self.linear_attention_linears()),
+                (self.layers - n_moe, self.mlp_linears()), (n_moe, self.mlp_linears(moe=True))]
 
     @property
     def linear_params(self) -> int:
         """The weights of the decoder layers' nn.Linear projections: what LoRA adapts and 4-bit quantizes (the
         experts' fused 3-D parameters are not nn.Linear: bitsandbytes leaves them in 16 bits)."""
-        return sum(n * sum(a * b for a, b in lins) for n, lins in self._layer_linears())
+        return sum(n * sum(a * b for _, a, b in lins) for n, lins in self._layer_linears())
 
     @property
     def small_params(self) -> int:
@@ -137,17 +173,9 @@ class ModelShape:
         return self.params - len(self.moe_layers) * idle * 3 * self.hidden * self.moe_intermediate
 
     def lora_params(self, rank: int) -> int:
-        """PEFT `all-linear`: A (r x in) and B (out x r) on every nn.Linear of every layer; where it also wraps the
-        experts' fused parameters (gate_up at rank 2r per expert, down at r per expert) and the router, those too."""
-        groups = self._layer_linears()
-        if not self.lora_adapts_experts:
-            return sum(n * sum(rank * (a + b) for a, b in lins) for n, lins in groups)
-        # There PEFT turns `all-linear` into q/k/v/o modules and the expert and router parameters: a dense MLP
-        # layer's projections (mlp_only_layers, decoder_sparse_step) are left out.
-        dense = sum(n * sum(rank * (a + b) for a, b in lins) for n, lins in groups[:2])
-        h, e, mi = self.hidden, self.experts, self.moe_intermediate
-        moe = 2 * rank * e * (h + 2 * mi) + rank * e * (mi + h) + rank * (h + e)
-        return dense + len(self.moe_layers) * moe
+        """LoRA's trainable weights: A (r x in) and B (out x r) on every adapted nn.Linear of every layer (PEFT's
+        `all-linear`, or the MoE family's explicit targets: config/lora_targets.py)."""
+        return sum(n * sum(rank * (a + b) for _, a, b in self.lora_adapted(lins)) for n, lins in self._layer_linears())
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "params": self.params, "active_params": self.active_params}

@@ -48,7 +48,7 @@ def trainer_for(method: str, tiny_model: Path, tok, rows, out: Path) -> PackedRe
                         center_rewards_coefficient=0.01)
     return PackedRewardTrainer(
         model=model, args=args, train_dataset=rows, processing_class=tok,
-        peft_config=models.lora_config(LORA, "SEQ_CLS") if method == "lora" else None)
+        peft_config=models.lora_config(LORA, "SEQ_CLS", model) if method == "lora" else None)
 
 
 def loss_grads_metrics(trainer, batch: dict) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:

@@ -45,8 +45,8 @@ def policy(tiny_model, lora_rm):
     from peft import get_peft_model
 
     torch.manual_seed(0)
-    model = get_peft_model(models.load_causal_lm(tiny_model, "fp32", "lora"),
-                           models.lora_config(LoraConfig(rank=8, alpha=16, dropout=0.1), "CAUSAL_LM"))
+    base = models.load_causal_lm(tiny_model, "fp32", "lora")
+    model = get_peft_model(base, models.lora_config(LoraConfig(rank=8, alpha=16, dropout=0.1), "CAUSAL_LM", base))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B.default" in name:
@@ -146,8 +146,8 @@ def test_a_bf16_base_with_fp32_adapters_scores_without_autocast(tiny_model, lora
     from peft import get_peft_model
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    model = get_peft_model(models.load_causal_lm(tiny_model, "bf16", "lora"),
-                           models.lora_config(LoraConfig(rank=8, alpha=16), "CAUSAL_LM"))
+    base = models.load_causal_lm(tiny_model, "bf16", "lora")
+    model = get_peft_model(base, models.lora_config(LoraConfig(rank=8, alpha=16), "CAUSAL_LM", base))
     scorer = SharedBaseScore(reward_adapter_for(lora_rm["output_model"], str(tiny_model), "rloo"),
                              lora_rm["output_model"])
     scorer.attach(model)

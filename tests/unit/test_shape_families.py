@@ -97,53 +97,73 @@ def test_the_issues_examples_at_their_real_sizes(name, tmp_path):
         assert shape.active_params == shape.params and shape.head_dim == 128 and shape.qk_norm
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama-biases", "mistral", "glm4", "qwen3", "qwen3_5_text"])
+def peft_on(cfg, lora: LoraConfig):
+    from peft import get_peft_model
+
+    model = meta_model(cfg)
+    return get_peft_model(model, lora_config(lora, "CAUSAL_LM", model))
+
+
+@pytest.mark.parametrize("family", CONFIGS)
 def test_lora_counts_what_peft_trains_with_our_default_targets(family, tmp_path):
-    from peft import get_peft_model
-
+    """Dense and MoE alike: the planner's trainable count is PEFT's on the model built from the same config.json
+    with the targets models.lora_config resolves (a MoE's `all-linear`: config/lora_targets.py)."""
     cfg, rank = CONFIGS[family](), 4
-    peft = get_peft_model(meta_model(cfg), lora_config(LoraConfig(rank=rank), "CAUSAL_LM"))
-    assert shape_of(cfg, tmp_path).lora_params(rank) == count(peft, trainable=True)
+    assert shape_of(cfg, tmp_path).lora_params(rank) == count(peft_on(cfg, LoraConfig(rank=rank)), trainable=True)
 
 
-def adapted_in_layer_0(peft) -> set[str]:
-    return {n.split(".lora_")[0].split(".layers.0.")[-1] for n, p in peft.named_parameters()
-            if p.requires_grad and ".layers.0." in n}
+@pytest.mark.parametrize("family", ["qwen2", "glm4", "qwen3", "qwen3_5_text"])
+def test_a_dense_model_keeps_pefts_own_all_linear(family):
+    model = meta_model(CONFIGS[family]())
+    assert lora_config(LoraConfig(), "CAUSAL_LM", model).target_modules == "all-linear"
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_5_moe_text"])
-def test_on_these_moes_all_linear_adapts_attention_and_the_shared_expert_not_the_experts(family, tmp_path):
-    """What PEFT 0.21.2 trains today with our default targets; which targets a MoE should use is issue 34 item 2."""
-    from peft import get_peft_model
-
-    cfg, rank = CONFIGS[family](), 4
-    peft = get_peft_model(meta_model(cfg), lora_config(LoraConfig(rank=rank), "CAUSAL_LM"))
-    adapted = adapted_in_layer_0(peft)
-    assert "mlp.shared_expert_gate" in adapted and not adapted & {"mlp.experts", "mlp.gate"}
-    assert shape_of(cfg, tmp_path).lora_params(rank) == count(peft, trainable=True)
+def adapted_in_layer(peft, layer: int) -> set[str]:
+    """The modules of one decoder layer that hold a trainable LoRA weight (`mlp.experts` for expert parameters)."""
+    marker = f".layers.{layer}."
+    return {n.split(".lora_")[0].split(marker)[-1] for n, p in peft.named_parameters()
+            if p.requires_grad and marker in n}
 
 
-def test_on_qwen3_moe_all_linear_wraps_the_experts_and_the_router_and_refuses_our_default_dropout(tmp_path):
-    """PEFT wraps Qwen3-MoE's fused experts and router (`mlp.gate`) as parameters (lora.ParamWrapper), which refuses
-    lora_dropout != 0: our default LoRA settings (dropout 0.05) cannot wrap a Qwen3-MoE today (issue 34 item 2)."""
-    from peft import get_peft_model
-
-    cfg, rank = CONFIGS["qwen3_moe"](), 4
-    with pytest.raises(ValueError, match="lora_dropout != 0"):
-        get_peft_model(meta_model(cfg), lora_config(LoraConfig(rank=rank), "CAUSAL_LM"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        peft = get_peft_model(meta_model(cfg), lora_config(LoraConfig(rank=rank, dropout=0), "CAUSAL_LM"))
-    adapted = {n.split(".lora_")[0].split(".layers.1.")[-1] for n, p in peft.named_parameters()
-               if p.requires_grad and ".layers.1." in n}  # layer 1 routes (decoder_sparse_step 2)
-    assert {"mlp.experts", "mlp.experts.base_layer", "mlp.gate"} <= adapted
-    assert shape_of(cfg, tmp_path).lora_params(rank) == count(peft, trainable=True)
+# (family, a routed layer, the modules LoRA must adapt there): attention (or linear attention) and the shared
+# expert's projections, never the router (`mlp.gate`), the shared expert's gate or the routed experts.
+ROUTED = [
+    ("qwen2_moe", 0, {"self_attn.q_proj", "self_attn.o_proj", "mlp.shared_expert.gate_proj",
+                      "mlp.shared_expert.down_proj"}),
+    ("qwen3_moe", 1, {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}),
+    ("qwen3_5_moe_text", 0, {"linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b",
+                             "linear_attn.in_proj_a", "linear_attn.out_proj", "mlp.shared_expert.up_proj"}),
+]
 
 
-def test_a_composite_qwen3_5_config_is_planned_from_its_text_model(tmp_path):
-    """AutoModelForCausalLM builds the text model of a composite (vision-language) Qwen3.5 config.json."""
-    cfg = tf.Qwen3_5Config(text_config=CONFIGS["qwen3_5_text"]().to_dict())
-    assert shape_of(cfg, tmp_path).params == count(meta_model(cfg))
+@pytest.mark.parametrize(("family", "layer", "expected"), ROUTED)
+def test_on_a_moe_lora_adapts_attention_and_the_shared_expert_not_the_router_or_the_experts(family, layer, expected):
+    adapted = adapted_in_layer(peft_on(CONFIGS[family](), LoraConfig(rank=4)), layer)
+    assert expected <= adapted
+    frozen = {"mlp.gate", "mlp.shared_expert_gate", "mlp.experts", "mlp.experts.base_layer"}
+    assert not adapted & frozen and not any(".experts." in a or a.endswith("experts") for a in adapted)
+
+
+def test_a_qwen2_moe_dense_mlp_layer_is_adapted_a_qwen3_moe_one_stays_frozen():
+    """Qwen2-MoE's mlp_only_layers keep their MLP adapted. On Qwen3-MoE PEFT 0.21 would map any gate_proj/up_proj/
+    down_proj target onto the fused experts, so the dense layers' MLP is left out (config/lora_targets.py)."""
+    qwen2 = adapted_in_layer(peft_on(CONFIGS["qwen2_moe"](), LoraConfig(rank=4)), 1)  # mlp_only_layers=[1]
+    assert {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"} <= qwen2
+    qwen3 = adapted_in_layer(peft_on(CONFIGS["qwen3_moe"](), LoraConfig(rank=4)), 0)  # decoder_sparse_step 2
+    assert qwen3 == {f"self_attn.{p}_proj" for p in "qkvo"}
+
+
+COMPOSITE = {"qwen3_5_text": tf.Qwen3_5Config, "qwen3_5_moe_text": tf.Qwen3_5MoeConfig}
+
+
+@pytest.mark.parametrize("family", COMPOSITE)
+def test_a_composite_qwen3_5_config_is_planned_from_its_text_model(family, tmp_path):
+    """AutoModelForCausalLM builds the text model of a composite (vision-language) Qwen3.5 config.json; its LoRA
+    targets are its text model's (the MoE's explicit ones)."""
+    cfg = COMPOSITE[family](text_config=CONFIGS[family]().to_dict())
+    shape = shape_of(cfg, tmp_path)
+    assert shape.params == count(meta_model(cfg))
+    assert shape.lora_params(4) == count(peft_on(cfg, LoraConfig(rank=4)), trainable=True)
 
 
 def write(tmp_path, settings: dict) -> str:

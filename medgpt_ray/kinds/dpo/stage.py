@@ -71,7 +71,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
     cfg = inp.cfg

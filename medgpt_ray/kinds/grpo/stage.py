@@ -86,7 +86,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     prompt_len = cfg.seq_len - cfg.max_completion_length
     train_ds, skipped, eval_ds = data.encoded(prompt_rows, prompt_len)
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     device = "cuda" if inp.plan.use_gpu else "cpu"
     shared = shared_base_scorer(inp)
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,

@@ -65,7 +65,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     pair_ds = preference_texts(pairs, tok, template, cfg.seq_len)[0] if pairs else None
     model_path = Path(inp.model_path)
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     # Full-parameter KTO: an explicit frozen copy as reference (FIELD-NOTES, as DPO); LoRA: the adapter-off policy.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None
     # "sequential": TRL's check for the kto loss's KL pairing; the shard's own sampler orders the steps (above).

@@ -60,7 +60,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(encode_prompt_answer, cfg.seq_len, cfg.max_new_tokens)
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     model.generation_config.eos_token_id = stop_ids(tok, template)  # GKDTrainer samples until one of these
-    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     args = GKDConfig(**training_kwargs(inp), max_length=None, packing=False, dataset_num_proc=None,
                      lmbda=cfg.lmbda, beta=cfg.beta, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
                      prediction_loss_only=True)

@@ -51,7 +51,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         raise ValueError(f"pt: no training text in rows {shard['rows']} of {inp.train_file}")
 
     model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     if peft_config is not None:
         from peft import get_peft_model
 

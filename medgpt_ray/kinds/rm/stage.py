@@ -76,7 +76,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, data.template, train_ds, shard,
                                                                       PAIRS)
-    peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS", model) if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
         kwargs["include_num_input_tokens_seen"] = "no"  # PackedCounts counts the rows' real tokens instead

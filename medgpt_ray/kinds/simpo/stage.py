@@ -32,7 +32,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     tok, template, shard = data.tokenizer, data.template, data.shard
     train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
-    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM") if inp.plan.method != "full" else None
+    peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
     args = CPOConfig(**kwargs, loss_type="simpo", beta=cfg.beta, simpo_gamma=cfg.gamma,
                      cpo_alpha=cfg.cpo_alpha, max_length=cfg.seq_len, dataset_num_proc=None)
