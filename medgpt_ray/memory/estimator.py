@@ -151,7 +151,9 @@ def gathered_bytes(shape: ModelShape, s: TrainSetup, n: int) -> float:
     if s.zero != 3 or (n == 1 and s.offload != "all"):
         return 0.0
     score_head = memory_profile(s.stage).score_head
-    return (4 if s.precision == "fp32" else 2) * gather_elements(shape, s.ckpt_fraction, not score_head).peak_elements
+    lora_rank = 0 if s.method == "full" else s.lora_rank  # PEFT's wrappers: more fetches, re-gathers after recompute
+    elements = gather_elements(shape, s.ckpt_fraction, not score_head, lora_rank).peak_elements
+    return (4 if s.precision == "fp32" else 2) * elements
 
 
 def _offload_host_bytes(s: TrainSetup, total: float, trainable: float, state_bytes: float, n: int) -> float:

@@ -132,10 +132,11 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
 
 def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int) -> float:
     """ZeRO-3's all-gathers of one micro-batch: every parameter, a MoE's idle experts too, in forward and again in
-    backward (less what DeepSpeed keeps gathered between the two: memory/zero3.py counts it); each rank receives
-    (n-1)/n of every gathered weight, through the host at half the link's bandwidth."""
-    lm_head = not memory_profile(s.stage).score_head
-    elements = gather_elements(shape, s.ckpt_fraction, lm_head).per_micro_batch
+    backward, and a LoRA base's frozen weights once more for the recompute (less what DeepSpeed keeps gathered:
+    memory/zero3.py replays it); each rank receives (n-1)/n of every gathered weight, through the host at half the
+    link's bandwidth."""
+    lm_head, lora_rank = not memory_profile(s.stage).score_head, 0 if s.method == "full" else s.lora_rank
+    elements = gather_elements(shape, s.ckpt_fraction, lm_head, lora_rank).per_micro_batch
     return (4 if s.precision == "fp32" else 2) * elements * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
 
 

@@ -5,6 +5,7 @@ and the shipped Qwen3 configs (item 6) planned without weights."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -22,9 +23,11 @@ from medgpt_ray.memory.estimator import GIB, TrainSetup, estimate
 from medgpt_ray.memory.planner import plan_all, plan_stage
 from medgpt_ray.memory.shapes import PRESETS, PUBLISHED_CONFIGS, shape_from_config
 from medgpt_ray.memory.throughput import GPU_SPECS, flops_per_token, matmul_params, step_seconds, zero3_gather_seconds
-from medgpt_ray.memory.zero3 import MAX_LIVE_ELEMENTS, _trace, gather_elements
+from medgpt_ray.memory.zero3 import MAX_LIVE_ELEMENTS, Policy, gather_elements, gathered
+from medgpt_ray.memory.zero3_trace import trace
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = REPO / "configs"
 MOE, Q8, Q05, Q7 = PRESETS["qwen3-30b-a3b"], PRESETS["qwen3-8b"], PRESETS["qwen2.5-0.5b"], PRESETS["qwen2.5-7b"]
 RTX4090 = make_budget(24, 2, "rtx4090", True, "test")
 
@@ -52,17 +55,34 @@ SHARED_EXPERT_MOE = shape_from_config({
 
 @pytest.mark.parametrize("shape", [Q05, Q7, Q8, MOE, SHARED_EXPERT_MOE], ids=lambda s: s.name)
 def test_the_gather_trace_holds_every_partitioned_parameter_once_per_pass(shape):
-    trace, size = _trace(shape, ckpt_layers=0, lm_head=True)
-    assert sum(size) == shape.params - shape.small_params  # norms, biases: within the persistence threshold
-    # forward, then backward: each parameter is used in both (a tied head twice in each)
-    for pid in range(len(size)):
-        assert sum(pid in m for m in trace) >= 2
+    tr = trace(shape, ckpt_layers=0, lm_head=True)
+    assert sum(tr.sizes) == shape.params - shape.small_params  # norms, biases: within the persistence threshold
+    for pid in range(len(tr.sizes)):  # forward, then backward (a tied head twice in each)
+        assert sum(pid in st.fetch for st in tr.steps) >= 2
+    assert [r for rs in tr.releases for r in rs] != list(range(len(tr.steps)))  # containers after their children
+    assert sorted(r for rs in tr.releases for r in rs) == list(range(len(tr.steps)))  # each module released once
+
+
+def test_the_replay_reproduces_deepspeeds_own_coordinator():
+    """bench/results/zero3_gather_check_cpu.json: DeepSpeed 0.19.8's coordinator observed on the CPU (Qwen3-MoE,
+    Qwen2-MoE with a shared expert, Qwen3.5-MoE's hybrid layers, a dense tied Qwen2; full training and LoRA, with
+    and without checkpointing; two mixes of its four settings): the most elements it held gathered and the elements
+    it gathered in a step, exactly what the replay answers for the same shape and settings."""
+    doc = json.loads((REPO / "bench/results/zero3_gather_check_cpu.json").read_text())
+    assert len(doc["cases"]) == 16
+    for name, case in doc["cases"].items():
+        shape = shape_from_config(case["config"], name)
+        g = gathered(shape, shape.layers if case["ckpt"] else 0, True, Policy(**doc["policies"][case["policy"]]),
+                     case["lora_rank"])
+        assert {"peak_elements": g.peak_elements, "gathered_elements": g.per_micro_batch} == case["per_step"][-1], name
+        assert case["params"] == shape.params or case["lora_rank"]  # the same model (LoRA adds its adapters)
 
 
 def test_zero3_gathers_a_moe_layers_fused_experts_whole_and_prefetches_up_to_the_live_limit():
     g = gather_elements(MOE, 1.0)
     one_layer_experts = MOE.expert_params // len(MOE.moe_layers)
-    assert g.largest_module == one_layer_experts  # ~604 M elements: the unit DeepSpeed gathers for one module
+    # DeepSpeed's default ZeRO-3 leaf: the sparse block, router and every expert (~604 M elements), fetched at once
+    assert g.largest_module == one_layer_experts + MOE.router_params // len(MOE.moe_layers)
     assert g.peak_elements >= max(one_layer_experts, MAX_LIVE_ELEMENTS)
     partitioned = MOE.params - MOE.small_params
     # Forward gathers every parameter, the idle experts too; backward again, less what stays gathered at the turn.
@@ -76,7 +96,8 @@ def test_the_gathered_term_is_in_every_multi_gpu_zero3_estimate_and_only_while_t
     for shape, s in ((MOE, lora(zero=3, gpus=4)), (Q7, lora(zero=3, gpus=4)), (Q7, replace(full, micro_batch=8))):
         est = estimate(shape, s)
         assert est.moment == "backward start"
-        assert est.breakdown["gathered_parameters"] == 2 * gather_elements(shape, 1.0).peak_elements
+        rank = 0 if s.method == "full" else s.lora_rank  # PEFT's wrappers change what is fetched when
+        assert est.breakdown["gathered_parameters"] == 2 * gather_elements(shape, 1.0, True, rank).peak_elements
     # Released by the end of backward: not part of the optimizer step's peak.
     step = estimate(Q7, full)
     assert step.moment == "optimizer step" and "gathered_parameters" not in step.breakdown
@@ -86,7 +107,7 @@ def test_the_gathered_term_is_in_every_multi_gpu_zero3_estimate_and_only_while_t
     assert offloaded["gathered_parameters"] > 0 and offloaded["weights"] < 0.1 * 2 * Q7.params
     # Reward models have a score head instead of the LM head (a persistent 1-wide one): one gather fewer.
     rm = estimate(Q7, lora(stage="rm", zero=3, gpus=4)).breakdown["gathered_parameters"]
-    assert rm == 2 * gather_elements(Q7, 1.0, lm_head=False).peak_elements
+    assert rm == 2 * gather_elements(Q7, 1.0, lm_head=False, lora_rank=8).peak_elements
     assert gather_elements(Q7, 1.0, lm_head=False).per_micro_batch < gather_elements(Q7, 1.0).per_micro_batch
 
 
