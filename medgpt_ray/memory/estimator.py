@@ -7,7 +7,8 @@ larger of the two moments where training peaks:
   backward start: weights + optimizer states (+ reference model) + every saved
                   activation + the loss's transient memory + grads that already
                   exist (head grads; all grads when accumulating) + autocast's
-                  bf16 weight copies (fp32 master weights)
+                  bf16 weight copies (fp32 master weights) + under ZeRO-3 the
+                  parameters DeepSpeed holds gathered (memory/zero3.py)
   optimizer step: weights + optimizer states + all gradients
 
 Constants that PyTorch/HF implementation details decide (bytes per logit of HF's

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from medgpt_ray.config import StageConfig
@@ -55,7 +56,8 @@ def explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[
     return "\n".join(lines)
 
 
-def zero3_hints(shape: ModelShape, s0: TrainSetup, usable: float, option) -> list[str]:
+def zero3_hints(shape: ModelShape, s0: TrainSetup, usable: float,
+                option: Callable[[str, TrainSetup], str]) -> list[str]:
     """ZeRO-3 over the fewest GPUs whose share of the weights (and what DeepSpeed gathers) fits, and ZeRO-3 with
     the parameters offloaded to the CPU on the stage's own GPUs. 4-bit weights cannot be sharded: a QLoRA setup is
     priced as bf16 LoRA (a MoE's fused experts are 16-bit under QLoRA anyway)."""
