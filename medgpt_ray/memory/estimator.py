@@ -148,13 +148,14 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
 def gathered_bytes(shape: ModelShape, s: TrainSetup, n: int) -> float:
     """ZeRO-3's whole parameters on the GPU while the model runs (memory/zero3.py replays DeepSpeed's gathering:
     up to stage3_max_live_parameters prefetched, the largest module whole, the LM head and last layers kept at the
-    turn to backward). One rank gathers nothing (a view of its partition) unless the partition is on the CPU."""
+    turn to backward; over several ranks a gathered group's flat buffer too, while it is copied out). One rank
+    gathers nothing (a view of its partition) unless the partition is on the CPU (then copied one by one)."""
     if s.zero != 3 or (n == 1 and s.offload != "all"):
         return 0.0
     score_head = memory_profile(s.stage).score_head
     lora_rank = 0 if s.method == "full" else s.lora_rank  # PEFT's wrappers: more fetches, re-gathers after recompute
-    elements = gather_elements(shape, s.ckpt_fraction, not score_head, lora_rank).peak_elements
-    return (4 if s.precision == "fp32" else 2) * elements
+    g = gather_elements(shape, s.ckpt_fraction, not score_head, lora_rank)
+    return (4 if s.precision == "fp32" else 2) * (g.peak_with_buffers if n > 1 else g.peak_elements)
 
 
 def _offload_host_bytes(s: TrainSetup, total: float, trainable: float, state_bytes: float, n: int) -> float:

@@ -54,6 +54,10 @@ class Gathered:
     peak_elements: int  # the most parameter elements gathered (whole) at once during a micro-batch
     per_micro_batch: int  # elements all-gathered during one micro-batch (forward, backward and recompute)
     largest_module: int  # the largest module's own partitioned parameters: the unit DeepSpeed gathers at once
+    # With more than one rank, a gather of several parameters lands in one flat buffer that each parameter is
+    # copied out of when it is waited for (partition_parameters.AllGatherCoalescedHandle): for that moment the
+    # group is held twice. The most elements then: what a multi-rank GPU holds at the worst moment.
+    peak_with_buffers: int = 0
 
 
 class _Reuse:
@@ -92,7 +96,8 @@ class _Replay:
         self.live: set[int] = set()
         self.active: dict[int, set[int]] = {p: set() for p in range(len(tr.sizes))}
         self.attributed: dict[int, set[int]] = {}  # a backward step -> frozen parameters its recompute fetched
-        self.total = 0
+        self.inflight: dict[int, frozenset[int]] = {}  # a parameter gathered but not yet waited for -> its gather
+        self.total = self.peak = self.peak_buffers = 0
 
     def fetch(self, t: int) -> None:
         st, q = self.tr.steps[t], self.queue
@@ -102,15 +107,19 @@ class _Replay:
             p, at = q.popleft()
             self.fetched_for[p], popped = at, popped + 1
         self.live |= new
-        room, taken = min(self.policy.max_live - self.gathered(), self.policy.prefetch_bucket), 0
+        self._launch(new)
+        self._wait(st.fetch)
+        room, taken, prefetch = min(self.policy.max_live - self.gathered(), self.policy.prefetch_bucket), 0, set()
         while q and taken < room:
             p, at = q.popleft()
             self.fetched_for[p] = max(self.fetched_for[p], at)
             if p in self.big and p not in self.live:
                 self.live.add(p)
-                new.add(p)
+                prefetch.add(p)
                 taken += self.size[p]
-        self.total += sum(self.size[p] for p in new)
+        self._launch(prefetch)
+        self.total += sum(self.size[p] for p in new | prefetch)
+        self.peak = max(self.peak, self.gathered())
         for p in st.fetch:
             self.active[p].add(t)
         if t in self.tr.owner:
@@ -118,6 +127,20 @@ class _Replay:
             self.attributed.setdefault(self.tr.owner[t], set()).update(held)
             for p in held:
                 self.active[p].add(self.tr.owner[t])
+
+    def _launch(self, params: set[int]) -> None:
+        group = frozenset(params)
+        self.inflight.update(dict.fromkeys(params, group))
+
+    def _wait(self, needed: tuple[int, ...]) -> None:
+        """The module's parameters waited for: each in-flight group they are in is copied out of its flat buffer."""
+        groups = {self.inflight[p] for p in needed if p in self.inflight}
+        copying = sum(sum(self.size[p] for p in g) for g in groups if len(g) > 1)
+        self.peak = max(self.peak, self.gathered())
+        self.peak_buffers = max(self.peak_buffers, self.gathered() + copying)
+        for g in groups:
+            for p in g:
+                del self.inflight[p]
 
     def release(self, r: int, t: int) -> None:
         """Module `r` done (after fetch `t`): its parameters freed unless used again soon (what its recompute
@@ -140,14 +163,12 @@ def gathered(shape: ModelShape, ckpt_layers: int, lm_head: bool = True, policy: 
     runs once the trace is recorded (every micro-batch after the first two)."""
     tr = trace(shape, ckpt_layers, lm_head, lora_rank)
     replay = _Replay(tr, policy, frozen=lora_rank > 0)
-    peak = 0
     for t in range(len(tr.steps)):
         replay.fetch(t)
-        peak = max(peak, replay.gathered())
         for r in tr.releases[t]:
             replay.release(r, t)
     largest = max(sum(tr.sizes[p] for p in st.fetch if p in replay.big) for st in tr.steps)
-    return Gathered(peak, replay.total, largest)
+    return Gathered(replay.peak, replay.total, largest, max(replay.peak, replay.peak_buffers))
 
 
 def gather_elements(shape: ModelShape, ckpt_fraction: float, lm_head: bool = True, lora_rank: int = 0) -> Gathered:

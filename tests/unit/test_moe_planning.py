@@ -97,17 +97,20 @@ def test_the_gathered_term_is_in_every_multi_gpu_zero3_estimate_and_only_while_t
         est = estimate(shape, s)
         assert est.moment == "backward start"
         rank = 0 if s.method == "full" else s.lora_rank  # PEFT's wrappers change what is fetched when
-        assert est.breakdown["gathered_parameters"] == 2 * gather_elements(shape, 1.0, True, rank).peak_elements
+        g = gather_elements(shape, 1.0, True, rank)
+        # over 4 ranks a multi-parameter gather's flat buffer coexists with the copies made out of it
+        assert est.breakdown["gathered_parameters"] == 2 * g.peak_with_buffers >= 2 * g.peak_elements
     # Released by the end of backward: not part of the optimizer step's peak.
     step = estimate(Q7, full)
     assert step.moment == "optimizer step" and "gathered_parameters" not in step.breakdown
     # One rank gathers nothing (the gathered tensor is a view of its partition) unless the partition is on the CPU.
     assert "gathered_parameters" not in estimate(Q7, lora(zero=3, gpus=1)).breakdown
     offloaded = estimate(Q7, lora(zero=3, gpus=1, offload="all")).breakdown
-    assert offloaded["gathered_parameters"] > 0 and offloaded["weights"] < 0.1 * 2 * Q7.params
+    assert offloaded["gathered_parameters"] == 2 * gather_elements(Q7, 1.0, True, 8).peak_elements  # one by one
+    assert offloaded["weights"] < 0.1 * 2 * Q7.params
     # Reward models have a score head instead of the LM head (a persistent 1-wide one): one gather fewer.
     rm = estimate(Q7, lora(stage="rm", zero=3, gpus=4)).breakdown["gathered_parameters"]
-    assert rm == 2 * gather_elements(Q7, 1.0, lm_head=False, lora_rank=8).peak_elements
+    assert rm == 2 * gather_elements(Q7, 1.0, lm_head=False, lora_rank=8).peak_with_buffers
     assert gather_elements(Q7, 1.0, lm_head=False).per_micro_batch < gather_elements(Q7, 1.0).per_micro_batch
 
 
