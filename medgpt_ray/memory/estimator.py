@@ -7,7 +7,8 @@ larger of the two moments where training peaks:
   backward start: weights + optimizer states (+ reference model) + every saved
                   activation + the loss's transient memory + grads that already
                   exist (head grads; all grads when accumulating) + autocast's
-                  bf16 weight copies (fp32 master weights)
+                  bf16 weight copies (fp32 master weights) + under ZeRO-3 the
+                  parameters DeepSpeed holds gathered (memory/zero3.py)
   optimizer step: weights + optimizer states + all gradients
 
 Constants that PyTorch/HF implementation details decide (bytes per logit of HF's
@@ -23,6 +24,7 @@ from medgpt_ray.memory.activations import PACKED_MASK_BYTES_PER_ELEMENT, activat
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.setup import GIB, Estimate, SetupError, TrainSetup, check_setup
 from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape
+from medgpt_ray.memory.zero3 import gather_elements
 
 # What callers import from here: the setup, the answer, and the measured constants tests check against.
 __all__ = ["GIB", "NF4_BYTES_PER_PARAM", "PACKED_MASK_BYTES_PER_ELEMENT", "RUNTIME_OVERHEAD_BYTES", "Estimate",
@@ -34,8 +36,6 @@ RUNTIME_OVERHEAD_BYTES = 0.25 * GIB
 # with CPU offload two more fp32 staging buckets (measured: +0.4-0.5 GiB on 0.5B and 1.5B).
 ZERO_BUCKET_BYTES = 5e7 * 6
 ZERO_OFFLOAD_STAGING_BYTES = 5e7 * 4 * 2
-# ZeRO-3 parameter offload: gathered parameters live on the GPU up to the prefetch bucket plus one layer.
-ZERO3_LIVE_PARAM_ELEMENTS = 5e7
 STATIC_KEYS = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers")
 
 
@@ -71,12 +71,15 @@ def _static_terms(shape: ModelShape, s: TrainSetup, total: float, trainable: flo
     if deepspeed and full:
         # DeepSpeed bf16: bf16 module weights, fp32 master + Adam states partitioned over the data-parallel ranks.
         b["weights"] = 2 * total / (n if s.zero == 3 else 1)
-        if s.offload == "all":
-            b["weights"] = 2 * ZERO3_LIVE_PARAM_ELEMENTS + 2 * shape.small_params
+        if s.offload == "all":  # the partitions on the CPU; the small persistent ones stay whole on the GPU
+            b["weights"] = 2 * shape.small_params
         b["master_weights"] = 4 * trainable / (n if s.zero >= 1 else 1) if on_gpu else 0
     else:
-        # ZeRO-3 shards the frozen base of LoRA too; ZeRO-1/2 leave the weights whole on every GPU.
+        # ZeRO-3 shards the frozen base of LoRA too; ZeRO-1/2 leave the weights whole on every GPU. Parameter
+        # offload keeps the partitions on the CPU: the small persistent ones and (at most) the adapters stay.
         b["weights"] = _weight_bytes(shape, s, total, trainable) / (n if s.zero == 3 else 1)
+        if s.offload == "all":
+            b["weights"] = 2 * shape.small_params + 4 * trainable
     state_bytes = 8.0 if s.optim == "adamw" else 2.0
     if s.optim == "adamw-8bit" and full:
         # HF keeps 32-bit states for embeddings under 8-bit Adam (stability): count those at 8 bytes.
@@ -91,10 +94,11 @@ def _static_terms(shape: ModelShape, s: TrainSetup, total: float, trainable: flo
     grad_bytes = 2 if (full and s.precision == "bf16" and not deepspeed) else 4
     if deepspeed and full:
         grads = 4 * trainable / (n if s.zero >= 2 else 1) if on_gpu else 0
-        # Reduction buckets, CPU-offload staging buckets, and under ZeRO-3 bf16 gradient/gather buffers the
-        # size of the parameter partition (measured on 0.5B): resident from the first backward on.
+        # Reduction buckets, CPU-offload staging buckets, and under ZeRO-3 the bf16 gradient partitions (one flat
+        # buffer the size of the parameter partition, measured on 0.5B; DeepSpeed puts it on the CPU when the
+        # optimizer is offloaded): resident from the first backward on.
         b["zero_buffers"] = ZERO_BUCKET_BYTES + (0 if on_gpu else ZERO_OFFLOAD_STAGING_BYTES) + \
-            (2 * trainable / n if s.zero == 3 else 0)
+            (2 * trainable / n if s.zero == 3 and on_gpu else 0)
     else:
         grads = grad_bytes * trainable
 
@@ -116,6 +120,8 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     b.update(own.resident if own else {})
     static = sum(b.values())
     host = _offload_host_bytes(s, total, trainable, state_bytes, n)
+    gathered = gathered_bytes(shape, s, n)  # whole parameters from the first forward to the end of backward
+    b.update({"gathered_parameters": gathered} if gathered else {})
 
     b.update(activation_terms(shape, s))
     trainable_head = full
@@ -137,6 +143,19 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
         return Estimate(step, {**{k: v for k, v in b.items() if k in (*STATIC_KEYS, *(own.resident if own else ()))},
                                "gradients": grads, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "optimizer step", host)
     return Estimate(backward_start, b, "backward start", host)
+
+
+def gathered_bytes(shape: ModelShape, s: TrainSetup, n: int) -> float:
+    """ZeRO-3's whole parameters on the GPU while the model runs (memory/zero3.py replays DeepSpeed's gathering:
+    up to stage3_max_live_parameters prefetched, the largest module whole, the LM head and last layers kept at the
+    turn to backward; over several ranks a gathered group's flat buffer too, while it is copied out). One rank
+    gathers nothing (a view of its partition) unless the partition is on the CPU (then copied one by one)."""
+    if s.zero != 3 or (n == 1 and s.offload != "all"):
+        return 0.0
+    score_head = memory_profile(s.stage).score_head
+    lora_rank = 0 if s.method == "full" else s.lora_rank  # PEFT's wrappers: more fetches, re-gathers after recompute
+    g = gather_elements(shape, s.ckpt_fraction, not score_head, lora_rank)
+    return (4 if s.precision == "fp32" else 2) * (g.peak_with_buffers if n > 1 else g.peak_elements)
 
 
 def _offload_host_bytes(s: TrainSetup, total: float, trainable: float, state_bytes: float, n: int) -> float:

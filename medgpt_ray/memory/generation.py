@@ -96,6 +96,7 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     training = {**train.breakdown, **({"reward_model": rm} if rm else {}), **({"reward_adapter": adapter} if adapter
                                                                               else {})}
     static_keys = ("weights", "master_weights", "optimizer_states", "reference_model", "zero_buffers",
+                   "gathered_parameters",  # ZeRO-3 gathers parameters for generation's forwards too
                    *(s.kind_terms(shape, s).resident if s.kind_terms else ()))  # a kind's own resident networks
     generation = {k: v for k, v in train.breakdown.items() if k in static_keys}
     if s.reference and s.method == "full" and "reference_model" not in generation:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from medgpt_ray.config import StageConfig
@@ -49,13 +50,27 @@ def explain_no_fit(stage: str, cfg: StageConfig, shape: ModelShape, cands: list[
         if seq >= 64 and estimate(shape, replace(s0, seq_len=seq)).peak_gib <= usable:
             hints.append(option(f"seq_len {seq}", replace(s0, seq_len=seq)))
             break
-    if s0.method != "qlora":
-        for n in (2, 4, 8, 16):
-            if n > s0.gpus and estimate(shape, replace(s0, zero=3, offload="none", gpus=n)).peak_gib <= usable:
-                hints.append(option(f"{n} GPUs with ZeRO-3", replace(s0, zero=3, offload="none", gpus=n)))
-                break
-        if s0.method == "full":
-            hints.append(option("ZeRO-3 with parameter+optimizer offload", replace(s0, zero=3, offload="all")))
+    hints += zero3_hints(shape, s0, usable, option)
     if hints:
         lines.append(f"  other options at micro-batch {s0.micro_batch} with full checkpointing: " + "; ".join(hints))
     return "\n".join(lines)
+
+
+def zero3_hints(shape: ModelShape, s0: TrainSetup, usable: float,
+                option: Callable[[str, TrainSetup], str]) -> list[str]:
+    """ZeRO-3 over the fewest GPUs whose share of the weights (and what DeepSpeed gathers) fits, and ZeRO-3 with
+    the parameters offloaded to the CPU on the stage's own GPUs. 4-bit weights cannot be sharded: a QLoRA setup is
+    priced as bf16 LoRA (a MoE's fused experts are 16-bit under QLoRA anyway)."""
+    base, switch = s0, ""
+    if s0.method == "qlora":
+        base, switch = replace(s0, method="lora", precision="bf16"), "method lora (bf16), "
+    hints = []
+    for n in (2, 4, 8, 16):
+        sharded = replace(base, zero=3, offload="none", gpus=n)
+        if n > s0.gpus and estimate(shape, sharded).peak_gib <= usable:
+            hints.append(option(f"{switch}ZeRO-3 over {n} GPUs", sharded))
+            break
+    gpus = f"{s0.gpus} GPU" + ("s" if s0.gpus > 1 else "")
+    hints.append(option(f"{switch}ZeRO-3 with parameter+optimizer offload on {gpus}",
+                        replace(base, zero=3, offload="all")))
+    return hints

@@ -12,8 +12,8 @@ from pathlib import Path
 from medgpt_ray.memory.families import FAMILIES, shape_from_config
 from medgpt_ray.memory.shape_model import NF4_BYTES_PER_PARAM, ModelShape, ShapeError
 
-__all__ = ["FAMILIES", "NF4_BYTES_PER_PARAM", "PRESETS", "ModelShape", "ShapeError", "load_shape",
-           "shape_from_config"]
+__all__ = ["FAMILIES", "NF4_BYTES_PER_PARAM", "PRESETS", "PUBLISHED_CONFIGS", "ModelShape", "ShapeError",
+           "load_shape", "shape_from_config"]
 
 # Shapes from the published config.json files of these checkpoints.
 PRESETS: dict[str, ModelShape] = {
@@ -22,6 +22,19 @@ PRESETS: dict[str, ModelShape] = {
     "qwen2.5-7b": ModelShape("qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, False),
     "llama2-7b": ModelShape("llama2-7b", 32000, 4096, 32, 32, 32, 11008, False, qkv_bias=False),
 }
+# The architecture fields of the published config.json files (Qwen/Qwen3-8B, Qwen/Qwen3-30B-A3B), counted as a
+# config.json is (memory/families.py): what `model.shape` plans from on a machine without the checkpoint.
+PUBLISHED_CONFIGS: dict[str, dict[str, object]] = {
+    "qwen3-8b": {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+                 "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "attention_bias": False, "tie_word_embeddings": False},
+    "qwen3-30b-a3b": {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+                      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                      "attention_bias": False, "tie_word_embeddings": False, "num_experts": 128,
+                      "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []},
+}
+PRESETS.update({name: shape_from_config(cfg, name, f"preset {name}") for name, cfg in PUBLISHED_CONFIGS.items()})
 
 
 def _tiny_shape() -> ModelShape:

@@ -13,6 +13,7 @@ from typing import Any
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.profiles import setup_fields
+from medgpt_ray.memory.zero3 import MAX_LIVE_ELEMENTS, PERSISTENCE_THRESHOLD, PREFETCH_BUCKET_ELEMENTS
 from medgpt_ray.placement.device import StagePlacement
 
 
@@ -130,11 +131,11 @@ def deepspeed_config(plan: StagePlan, cfg: StageConfig) -> dict[str, Any] | None
         "contiguous_gradients": True,
         "reduce_bucket_size": 5e7,
     }
-    if plan.zero_stage == 3:
+    if plan.zero_stage == 3:  # the values memory/zero3.py replays to count the gathered parameters
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-        zero["stage3_prefetch_bucket_size"] = 5e7
-        zero["stage3_param_persistence_threshold"] = 1e5
-        zero["stage3_max_live_parameters"] = 1e9
+        zero["stage3_prefetch_bucket_size"] = float(PREFETCH_BUCKET_ELEMENTS)
+        zero["stage3_param_persistence_threshold"] = float(PERSISTENCE_THRESHOLD)
+        zero["stage3_max_live_parameters"] = float(MAX_LIVE_ELEMENTS)
     if plan.offload in ("optimizer", "all"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": plan.use_gpu}
     if plan.offload == "all":

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.shapes import ModelShape
+from medgpt_ray.memory.zero3 import gather_elements
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,17 @@ def spec_for(name: str) -> GPUSpec:
     raise KeyError(f"unknown GPU {name!r}; known: {', '.join(GPU_SPECS)}")
 
 
+def matmul_params(shape: ModelShape) -> int:
+    """The weights one token multiplies by: the projections, the router and the experts it is routed to (a MoE's
+    idle experts hold memory, not FLOPs); the embedding is a lookup and the LM head is counted on its own."""
+    return shape.active_params - shape.embedding_params - shape.head_params - shape.small_params
+
+
 def flops_per_token(shape: ModelShape, s: TrainSetup) -> float:
     """Training FLOPs per token: forward, backward (input grads; weight grads when trained), recompute."""
-    linear = 2 * shape.linear_params
-    attention = 2 * shape.layers * s.seq_len * shape.hidden  # causal: half of QK^T and AV
+    linear = 2 * matmul_params(shape)
+    # Causal: half of QK^T and AV, on the full-attention layers (linear attention's state is O(1) per token).
+    attention = 2 * (shape.layers - len(shape.linear_layers)) * s.seq_len * shape.q_dim
     profile = memory_profile(s.stage)
     head = 0 if profile.score_head else 2 * shape.vocab * shape.hidden
     forward = linear + attention + head
@@ -115,11 +123,21 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
         # moves 2(n-1)/n of the bf16 gradients per optimizer step; ZeRO-3 also gathers weights every pass.
         per_step += 2 * (n - 1) / n * 2 * trainable / (gpu.pcie_gbs * 1e9 / 2)
         if s.zero == 3:
-            seconds += 3 * 2 * shape.params * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
+            seconds += zero3_gather_seconds(shape, s, gpu, n)
     if s.generations:
         # Sampling: completion_len decode steps per generate call, one call per gen_steps micro-batches.
         seconds += s.completion_len * decode_step_seconds(shape, s, gpu) / (s.gen_steps or s.grad_accum)
     return seconds + per_step / s.grad_accum
+
+
+def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int) -> float:
+    """ZeRO-3's all-gathers of one micro-batch: every parameter, a MoE's idle experts too, in forward and again in
+    backward, and a LoRA base's frozen weights once more for the recompute (less what DeepSpeed keeps gathered:
+    memory/zero3.py replays it); each rank receives (n-1)/n of every gathered weight, through the host at half the
+    link's bandwidth."""
+    lm_head, lora_rank = not memory_profile(s.stage).score_head, 0 if s.method == "full" else s.lora_rank
+    elements = gather_elements(shape, s.ckpt_fraction, lm_head, lora_rank).per_micro_batch
+    return (4 if s.precision == "fp32" else 2) * elements * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
 
 
 def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
