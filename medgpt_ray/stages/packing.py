@@ -12,6 +12,7 @@ from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
 from medgpt_ray.memory.stage_plan import packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.trainer_args import group_by_length
 from medgpt_ray.trainer_kit.packed_attention import resolve
 from medgpt_ray.trainer_kit.packed_rows import PackedShape, pack
 
@@ -47,6 +48,9 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
         if plan.packing is not None:
             plan = unpacked(plan, inp.cfg)
             report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
+        if setting == "auto":  # refused by this model's attention: say so where the user reads the stage's progress
+            _say_unpacked(inp, why, shard)
+            plan = replace(plan, reasons=[*plan.reasons, f"packing: auto, not packed: {why}"])
         return replace(inp, plan=plan), train_ds, None, report
     seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
     rows = kind.pack(train_ds, seq_len)
@@ -67,3 +71,10 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
               f"sampled_{unit}_per_row": round(per_row, 3),
               f"{unit}_per_step_expected": round(per_step * per_row * plan.num_workers, 1)}
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
+
+
+def _say_unpacked(inp: StageInputs, why: str, shard: dict[str, Any]) -> None:
+    """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
+    if shard.get("rank", 0) == 0:
+        grouped = ", grouped by length" if group_by_length(inp) else ""
+        print(f"[{inp.stage}] packing: auto -> padded batches{grouped}, not packed: {why}", flush=True)
