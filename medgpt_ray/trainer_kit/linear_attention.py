@@ -9,7 +9,8 @@ image), read from their Qwen3.5 code and seen in tests/stages/test_hybrid_packin
 - TRL's padding-free batches (our FlashAttention path): `cu_seq_lens_q` and `seq_idx` reach the layer, which hands
   them to flash-linear-attention's `chunk_gated_delta_rule` (cu_seqlens) and causal-conv1d's `causal_conv1d_fn`
   (seq_idx). Without those packages transformers falls back to PyTorch: 5.24's fallback raises ("can't keep packed
-  sequences apart without ..."), 5.17's drops the boundaries silently.
+  sequences apart without ..."), 5.17's drops the boundaries silently. (The rows path cannot simply add them:
+  flash-linear-attention takes cu_seqlens only for a batch of one flattened sequence.)
 So a linear-attention layer packs only when the boundaries reach it AND both kernel packages are importable (they
 run on CUDA only). Nothing here runs them: with the kernels installed, the equality of packed and unpacked losses
 is the test's to show (tests/stages/test_hybrid_packing.py, skipped where they cannot run)."""
