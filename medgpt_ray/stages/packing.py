@@ -48,9 +48,8 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
         if plan.packing is not None:
             plan = unpacked(plan, inp.cfg)
             report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
-        if setting == "auto":  # refused by this model's attention: say so where the user reads the stage's progress
+        if setting == "auto":  # refused by this model's attention: said where the user reads the stage's progress
             _say_unpacked(inp, why, shard)
-            plan = replace(plan, reasons=[*plan.reasons, f"packing: auto, not packed: {why}"])
         return replace(inp, plan=plan), train_ds, None, report
     seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
     rows = kind.pack(train_ds, seq_len)

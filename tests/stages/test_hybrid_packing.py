@@ -14,7 +14,9 @@ import torch
 from medgpt_ray import models
 from medgpt_ray.config import ConfigError, LoraConfig, SFTStageConfig
 from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.memory.lengths import LengthProfile
 from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.memory.shapes import load_shape
 from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit import linear_attention, packed_attention
@@ -162,13 +164,14 @@ def data(repo, tmp_path_factory):
     return prepare_kind("sft", files, tmp_path_factory.mktemp("data"), 0.1, max_records=12)
 
 
-def stage_inputs(data, model: Path, out: Path, packing) -> StageInputs:
+def stage_inputs(data, model: Path, out: Path, packing, lengths: LengthProfile | None = None) -> StageInputs:
+    """`lengths`: the plan the driver makes from the split's lengths (packed rows, as it plans any SFT stage)."""
     cfg = SFTStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=5e-3, seq_len=SEQ_LEN,
-                         logging_steps=1, save_steps=100, warmup_ratio=0.0, max_steps=1, effective_batch=2,
+                         logging_steps=1, save_steps=100, warmup_ratio=0.0, max_steps=1, effective_batch=4,
                          packing=packing)
     out.mkdir(parents=True, exist_ok=True)
-    return StageInputs("sft", cfg, plan_stage("sft", cfg, 1, False), str(model), "chatml", data.train_file,
-                       data.eval_file, str(out))
+    plan = plan_stage("sft", cfg, 1, False, load_shape(str(model)), lengths=lengths)
+    return StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file, str(out))
 
 
 def test_packing_auto_trains_a_hybrid_in_padded_batches_and_says_why(data, hybrid, tmp_path, capsys):
@@ -183,3 +186,14 @@ def test_packing_auto_trains_a_hybrid_in_padded_batches_and_says_why(data, hybri
     assert len(losses) == 1 and losses[0] == losses[0]  # a real, finite step
     with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but 3 of its 4 layers are linear"):
         build_stage(stage_inputs(data, hybrid, tmp_path / "true", True))
+
+
+def test_a_hybrid_planned_in_packed_rows_on_the_driver_trains_one_conversation_a_micro_batch(data, hybrid, tmp_path):
+    """The driver plans from the data's lengths before any model is loaded; the worker's refusal falls back to the
+    same conversations per step, one a micro-batch with every layer recomputed (memory/stage_plan.unpacked)."""
+    inp = stage_inputs(data, hybrid, tmp_path, "auto", LengthProfile.of([90] * 10, 10, SEQ_LEN, 4.0))
+    assert inp.plan.packing is not None
+    built = build_stage(inp)
+    assert built.extras["packing"]["mode"] is None and "planned_packed" in built.extras["packing"]
+    args = built.trainer.args
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (1, 4)
