@@ -49,7 +49,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
             plan = unpacked(plan, inp.cfg)
             report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
         if setting == "auto":  # refused by this model's attention: said where the user reads the stage's progress
-            _say_unpacked(inp, why, shard)
+            _say_unpacked(inp, plan, why, shard)
         return replace(inp, plan=plan), train_ds, None, report
     seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
     rows = kind.pack(train_ds, seq_len)
@@ -72,8 +72,9 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
 
 
-def _say_unpacked(inp: StageInputs, why: str, shard: dict[str, Any]) -> None:
+def _say_unpacked(inp: StageInputs, plan: Any, why: str, shard: dict[str, Any]) -> None:
     """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
     if shard.get("rank", 0) == 0:
-        grouped = ", grouped by length" if group_by_length(inp) else ""
-        print(f"[{inp.stage}] packing: auto -> padded batches{grouped}, not packed: {why}", flush=True)
+        grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
+        print(f"[{inp.stage}] packing: auto -> padded micro-batches of {plan.micro_batch}{grouped}, not packed: "
+              f"{why}", flush=True)

@@ -50,7 +50,7 @@ def missing_kernels() -> list[tuple[str, str]]:
 def kernels_sentence(missing: list[tuple[str, str]]) -> str:
     """The one sentence that names the missing kernel packages."""
     return ("the boundary-aware linear-attention kernels are missing here: "
-            + "; ".join(f"{dist} ({how})" for dist, how in missing))
+            + " and ".join(f"{dist} ({how})" for dist, how in missing))
 
 
 def refusal(seen: dict[str, Any], types: list[str], flat: bool, impl: str) -> str | None:
@@ -63,11 +63,10 @@ def refusal(seen: dict[str, Any], types: list[str], flat: bool, impl: str) -> st
     got = [k for k in BOUNDARIES if seen.get(k) is not None]
     if len(got) < len(BOUNDARIES):
         layout = "TRL's padding-free batches" if flat else f"{impl} rows with per-conversation position ids"
-        return (f"{n} (no attention mask) and get no sequence boundaries ({', '.join(BOUNDARIES)}) from "
-                f"transformers {transformers.__version__} in {layout}: packed conversations would share their "
-                f"recurrent state. They get them only in TRL's padding-free batches (flash attention) with the "
-                f"boundary-aware kernels installed"
-                + (f"; {kernels_sentence(missing)}" if missing else ""))
+        return (f"{n}: they take no attention mask and get no sequence boundaries ({', '.join(BOUNDARIES)}) from "
+                f"transformers {transformers.__version__} in {layout}, so packed conversations would share their "
+                f"recurrent state (the boundaries come only in TRL's padding-free batches, under flash attention, "
+                f"and need the boundary-aware kernels)" + (f"; {kernels_sentence(missing)}" if missing else ""))
     if missing:
-        return f"{n} and {kernels_sentence(missing)}; without them packed conversations would share state"
+        return f"{n}, and {kernels_sentence(missing)}: without them packed conversations would share state"
     return None
