@@ -99,38 +99,41 @@ def _conversations(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(5, vocab, (11,), generator=g), torch.randint(5, vocab, (9,), generator=g)
 
 
-def _loss_of_b(model, a: torch.Tensor, b: torch.Tensor, packed: bool) -> float:
-    """The loss on conversation b's tokens: alone, or in one row after a (position ids restarting at b, b's first
-    token no target, as collate_rows makes the row)."""
+def _b_packed_and_alone(model, a: torch.Tensor, b: torch.Tensor, batch: dict | None = None):
+    """(loss, logits) of conversation b in one row after a, and alone. The row is as collate_rows makes it
+    (position ids restarting at b, b's first token no target) unless `batch` gives another layout of a then b."""
+    ids = torch.cat([a, b])[None]
+    batch = batch or {"input_ids": ids, "position_ids": torch.cat([torch.arange(len(a)), torch.arange(len(b))])[None],
+                      "labels": torch.cat([torch.full_like(a, -100), torch.tensor([-100]), b[1:]])[None]}
     with torch.no_grad():
-        if not packed:
-            return model(input_ids=b[None], labels=b[None], use_cache=False).loss.item()
-        ids = torch.cat([a, b])[None]
-        pos = torch.cat([torch.arange(len(a)), torch.arange(len(b))])[None]
-        labels = torch.cat([torch.full_like(a, -100), torch.tensor([-100]), b[1:]])[None]
-        return model(input_ids=ids, position_ids=pos, labels=labels, use_cache=False).loss.item()
+        packed = model(**batch, use_cache=False)
+        alone = model(input_ids=b[None], labels=b[None], use_cache=False)
+    return (packed.loss.item(), packed.logits[0, len(a):]), (alone.loss.item(), alone.logits[0])
+
+
+def _leaks(packed, alone) -> bool:
+    """b's loss off by more than the 1e-4 packing may change it, and its logits visibly moved."""
+    return abs(packed[0] - alone[0]) > 1e-4 and (packed[1] - alone[1]).abs().max().item() > 1e-2
 
 
 @pytest.mark.skipif(KERNELS_RUN, reason="the kernels are here: the equality test below covers this process")
 def test_on_the_torch_fallback_a_packed_conversation_sees_the_one_before_it(hybrid, tiny_model):
     """The leak the refusal prevents. The dense tiny model is the control: the same construction gives the same
-    loss there (its attention is block-diagonal); the hybrid's linear layers carry a's state into b."""
+    loss and logits there (its attention is block-diagonal); the hybrid's linear layers carry a's state into b."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     dense, model = load(tiny_model), load(hybrid)
     a, b = _conversations(model.config.vocab_size)
-    assert _loss_of_b(dense, a, b, packed=True) == pytest.approx(_loss_of_b(dense, a, b, packed=False), abs=1e-5)
-    alone = _loss_of_b(model, a, b, packed=False)
-    assert abs(_loss_of_b(model, a, b, packed=True) - alone) > 1e-3  # rows: silently wrong
+    packed, alone = _b_packed_and_alone(dense, a, b)
+    assert packed[0] == pytest.approx(alone[0], abs=1e-5)
+    torch.testing.assert_close(packed[1], alone[1], atol=1e-5, rtol=1e-5)
+    assert _leaks(*_b_packed_and_alone(model, a, b))  # our rows: silently wrong
     flat = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
         [{"input_ids": a.tolist(), "labels": [-100] * len(a)}, {"input_ids": b.tolist()}])
-    try:  # TRL's flattened batch: transformers 5.24's fallback refuses the boundaries; 5.17's dropped them silently
-        with torch.no_grad():
-            got = model(**flat, use_cache=False).loss.item()
+    try:  # TRL's flattened batch: transformers 5.24's fallback refuses the boundaries; 5.17's drops them silently
+        assert _leaks(*_b_packed_and_alone(model, a, b, flat))
     except ValueError as e:
         assert "can't keep packed sequences apart" in str(e)
-    else:
-        assert abs(got - alone) > 1e-3
 
 
 @pytest.mark.skipif(not KERNELS_RUN, reason=NO_KERNELS)
