@@ -98,7 +98,8 @@ PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json",
 
 def _with_vision_tower(text_model: Any, base: Path, out: Path, dtype: Any) -> None:
     """Save the base's vision-language model with the trained text model in place of its own: the vision tower (and
-    the base's image/video processor configs) as the base has them, the decoder and LM head trained."""
+    the base's image/video processor configs) as the base has them, in the export's dtype (a bf16 base exported in
+    bf16 or fp32 keeps every value), the decoder and LM head trained."""
     import shutil
 
     from transformers import AutoModelForImageTextToText
@@ -122,7 +123,7 @@ def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool, vision: P
 
     auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir, dtype=models.torch_dtype(dtype), local_files_only=True)
-    if vision is not None and not seq_cls:
+    if vision is not None:
         _with_vision_tower(model, vision, out, models.torch_dtype(dtype))
     else:
         model.save_pretrained(out, safe_serialization=True)
@@ -161,7 +162,7 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
     seq_cls = stage_kind(stage).sequence_classifier
     vision = None if seq_cls else vision_base(info["base_model"], model_dir)
     if vision is not None:
-        info["vision_tower"] = f"copied untouched from {vision} (the stages trained its text model)"
+        info["vision_tower"] = f"copied untouched from {vision}, in {dtype} (the stages trained its text model)"
     out.mkdir(parents=True, exist_ok=True)
     echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
     if vision is not None:

@@ -10,7 +10,7 @@ from typing import Any
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
-from medgpt_ray.memory.stage_plan import packed_rows, unpacked
+from medgpt_ray.memory.stage_plan import StagePlan, packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.trainer_args import group_by_length
 from medgpt_ray.trainer_kit.packed_attention import resolve
@@ -72,7 +72,7 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
 
 
-def _say_unpacked(inp: StageInputs, plan: Any, why: str, shard: dict[str, Any]) -> None:
+def _say_unpacked(inp: StageInputs, plan: StagePlan, why: str, shard: dict[str, Any]) -> None:
     """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
     if shard.get("rank", 0) == 0:
         grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
