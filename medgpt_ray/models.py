@@ -84,6 +84,10 @@ def _quantization_config(method: str):
 
 
 def load_causal_lm(path: Path, precision: str, method: str):
+    """The checkpoint's causal LM. Of a composite vision-language checkpoint (Qwen3.5's `qwen3_5`, a vision tower
+    and a `text_config`) transformers builds the text model alone (`Qwen3_5ForCausalLM`) and leaves the vision
+    weights unread: stages train and save the text model; `medgpt-ray export` puts the base's vision tower back
+    (run/export.py)."""
     from transformers import AutoModelForCausalLM
 
     quant = _quantization_config(method)

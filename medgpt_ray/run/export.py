@@ -79,7 +79,41 @@ def _card_markdown(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool) -> None:
+def vision_base(base: str | None, model_dir: Path) -> Path | None:
+    """The run's base checkpoint where it is a vision-language one (Qwen3.5's `qwen3_5`: a vision tower and a
+    `text_config`) whose text model the stage trained: stages load and train the text model only (models.py), so
+    the export puts the base's vision tower back around it. None for any other base."""
+    if not base or not (Path(base) / "config.json").is_file():
+        return None
+    composite = json.loads((Path(base) / "config.json").read_text(encoding="utf-8"))
+    text = composite.get("text_config")
+    if "vision_config" not in composite or not isinstance(text, dict):
+        return None
+    trained = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    return Path(base) if trained.get("model_type") == text.get("model_type") else None
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
+def _with_vision_tower(text_model: Any, base: Path, out: Path, dtype: Any) -> None:
+    """Save the base's vision-language model with the trained text model in place of its own: the vision tower (and
+    the base's image/video processor configs) as the base has them, in the export's dtype (a bf16 base exported in
+    bf16 or fp32 keeps every value), the decoder and LM head trained."""
+    import shutil
+
+    from transformers import AutoModelForImageTextToText
+
+    composite = AutoModelForImageTextToText.from_pretrained(base, dtype=dtype, local_files_only=True)
+    composite.get_decoder().load_state_dict(text_model.get_decoder().state_dict())  # strict: every weight matched
+    composite.get_output_embeddings().load_state_dict(text_model.get_output_embeddings().state_dict())
+    composite.save_pretrained(out, safe_serialization=True)
+    for name in PROCESSOR_FILES:
+        if (base / name).is_file():
+            shutil.copyfile(base / name, out / name)
+
+
+def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool, vision: Path | None) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -89,7 +123,10 @@ def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool) -> None:
 
     auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     model = auto.from_pretrained(model_dir, dtype=models.torch_dtype(dtype), local_files_only=True)
-    model.save_pretrained(out, safe_serialization=True)
+    if vision is not None:
+        _with_vision_tower(model, vision, out, models.torch_dtype(dtype))
+    else:
+        model.save_pretrained(out, safe_serialization=True)
     models.load_tokenizer(model_dir).save_pretrained(out)  # with the run's chat template (stages/outputs.py)
 
 
@@ -122,9 +159,16 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
     if stage in evaluation.get("models", {}):
         info["eval_stage"] = {"reference": evaluation["reference"], **evaluation["models"][stage],
                               "win_rate": evaluation["win_rates"].get(stage)}
+    seq_cls = stage_kind(stage).sequence_classifier
+    vision = None if seq_cls else vision_base(info["base_model"], model_dir)
+    if vision is not None:
+        info["vision_tower"] = f"copied untouched from {vision}, in {dtype} (the stages trained its text model)"
     out.mkdir(parents=True, exist_ok=True)
     echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
-    _save_model(model_dir, out, dtype, seq_cls=stage_kind(stage).sequence_classifier)
+    if vision is not None:
+        echo(f"[export] {vision} is a vision-language checkpoint: its vision tower is copied untouched, the text "
+             f"model is the trained one")
+    _save_model(model_dir, out, dtype, seq_cls, vision)
     (out / "README.md").write_text(_card_markdown(info), encoding="utf-8")
     write_json_atomic(out / "medgpt_export.json", info)
     echo(f"[export] done: {out} (model card README.md, medgpt_export.json)")

@@ -10,8 +10,9 @@ from typing import Any
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
-from medgpt_ray.memory.stage_plan import packed_rows, unpacked
+from medgpt_ray.memory.stage_plan import StagePlan, packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.trainer_args import group_by_length
 from medgpt_ray.trainer_kit.packed_attention import resolve
 from medgpt_ray.trainer_kit.packed_rows import PackedShape, pack
 
@@ -47,6 +48,8 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
         if plan.packing is not None:
             plan = unpacked(plan, inp.cfg)
             report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
+        if setting == "auto":  # refused by this model's attention: said where the user reads the stage's progress
+            _say_unpacked(inp, plan, why, shard)
         return replace(inp, plan=plan), train_ds, None, report
     seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
     rows = kind.pack(train_ds, seq_len)
@@ -67,3 +70,11 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
               f"sampled_{unit}_per_row": round(per_row, 3),
               f"{unit}_per_step_expected": round(per_step * per_row * plan.num_workers, 1)}
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
+
+
+def _say_unpacked(inp: StageInputs, plan: StagePlan, why: str, shard: dict[str, Any]) -> None:
+    """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
+    if shard.get("rank", 0) == 0:
+        grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
+        print(f"[{inp.stage}] packing: auto -> padded micro-batches of {plan.micro_batch}{grouped}, not packed: "
+              f"{why}", flush=True)

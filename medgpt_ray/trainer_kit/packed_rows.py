@@ -13,11 +13,13 @@ How the model keeps a row's conversations apart depends on its attention:
   transformers reads packed position ids only when the forward has no KV cache: training passes use_cache=False
   (TRL's loss and trainer_kit/sync_free.py both do).
   That the loaded model really gets such a mask is checked before training (`attention_path`,
-  trainer_kit/packed_attention.py): the mask its first decoder layer receives for packed position ids must be
-  exactly block-diagonal.
+  trainer_kit/packed_attention.py): the mask its first full-attention layer receives for packed position ids must
+  be exactly block-diagonal. A hybrid's linear-attention layers take no mask and get no boundaries here: such a
+  model is not packed on this path (trainer_kit/linear_attention.py).
 - FlashAttention: TRL's padding-free collator, as TRL means it: the micro-batch's rows flattened into one sequence
   with cu_seq_lens for the varlen kernel. (TRL's `packing=True` does this for every attention; under SDPA the
-  flattened sequence gets one dense (rows x seq_len)^2 mask, hence our own rows path.)
+  flattened sequence gets one dense (rows x seq_len)^2 mask, hence our own rows path.) Its cu_seq_lens_q and
+  seq_idx also reach a hybrid's linear-attention layers: packed there only with their kernels installed.
 
 effective_batch keeps counting conversations. The HF Trainer's accumulation is fixed, so a step is a fixed number of
 packed rows, sized so that it holds about as many conversations as the plan's per-worker batch:
