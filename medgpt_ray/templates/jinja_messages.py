@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jinja2
@@ -89,6 +90,7 @@ _TOOLS_PROBE = [
 ]
 
 
+@functools.lru_cache(maxsize=64)
 def supports_tools(tokenizer: Any, template: JinjaTemplate) -> bool:
     """Whether the template renders a tool call and its result (TRL's `supports_tool_calling` test: a template that
     silently drops either cannot train tool use)."""

@@ -156,6 +156,10 @@ def test_tool_calls_through_the_templates_own_tools() -> None:
     assert "# Tools" in text and '"name": "get_lab_result"' in text
     assert "<tool_response>\n" + ONE_CALL[2]["content"] + "\n</tool_response>" in text
     assert trained == call + "一般每日100mg。<|im_end|>"
+    xml = encode_sft(tok, get_template("qwen3_5"), ONE_CALL, tools=TOOLS)  # Qwen3.5's own XML call format
+    trained = tok.decode([i for i in xml["labels"] if i != IGNORE_INDEX])
+    assert trained.startswith("<tool_call>\n<function=search>\n<parameter=query>\n阿司匹林\n</parameter>")
+    assert trained.endswith("</tool_call><|im_end|>一般每日100mg。<|im_end|>")
     for name, family in (("glm4", "glm"), ("mistral", "mistral")):
         with pytest.raises(TemplateToolsUnsupported):
             encode_sft(_tok(family), get_template(name), ONE_CALL, tools=TOOLS)
