@@ -18,7 +18,11 @@ from medgpt_ray.templates.base import TemplateError
 from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, template_names
 from medgpt_ray.templates.families import AutoTemplate, JinjaTemplate, families
 
-_RESOLVED: weakref.WeakKeyDictionary[Any, ChatTemplate | JinjaTemplate] = weakref.WeakKeyDictionary()
+# Per tokenizer: the template text it was resolved for, and what that resolved to (re-resolved when a stage writes
+# another template into the tokenizer).
+_RESOLVED: weakref.WeakKeyDictionary[Any, tuple[str | None, ChatTemplate | JinjaTemplate]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def own_template(tokenizer: Any) -> str | None:
@@ -33,20 +37,16 @@ def resolve(template: ChatTemplate | JinjaTemplate | AutoTemplate, tokenizer: An
     """The template a named one is (itself), or what ``auto`` is for this tokenizer (cached per tokenizer)."""
     if not isinstance(template, AutoTemplate):
         return template
-    try:
-        return _RESOLVED[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    resolved = _resolve_auto(tokenizer)
-    try:
-        _RESOLVED[tokenizer] = resolved
-    except TypeError:  # an object without weak references: resolved again next time
-        pass
+    own = own_template(tokenizer)
+    cached = _RESOLVED.get(tokenizer)
+    if cached is not None and cached[0] == own:
+        return cached[1]
+    resolved = _resolve_auto(tokenizer, own)
+    _RESOLVED[tokenizer] = (own, resolved)
     return resolved
 
 
-def _resolve_auto(tokenizer: Any) -> ChatTemplate | JinjaTemplate:
-    own = own_template(tokenizer)
+def _resolve_auto(tokenizer: Any, own: str | None) -> ChatTemplate | JinjaTemplate:
     if own is None:
         return TEMPLATES["chatml"]
     for segment in TEMPLATES.values():

@@ -166,7 +166,10 @@ def test_tool_calls_through_the_templates_own_tools() -> None:
 
 
 def test_auto_resolution_and_errors() -> None:
-    assert resolve(AUTO, _tok("qwen")) is get_template("chatml")  # no shipped template: today's default
+    bare = _tok("qwen")
+    assert resolve(AUTO, bare) is get_template("chatml")  # no shipped template: today's default
+    bare.chat_template = qwen3_chat_template  # a template written into it later is what auto follows
+    assert resolve(AUTO, bare).jinja == qwen3_chat_template
     saved = _tok("qwen")
     apply_to_tokenizer(get_template("chatml"), saved)
     assert resolve(AUTO, saved) is get_template("chatml")  # a run's saved chatml: the same segment encoder
