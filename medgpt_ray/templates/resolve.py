@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from medgpt_ray.templates.base import TemplateError
+from medgpt_ray.templates.base import TemplateTokenizerMismatch
 from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, template_names
 from medgpt_ray.templates.families import AutoTemplate, JinjaTemplate, families
 
@@ -60,7 +60,7 @@ def _resolve_auto(tokenizer: Any, own: str | None) -> ChatTemplate | JinjaTempla
     try:
         training = get_training_chat_template(tokenizer)
     except ValueError:
-        raise TemplateError(
+        raise TemplateTokenizerMismatch(  # a property of the tokenizer: every record would fail the same way
             "template 'auto': the tokenizer's chat template has no {% generation %} markers (or re-renders "
             "earlier turns) and TRL has no training variant of it, so no response-only mask can be made; set "
             f"model.template to one of: {', '.join(template_names())}"

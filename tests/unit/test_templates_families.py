@@ -175,7 +175,7 @@ def test_auto_resolution_and_errors() -> None:
     assert resolve(AUTO, saved) is get_template("chatml")  # a run's saved chatml: the same segment encoder
     assert resolve(AUTO, _tok("glm", get_template("glm4").jinja)).training == get_template("glm4").training
     unmarked = _tok("qwen", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    with pytest.raises(TemplateError, match="generation") as err:
+    with pytest.raises(TemplateTokenizerMismatch, match="generation") as err:
         encode_sft(unmarked, AUTO, CONV)
     assert "qwen3_5_nothink" in str(err.value)
     with pytest.raises(TemplateError) as err:
