@@ -11,6 +11,7 @@ templates/fixtures/ (package data: tests and runs stay offline).
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,9 +44,13 @@ AUTO = AutoTemplate()
 
 
 def _trl(name: str) -> str:
-    import trl
-
-    return (Path(trl.__file__).resolve().parent / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
+    """A template TRL bundles, read from its package directory (found without importing trl: generation needs
+    none of it)."""
+    spec = importlib.util.find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("trl is not installed: its chat templates are needed for the Qwen3/3.5 names")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return (root / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
 
 
 def _ours(name: str) -> str:
