@@ -14,7 +14,13 @@ from medgpt_ray.config.clean import CleanConfig
 class ModelConfig(_Strict):
     # A local Hugging Face checkpoint directory, or the preset "tiny". Never a hub id.
     path: str
-    template: str = "chatml"
+    # The chat template (medgpt_ray.templates.template_names(); an unknown name fails when a stage opens its data,
+    # listing them). "auto": the tokenizer's own chat template where it ships one, trained through its
+    # {% generation %} markers (TRL's training variant where the shipped one has none), else chatml. Named:
+    # chatml (= qwen), llama3, vicuna, alpaca (ours, segment by segment); qwen3, qwen3_5 (thinking on for records
+    # whose assistant turns carry reasoning_content, else off), qwen3_nothink, qwen3_5_nothink (always off),
+    # glm4, mistral (the family's template, whatever the tokenizer ships).
+    template: str = "auto"
     # The architecture to plan memory for when model.path is not readable where the plan is made (planning a
     # cluster config on a laptop): a preset of medgpt_ray.memory.shapes. model.path's config.json wins.
     shape: str | None = None

@@ -1,5 +1,21 @@
 """Chat templates and response-only label masks for SFT, reward modelling and DPO.
 
+Three kinds of template, one set of functions (encode_sft, encode_preference, render_prompt, response_text,
+resolved_suffix, check_template, apply_to_tokenizer), by name (catalog.get_template, template_names()):
+
+- ``auto`` (the default): the model's own tokenizer chat template where it ships one, else chatml (resolve.py);
+- our segment templates, chatml (= qwen), llama3, vicuna, alpaca: described below;
+- the Jinja families, qwen3, qwen3_nothink, qwen3_5, qwen3_5_nothink, glm4, mistral (families.py), rendered by
+  the tokenizer from the family's training template, masks from its {% generation %} markers (jinja_encode.py).
+
+An assistant turn may also carry ``reasoning_content`` (a string): the qwen3/qwen3_5 names (and ``auto`` on a
+template that reads it) render it in the ``<think>`` block and train it, with Qwen3's ``enable_thinking`` on for that
+record; a record without reasoning renders with it off (the empty ``<think>\n\n</think>\n\n`` is the prompt's, as
+at inference). The readers produce no reasoning yet (MedicalGPT's data has none). Prompts (preference, prompt and
+generation) render with thinking off.
+
+What follows is the segment templates' contract; the Jinja templates keep the same rule for what is trained.
+
 A conversation is a list of ``{"role", "content"}`` turns: an optional leading system turn, then
 turns alternating between the user side (``user``, or ``tool``: a tool's result) and the assistant
 side (``assistant``, or ``tool_call``: the assistant's function call(s), JSON text of
@@ -45,7 +61,7 @@ from medgpt_ray.templates.base import (
     TemplateTokenizerMismatch,
     TemplateToolsUnsupported,
 )
-from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, get_template
+from medgpt_ray.templates.catalog import TEMPLATES, ChatTemplate, get_template, template_names
 from medgpt_ray.templates.conversation import has_tool_content, parse_tool_calls, turn_order_error
 from medgpt_ray.templates.encode import (
     apply_to_tokenizer,
@@ -56,12 +72,17 @@ from medgpt_ray.templates.encode import (
     resolved_suffix,
     response_text,
 )
+from medgpt_ray.templates.families import AUTO, AutoTemplate, JinjaTemplate
+from medgpt_ray.templates.resolve import resolve
 from medgpt_ray.templates.tool_format import ToolFormat
 
 __all__ = [
     "ASSISTANT_SIDE",
+    "AUTO",
+    "AutoTemplate",
     "ChatTemplate",
     "IGNORE_INDEX",
+    "JinjaTemplate",
     "ROLES",
     "TEMPLATES",
     "TOOL_ROLES",
@@ -78,7 +99,9 @@ __all__ = [
     "has_tool_content",
     "parse_tool_calls",
     "render_prompt",
+    "resolve",
     "resolved_suffix",
     "response_text",
+    "template_names",
     "turn_order_error",
 ]

@@ -1,5 +1,6 @@
-"""The chat templates we ship (chatml/qwen, llama3, vicuna, alpaca) and their tool format; the Jinja text each
-exports to a tokenizer is built by jinja.py."""
+"""The chat templates we render segment by segment (chatml/qwen, llama3, vicuna, alpaca) and their tool format; the
+Jinja text each exports to a tokenizer is built by jinja.py. The names of all templates (these, ``auto`` and the
+Jinja families of families.py) are looked up here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from medgpt_ray.templates.base import (
     TemplateError,
 )
+from medgpt_ray.templates.families import AUTO, FAMILY_NAMES, families
 from medgpt_ray.templates.jinja import chat_template_jinja
 from medgpt_ray.templates.tool_format import ToolFormat
 
@@ -117,9 +119,17 @@ TEMPLATES: dict[str, ChatTemplate] = {
 # silently train on prompts missing <|begin_of_text|>.
 REQUIRED_BOS = {"llama3": "<|begin_of_text|>"}
 
-def get_template(name: str) -> ChatTemplate:
-    try:
+def template_names() -> list[str]:
+    """Every name model.template accepts: ``auto``, our segment templates, and the Jinja families (families.py)."""
+    return ["auto", *sorted(TEMPLATES), *FAMILY_NAMES]
+
+
+def get_template(name: str) -> Any:
+    """A ChatTemplate (segments), a JinjaTemplate (families.py) or AUTO (the tokenizer's own, resolve.py)."""
+    if name == AUTO.name:
+        return AUTO
+    if name in TEMPLATES:
         return TEMPLATES[name]
-    except KeyError:
-        allowed = ", ".join(sorted(TEMPLATES))
-        raise TemplateError(f"unknown chat template {name!r}; allowed: {allowed}") from None
+    if name in families():
+        return families()[name]
+    raise TemplateError(f"unknown chat template {name!r}; allowed: {', '.join(template_names())}")

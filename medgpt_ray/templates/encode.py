@@ -8,6 +8,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from medgpt_ray.templates import jinja_encode
 from medgpt_ray.templates.base import (
     IGNORE_INDEX,
     TemplateError,
@@ -16,11 +17,20 @@ from medgpt_ray.templates.base import (
 )
 from medgpt_ray.templates.catalog import REQUIRED_BOS, ChatTemplate
 from medgpt_ray.templates.conversation import check_tools, has_tool_content, tool_calls_of, validate_conversation
+from medgpt_ray.templates.families import JinjaTemplate
+from medgpt_ray.templates.jinja_messages import supports_tools
+from medgpt_ray.templates.resolve import resolve
 from medgpt_ray.templates.tool_format import unsupported_message
 
+# Every public function takes a ChatTemplate (segments, below), a JinjaTemplate (jinja_encode.py) or AUTO, resolved
+# per tokenizer first (resolve.py). Type hints say Any for the template where all three are accepted.
 
-def resolved_suffix(template: ChatTemplate, tokenizer: Any) -> str:
+
+def resolved_suffix(template: Any, tokenizer: Any) -> str:
     """The text that ends an assistant turn for this tokenizer (its eos_token for vicuna/alpaca)."""
+    template = resolve(template, tokenizer)
+    if isinstance(template, JinjaTemplate):
+        return jinja_encode.end_of_turn(tokenizer, template)
     if not template.eos_from_tokenizer:
         return template.assistant_suffix
     if not tokenizer.eos_token:
@@ -36,8 +46,12 @@ def _bos(template: ChatTemplate, tokenizer: Any) -> str:
 def _describe(tokenizer: Any) -> str:
     return f"{type(tokenizer).__name__} ({getattr(tokenizer, 'name_or_path', '') or 'unnamed'})"
 
-def check_template(template: ChatTemplate, tokenizer: Any) -> None:
+def check_template(template: Any, tokenizer: Any) -> None:
     """Raise TemplateTokenizerMismatch unless every control token of ``template`` is one known token."""
+    template = resolve(template, tokenizer)
+    if isinstance(template, JinjaTemplate):
+        jinja_encode.check(tokenizer, template)
+        return
     problems: list[str] = []
     tokens = list(template.special_tokens)
     required_bos = REQUIRED_BOS.get(template.name)
@@ -60,16 +74,18 @@ def check_template(template: ChatTemplate, tokenizer: Any) -> None:
         )
 
 # encode_* run once per record (Ray Data map_batches): check each (tokenizer, template) pair once.
-_CHECKED: weakref.WeakKeyDictionary[Any, set[ChatTemplate]] = weakref.WeakKeyDictionary()
+_CHECKED: weakref.WeakKeyDictionary[Any, set[Any]] = weakref.WeakKeyDictionary()
 
-def _ensure_checked(template: ChatTemplate, tokenizer: Any) -> None:
+def _ensure_checked(template: Any, tokenizer: Any) -> None:
     done = _CHECKED.setdefault(tokenizer, set())
     if template not in done:
         check_template(template, tokenizer)
         done.add(template)
 
-def _require_tool_format(template: ChatTemplate, conversation: list[dict], tools: list[dict]) -> None:
-    if template.tools is None and has_tool_content(conversation, tools):
+def _require_tool_format(template: Any, conversation: list[dict], tools: list[dict], tokenizer: Any) -> None:
+    if not has_tool_content(conversation, tools):
+        return
+    if template.tools is None if isinstance(template, ChatTemplate) else not supports_tools(tokenizer, template):
         raise TemplateToolsUnsupported(unsupported_message(template.name))
 
 def _segments(
@@ -120,9 +136,20 @@ def _segments(
 def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
+def _segment_ids(
+    tokenizer: Any, template: ChatTemplate, conversation: list[dict], tools: list[dict]
+) -> tuple[list[int], list[int]]:
+    segs = _segments(template, tokenizer, conversation, generation_prompt=False, tools=tools)
+    input_ids: list[int] = []
+    labels: list[int] = []
+    for (_, trained), ids in zip(segs, _encode(tokenizer, [t for t, _ in segs]), strict=True):
+        input_ids += ids
+        labels += ids if trained else [IGNORE_INDEX] * len(ids)
+    return input_ids, labels
+
 def encode_sft(
     tokenizer: Any,
-    template: ChatTemplate,
+    template: Any,
     conversation: list[dict],
     max_len: int | None = None,
     tools: list[dict] | None = None,
@@ -135,16 +162,15 @@ def encode_sft(
     token would survive; TemplateToolsUnsupported if the template has no tool format but the
     conversation has tools or tool turns.
     """
+    template = resolve(template, tokenizer)
     validate_conversation(conversation, "assistant")
     tools = check_tools(tools)
-    _require_tool_format(template, conversation, tools)
+    _require_tool_format(template, conversation, tools, tokenizer)
     _ensure_checked(template, tokenizer)
-    segs = _segments(template, tokenizer, conversation, generation_prompt=False, tools=tools)
-    input_ids: list[int] = []
-    labels: list[int] = []
-    for (_, trained), ids in zip(segs, _encode(tokenizer, [t for t, _ in segs]), strict=True):
-        input_ids += ids
-        labels += ids if trained else [IGNORE_INDEX] * len(ids)
+    if isinstance(template, JinjaTemplate):
+        input_ids, labels = jinja_encode.encode_sft(tokenizer, template, conversation, tools)
+    else:
+        input_ids, labels = _segment_ids(tokenizer, template, conversation, tools)
     if max_len is not None:
         input_ids, labels = input_ids[:max_len], labels[:max_len]
         if all(label == IGNORE_INDEX for label in labels):
@@ -153,26 +179,27 @@ def encode_sft(
             )
     return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
 
-def render_prompt(
-    template: ChatTemplate, tokenizer: Any, turns: list[dict], tools: list[dict] | None = None
-) -> str:
+def render_prompt(template: Any, tokenizer: Any, turns: list[dict], tools: list[dict] | None = None) -> str:
     """BOS + system (the template default if none) + tools + turns + generation prompt.
 
     The turns end user-side (user, or tool: the result the model answers next). The text already
     holds the BOS where the template wants one: tokenize it with ``add_special_tokens=False``.
     """
+    template = resolve(template, tokenizer)
     validate_conversation(turns, "user")
     tools = check_tools(tools)
-    _require_tool_format(template, turns, tools)
+    _require_tool_format(template, turns, tools, tokenizer)
+    if isinstance(template, JinjaTemplate):
+        return jinja_encode.render_prompt(tokenizer, template, turns, tools)
     segs = _segments(template, tokenizer, turns, generation_prompt=True, tools=tools)
     return "".join(text for text, _ in segs)
 
-def response_text(template: ChatTemplate, tokenizer: Any, response: str) -> str:
+def response_text(template: Any, tokenizer: Any, response: str) -> str:
     """What a preference response is scored and trained on: the response plus the turn's end token."""
     return response + resolved_suffix(template, tokenizer)
 
 def encode_preference(
-    tokenizer: Any, template: ChatTemplate, record: dict, max_len: int | None = None
+    tokenizer: Any, template: Any, record: dict, max_len: int | None = None
 ) -> dict[str, list[int]]:
     """{"conversations", "chosen", "rejected", optional "tools"} -> prompt_ids, chosen_ids, rejected_ids.
 
@@ -181,14 +208,18 @@ def encode_preference(
     """
     if not isinstance(record, dict):
         raise TemplateError("preference record must be a dict")
+    template = resolve(template, tokenizer)
     validate_conversation(record.get("conversations"), "user")
     for key in ("chosen", "rejected"):
         if not isinstance(record.get(key), str):
             raise TemplateError(f"preference record: {key!r} must be a string")
     tools = check_tools(record.get("tools"))
-    _require_tool_format(template, record["conversations"], tools)
+    _require_tool_format(template, record["conversations"], tools, tokenizer)
     _ensure_checked(template, tokenizer)
-    segs = _segments(template, tokenizer, record["conversations"], generation_prompt=True, tools=tools)
+    if isinstance(template, JinjaTemplate):  # the prompt as one text: the template decides where tokens split
+        segs = [(jinja_encode.render_prompt(tokenizer, template, record["conversations"], tools), False)]
+    else:
+        segs = _segments(template, tokenizer, record["conversations"], generation_prompt=True, tools=tools)
     suffix = resolved_suffix(template, tokenizer)
     n = len(segs)
     ids = _encode(tokenizer, [t for t, _ in segs] + [record["chosen"], suffix, record["rejected"], suffix])
@@ -204,7 +235,9 @@ def encode_preference(
         chosen_ids, rejected_ids = chosen_ids[:room], rejected_ids[:room]
     return {"prompt_ids": prompt_ids, "chosen_ids": chosen_ids, "rejected_ids": rejected_ids}
 
-def apply_to_tokenizer(template: ChatTemplate, tokenizer: Any) -> None:
-    """Save the template into the tokenizer (written with save_pretrained) after checking the fit."""
+def apply_to_tokenizer(template: Any, tokenizer: Any) -> None:
+    """Save the template into the tokenizer (written with save_pretrained) after checking the fit: a Jinja
+    family's template as the model ships it (not its training variant); ``auto`` leaves the tokenizer's own."""
+    template = resolve(template, tokenizer)
     check_template(template, tokenizer)
     tokenizer.chat_template = template.jinja
