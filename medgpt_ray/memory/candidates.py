@@ -12,7 +12,7 @@ from medgpt_ray.memory.budget import Budget, gib
 from medgpt_ray.memory.estimator import Estimate, TrainSetup
 from medgpt_ray.memory.generation import generation_choices
 from medgpt_ray.memory.generation import peak as estimate
-from medgpt_ray.memory.options import compiles, liger_available
+from medgpt_ray.memory.options import compiles, liger_for
 from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.throughput import tokens_per_second
@@ -58,8 +58,8 @@ class Candidate:
                 f"{'fused layer ops, ' if s.fused_kernels else ''}{zero}")
 
 
-def setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers: int, use_gpu: bool,
-            seq_len: int, packed: bool):
+def setups(stage: str, cfg: StageConfig, shape: ModelShape, opts: dict[str, list[Any]], num_workers: int,
+           use_gpu: bool, seq_len: int, packed: bool):
     per_worker = opts["per_worker"][0]
     for method, micro, ck, fused, kernels, optim, (zero, offload) in itertools.product(
             opts["method"], opts["micro"], opts["ckpt"], opts["fused"], opts["kernels"], opts["optim"],
@@ -68,13 +68,14 @@ def setups(stage: str, cfg: StageConfig, opts: dict[str, list[Any]], num_workers
             "fp32" if not use_gpu else "amp-bf16" if method == "full" else "bf16")
         if method == "qlora" and zero == 3:
             continue
-        if kernels and not (compiles(cfg, use_gpu, method, zero) or liger_available()):
+        compiled = compiles(cfg, use_gpu, method, zero, shape)
+        if kernels and not (compiled or liger_for(shape, "layers")):
             continue  # nothing would fuse the layer ops this estimate assumes fused
         yield from generation_choices(replace(TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
             optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro, fused_kernels=kernels,
-            compiled=compiles(cfg, use_gpu, method, zero), packed=packed), **setup_fields(stage, cfg, use_gpu)))
+            compiled=compiled, packed=packed), **setup_fields(stage, cfg, use_gpu)))
 
 
 def candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:

@@ -129,7 +129,9 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     b.update(own.training if own else {})
     if full and s.precision == "amp-bf16" and not deepspeed:
         # Autocast's bf16 copies of the linear weights and the LM head, saved for backward.
-        b["autocast_weight_copies"] = 2 * (shape.linear_params + shape.vocab * shape.hidden)
+        # A MoE's fused experts and routers are cast too (their matmuls run under autocast): counted, unmeasured.
+        b["autocast_weight_copies"] = 2 * (shape.linear_params + shape.expert_params + shape.router_params
+                                           + shape.vocab * shape.hidden)
     if s.grad_accum > 1 or (full and not deepspeed):
         # Accumulating grads live through the next micro-batch; without accumulation only the first ones
         # (the LM head/embedding, produced first in backward) coexist with the activations.

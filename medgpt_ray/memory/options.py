@@ -25,14 +25,21 @@ def liger_available() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int) -> bool:
+def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int, shape: ModelShape) -> bool:
     """Whether the decoder layers are compiled (stages/speed.py). Automatic only where it was measured:
     GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager. A
-    stage capped below COMPILE_MIN_STEPS steps stays eager too: compiling costs each worker 20-60 s first."""
+    stage capped below COMPILE_MIN_STEPS steps stays eager too: compiling costs each worker 20-60 s first. A
+    hybrid model's linear-attention layers stay eager: compiling transformers' PyTorch delta rule (its chunk loop
+    unrolled) had not finished the first step of a 0.8B Qwen3.5 after 4 minutes on the H200 (issue 34)."""
     if cfg.compile != "auto":
         return bool(cfg.compile)
     short = 0 < cfg.max_steps < COMPILE_MIN_STEPS
-    return use_gpu and method != "qlora" and zero != 3 and not short
+    return use_gpu and method != "qlora" and zero != 3 and not short and not shape.linear_layers
+
+
+def liger_for(shape: ModelShape, part: str) -> bool:
+    """liger-kernel is installed and covers this family's `layers` (RMSNorm/SwiGLU/RoPE) or `fused_ce`."""
+    return liger_available() and (shape.liger_layers if part == "layers" else shape.liger_fused_ce)
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -104,14 +111,14 @@ def _ckpt_options(cfg: StageConfig, shape: ModelShape, note: Note) -> list[Any]:
     return note("grad_ckpt", value, [], "")
 
 
-def _fused_ce_options(stage: str, cfg: StageConfig, profile: MemoryProfile, use_gpu: bool,
+def _fused_ce_options(stage: str, cfg: StageConfig, profile: MemoryProfile, shape: ModelShape, use_gpu: bool,
                       note: Note) -> list[Any]:
     """The trainer decides the loss path (its profile's `fused_ce_allowed`); only Liger's fused linear CE (pt) is
     a choice, searched where Liger and a GPU are present."""
     where = f"stages.{stage}"
     liger = profile.liger_fused_ce
     if liger:
-        fused_auto = [False, True] if (use_gpu and liger_available()) else [False]
+        fused_auto = [False, True] if (use_gpu and liger_for(shape, "fused_ce")) else [False]
     else:
         fused_auto = list(profile.fused_ce_allowed)
     if cfg.fused_ce != "auto":
@@ -121,19 +128,26 @@ def _fused_ce_options(stage: str, cfg: StageConfig, profile: MemoryProfile, use_
             raise ConfigError(f"{where}.fused_ce: Liger's fused linear cross-entropy needs a GPU")
         if liger and cfg.fused_ce and not liger_available():
             raise ConfigError(f"{where}.fused_ce: needs liger-kernel: pip install 'medgpt-ray[gpu]'")
-    why_fused = ("Liger fused linear CE" + ("" if liger_available() else " unavailable: liger-kernel not installed")
-                 if liger else "fixed by the trainer")
+        if liger and cfg.fused_ce and not shape.liger_fused_ce:
+            raise ConfigError(f"{where}.fused_ce: liger-kernel has no fused linear CE for {shape.name}'s family")
+    why_fused = ("Liger fused linear CE" + ("" if liger_for(shape, "fused_ce") else " unavailable: liger-kernel not "
+                                            "installed or not for this family") if liger else "fixed by the trainer")
     return note("fused_ce", cfg.fused_ce, fused_auto, why_fused)
 
 
-def _kernel_options(where: str, cfg: StageConfig, profile: MemoryProfile, use_gpu: bool, note: Note) -> list[Any]:
-    fusable = use_gpu and (liger_available() or cfg.compile is not False)
+def _kernel_options(where: str, cfg: StageConfig, profile: MemoryProfile, shape: ModelShape, use_gpu: bool,
+                    note: Note) -> list[Any]:
+    # A hybrid is never compiled on `auto` (compiles()): only Liger would fuse its layers, and Liger has no RoPE
+    # for it.
+    compilable = cfg.compile is True or (cfg.compile == "auto" and not shape.linear_layers)
+    fusable = use_gpu and (liger_for(shape, "layers") or compilable)
     if cfg.fused_kernels is True:
         if not profile.fused_kernels:
             raise ConfigError(f"{where}.fused_kernels: {profile.kernels_refusal}")
         if not fusable:
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels need a GPU and either compile "
-                              f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]')")
+                              f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]') with kernels for "
+                              f"this model's family")
     kernels_auto = [False, True] if (fusable and profile.fused_kernels) else [False]
     return note("fused_kernels", cfg.fused_kernels, kernels_auto,
                 "fused RMSNorm/SwiGLU/RoPE: compiled layers, else Liger"
@@ -150,8 +164,8 @@ def options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, u
     per_worker = _per_worker_batch(where, cfg, num_workers)
     micro, per_worker = _micro_options(stage, cfg, per_worker, lengths, reasons, note)
     ckpt = _ckpt_options(cfg, shape, note)
-    fused = _fused_ce_options(stage, cfg, profile, use_gpu, note)
-    kernels = _kernel_options(where, cfg, profile, use_gpu, note)
+    fused = _fused_ce_options(stage, cfg, profile, shape, use_gpu, note)
+    kernels = _kernel_options(where, cfg, profile, shape, use_gpu, note)
 
     optim = note("optim", cfg.optim, ["adamw"], "AdamW")
     if optim == ["adamw-8bit"] and not use_gpu:

@@ -40,13 +40,13 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
     planned sequence length), lengths, packed and rows_per_step (the packed rows per worker step)."""
     s = chosen.setup
     num_workers, use_gpu, lengths = layout["num_workers"], layout["use_gpu"], layout["lengths"]
-    compiled = compiles(cfg, use_gpu, s.method, s.zero)
+    compiled = compiles(cfg, use_gpu, s.method, s.zero, shape)
     try:
         reward_model_on = reward_model_placement(shape, s, use_gpu, budget.usable_gib)
     except ValueError as e:
         raise PlanError(f"stages.{stage}.{e}") from None
     reasons.append(f"compile: {compiled} (" + ("explicit" if cfg.compile != "auto" else
-                   f"auto: GPU runs except QLoRA, ZeRO-3 and max_steps < {COMPILE_MIN_STEPS}") + ")")
+                   f"auto: GPU runs except QLoRA, ZeRO-3, linear attention and max_steps < {COMPILE_MIN_STEPS}") + ")")
     rejected = alternatives(chosen, cands, budget)
     reasons.append(f"chosen: {chosen.label()} (peak {chosen.peak_gib:.1f} GiB, "
                    f"{chosen.tokens_per_s:,.0f} tokens/s/GPU predicted)")

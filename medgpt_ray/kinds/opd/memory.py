@@ -66,7 +66,7 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
     return KindTerms(
         resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
         training={"teacher_logits": e * tokens * t.vocab,
-                  "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.intermediate),
+                  "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.mlp_width),
                   "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
 
 
