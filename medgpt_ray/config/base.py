@@ -53,4 +53,6 @@ class LoraConfig(_Strict):
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
     """Dropout on the LoRA inputs."""
     targets: str | list[str] = "all-linear"
-    """Modules to adapt; "all-linear" is PEFT's own selector: every linear layer except the output head."""
+    """Modules to adapt; "all-linear": every linear layer except the output head (PEFT's selector); on a MoE
+    (qwen2_moe, qwen3_moe, qwen3_5_moe) the attention, dense-MLP and shared-expert projections, never the router or
+    the routed experts (config/lora_targets.py)."""

@@ -78,7 +78,7 @@ class StageConfig(_Strict):
     """tensorboard: rank 0 also writes TensorBoard event files to runs/<name>/<stage>/tb/ (the Prometheus metric
     names); none: it does not; null: the top-level `report_to`. Not in the fingerprint."""
     template: str | None = None
-    """Chat template (chatml = qwen, llama3, vicuna, alpaca); null: model.template."""
+    """Chat template (see model.template); null: model.template."""
     num_workers: Annotated[int, Field(ge=1)] | None = None
     """Data-parallel workers; null: resources.num_workers."""
     placement: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"

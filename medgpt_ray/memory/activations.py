@@ -26,6 +26,13 @@ LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
 # and the fp32 [key_head_dim x value_head_dim] state at the chunk's start.
 DELTA_RULE_CHUNK = 64
 DELTA_RULE_CHUNK_MATRICES = 3
+# Measured on the H200 (transformers 5.17's PyTorch path, no flash-linear-attention; a 0.75B Qwen3.5 text model, LoRA,
+# micro-batch 1 of <= 2048 tokens, every layer checkpointed): 7.99 GiB against 2.20 predicted by the terms above
+# (full training: 9.47 against 6.31), ~2.9 MiB a token, about three fp32 [key_head_dim x value_head_dim] states per
+# value head and token in the layer being rebuilt. The cause is not isolated (issue 34; bench/results/
+# family_calibration_h200.json): counted in every linear-attention layer whose activations are live, so a hybrid
+# is never a fit on the strength of terms that were only read from code.
+DELTA_RULE_FALLBACK_STATES = 3
 
 
 def layer_kinds(shape: ModelShape) -> list[tuple[bool, bool]]:
@@ -158,6 +165,11 @@ def activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
         attention = sum(n for (linear, _), n in live.items() if not linear)  # linear attention takes no mask
         b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(attention, 1)
     b["recompute"] = tokens * recompute * scale
+    if shape.linear_layers:
+        # Under full checkpointing the live one is the layer being rebuilt.
+        layers = sum(n for (linear, _), n in live.items() if linear) + (k == shape.layers)
+        state = 4 * shape.linear_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim
+        b["linear_attention_fallback"] = tokens * DELTA_RULE_FALLBACK_STATES * state * layers
     # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's), at
     # the widest MLP a token runs through (a routed layer's: its active experts' and shared expert's).
     e = 4 if s.precision == "fp32" else 2

@@ -192,12 +192,14 @@ def test_packing_auto_trains_a_hybrid_in_padded_batches_and_says_why(data, hybri
         build_stage(stage_inputs(data, hybrid, tmp_path / "true", True))
 
 
-def test_a_hybrid_planned_in_packed_rows_on_the_driver_trains_one_conversation_a_micro_batch(data, hybrid, tmp_path):
-    """The driver plans from the data's lengths before any model is loaded; the worker's refusal falls back to the
-    same conversations per step, one a micro-batch with every layer recomputed (memory/stage_plan.unpacked)."""
+def test_the_driver_plans_a_hybrid_padded_from_packed_lengths_and_the_worker_trains_that_plan(data, hybrid, tmp_path):
+    """The driver plans from the data's lengths before any model is loaded: on `packing: auto` a hybrid shape is
+    planned padded (memory/planner.py), so the worker trains the plan's own micro-batches, not the one-conversation
+    fallback a packed plan refused on the worker would get (memory/stage_plan.unpacked)."""
     inp = stage_inputs(data, hybrid, tmp_path, "auto", LengthProfile.of([90] * 10, 10, SEQ_LEN, 4.0))
-    assert inp.plan.packing is not None
+    assert inp.plan.packing is None and any("planned padded" in r for r in inp.plan.reasons)
     built = build_stage(inp)
-    assert built.extras["packing"]["mode"] is None and "planned_packed" in built.extras["packing"]
+    assert built.extras["packing"]["mode"] is None and "planned_packed" not in built.extras["packing"]
     args = built.trainer.args
-    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (1, 4)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == \
+        (inp.plan.micro_batch, inp.plan.grad_accum)

@@ -70,3 +70,22 @@ def test_fused_kernels_on_a_hybrid_need_an_explicit_compile(tmp_path):
     with pytest.raises(ConfigError, match="stages.sft.fused_kernels: .*this model's family"):
         plan_stage("sft", sft(fused_kernels=True), 1, True, hybrid, CARD)
     assert plan_stage("sft", sft(fused_kernels=True, compile=True), 1, True, hybrid, CARD).fused_kernels
+
+
+def test_the_measured_delta_rule_excess_is_counted_in_every_live_linear_layer(tmp_path):
+    """The H200 measured ~3 fp32 recurrent states a token in the rebuilt layer beyond the terms read from code
+    (bench/results/family_calibration_h200.json): counted once under full checkpointing, per live linear layer
+    otherwise, never for a dense model."""
+    from medgpt_ray.memory.estimator import TrainSetup, estimate
+
+    hybrid = shape_of(tmp_path, QWEN3_5_TEXT)
+    state = 4 * hybrid.linear_value_heads * hybrid.linear_key_head_dim * hybrid.linear_value_head_dim
+
+    def term(shape, ckpt: float) -> float:
+        setup = TrainSetup(stage="sft", method="lora", precision="bf16", micro_batch=1, seq_len=2048,
+                           ckpt_fraction=ckpt, fused_ce=True, zero=0, offload="none", gpus=1, optim="adamw")
+        return estimate(shape, setup).breakdown.get("linear_attention_fallback", 0.0)
+
+    assert term(hybrid, 1.0) == 2048 * 3 * state
+    assert term(hybrid, 0.0) == 2048 * 3 * state * len(hybrid.linear_layers)
+    assert term(PRESETS["qwen2.5-0.5b"], 1.0) == 0.0

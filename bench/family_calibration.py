@@ -1,0 +1,89 @@
+"""Predicted vs measured peak of today's families (issue 34 item 5), from real_length_throughput.py's results.
+
+The GPU runs (bench/README.md has their commands) train one stage through the pipeline under a 24 GiB cap on
+random-init family shapes (bench/family_models.py). This script reads their JSON files and re-scores each run's
+chosen configuration with this checkout's estimator (the plan the run made, at the sequence length and packing it
+was planned at), so a later change to the memory model is judged against the same measurements:
+
+    python bench/family_calibration.py --out bench/results/family_calibration_h200.json \\
+        bench/results/real_length_throughput_qwen3-8b_h200.json ...
+
+Judged as in FIELD-NOTES: within max(10 %, 0.5 GiB) of the measured peak, and never below it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+import family_models  # noqa: E402
+
+
+def repredict(run: dict[str, Any], work: Path) -> dict[str, Any]:
+    from medgpt_ray.config import load_config
+    from medgpt_ray.memory.estimator import estimate
+    from medgpt_ray.memory.shapes import load_shape
+    from medgpt_ray.memory.stage_plan import StagePlan, unpacked
+
+    shape = load_shape(str(family_models.write_config_only(run["model"], work)))
+    cfg = load_config(str(BENCH.parent / "configs" / "qwen2.5-7b-4x4090.yaml"),
+                      [s for s in run["sets"] if not s.startswith(("model.path=", "data.", "output_dir="))])
+    fields = {k: v for k, v in run["plan"].items() if k in StagePlan.__dataclass_fields__}
+    plan = StagePlan(**{**fields, "reasons": [], "alternatives": []})
+    stage_cfg = cfg.stages.get(run["stage"])
+    out: dict[str, Any] = {}
+    if shape.linear_layers and plan.packing is not None:
+        # Planned in packed rows before the planner knew a hybrid never packs: the worker refused packing and
+        # trained the fallback (one conversation a micro-batch, every layer recomputed), which is what ran.
+        plan = unpacked(plan, stage_cfg)
+        out["ran"] = "the worker's unpacked fallback of a packed plan: micro-batch 1, full checkpointing"
+    est = estimate(shape, plan.train_setup(stage_cfg))
+    return {**out, "predicted_now_gib": round(est.peak_gib, 3), "breakdown_now_gib": est.breakdown_gib()}
+
+
+def judge(measured: float, predicted: float) -> dict[str, Any]:
+    gap = predicted - measured
+    return {"error_gib": round(gap, 3), "error_pct": round(100 * gap / measured, 1),
+            "within_target": gap >= 0 and gap <= max(0.1 * measured, 0.5), "never_above": gap >= 0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", nargs="+", help="real_length_throughput.json files of family runs")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in a.results:
+            doc = json.loads(Path(path).read_text())
+            for run in doc["runs"]:
+                row = {"source": path, "command": doc["command"], "device": doc["device"], "name": run["name"],
+                       "status": run["status"], "stage": run["stage"], "sets": run["sets"][-4:],
+                       "method": run["plan"].get("method"), "micro_batch": run["plan"].get("micro_batch"),
+                       "ckpt_fraction": run["plan"].get("ckpt_fraction"), "compile": run["plan"].get("compile"),
+                       "packed": run["plan"].get("packing") is not None,
+                       "measured_peak_gib": run.get("measured_peak_gib"),
+                       "predicted_at_run_gib": run.get("predicted_peak_gib"),
+                       "tokens_per_s_median": run["tokens_per_s"].get("median"),
+                       "predicted_tokens_per_s": run.get("predicted_tokens_per_s")}
+                if run["status"] == "ok" and row["measured_peak_gib"]:
+                    row.update(repredict(run, Path(tmp)))
+                    row.update(judge(row["measured_peak_gib"], row["predicted_now_gib"]))
+                rows.append(row)
+    out = {"command": shlex.join(["python", *sys.argv]), "runs": rows}
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['name']}: {r['status']} measured {r['measured_peak_gib']} GiB, predicted now "
+              f"{r.get('predicted_now_gib')} ({r.get('error_pct')} %), {r['tokens_per_s_median']} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
