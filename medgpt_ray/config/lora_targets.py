@@ -1,6 +1,6 @@
 """What `lora.targets: all-linear` (the default) adapts on a mixture-of-experts model: the planner counts it
 (memory/shape_model.py) and models.lora_config hands it to PEFT, from this one table (docs/ARCHITECTURE.md,
-"Model families").
+"In transition": model families).
 
 PEFT 0.21's own `all-linear` is not what a MoE should train: on Qwen3-MoE it wraps the fused 3-D experts and the
 router (and then refuses any lora_dropout), on Qwen2-MoE and Qwen3.5-MoE it adapts the shared expert's 1-output
