@@ -27,11 +27,12 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 import family_models  # noqa: E402
 
 
-def repredict(run: dict[str, Any], work: Path) -> dict[str, Any]:
+def repredict(run: dict[str, Any], work: Path, device: str) -> dict[str, Any]:
     from medgpt_ray.config import load_config
     from medgpt_ray.memory.estimator import estimate
     from medgpt_ray.memory.shapes import load_shape
     from medgpt_ray.memory.stage_plan import StagePlan, unpacked
+    from medgpt_ray.memory.throughput import spec_for, tokens_per_second
 
     shape = load_shape(str(family_models.write_config_only(run["model"], work)))
     cfg = load_config(str(BENCH.parent / "configs" / "qwen2.5-7b-4x4090.yaml"),
@@ -45,8 +46,11 @@ def repredict(run: dict[str, Any], work: Path) -> dict[str, Any]:
         # trained the fallback (one conversation a micro-batch, every layer recomputed), which is what ran.
         plan = unpacked(plan, stage_cfg)
         out["ran"] = "the worker's unpacked fallback of a packed plan: micro-batch 1, full checkpointing"
-    est = estimate(shape, plan.train_setup(stage_cfg))
-    return {**out, "predicted_now_gib": round(est.peak_gib, 3), "breakdown_now_gib": est.breakdown_gib()}
+    setup = plan.train_setup(stage_cfg)
+    est = estimate(shape, setup)
+    speed = tokens_per_second(shape, setup, spec_for(device))
+    return {**out, "predicted_now_gib": round(est.peak_gib, 3), "breakdown_now_gib": est.breakdown_gib(),
+            "predicted_now_tokens_per_s": round(speed, 1)}
 
 
 def judge(measured: float, predicted: float) -> dict[str, Any]:
@@ -75,14 +79,15 @@ def main() -> None:
                        "tokens_per_s_median": run["tokens_per_s"].get("median"),
                        "predicted_tokens_per_s": run.get("predicted_tokens_per_s")}
                 if run["status"] == "ok" and row["measured_peak_gib"]:
-                    row.update(repredict(run, Path(tmp)))
+                    row.update(repredict(run, Path(tmp), doc["device"]))
                     row.update(judge(row["measured_peak_gib"], row["predicted_now_gib"]))
                 rows.append(row)
     out = {"command": shlex.join(["python", *sys.argv]), "runs": rows}
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
         print(f"{r['name']}: {r['status']} measured {r['measured_peak_gib']} GiB, predicted now "
-              f"{r.get('predicted_now_gib')} ({r.get('error_pct')} %), {r['tokens_per_s_median']} tokens/s")
+              f"{r.get('predicted_now_gib')} ({r.get('error_pct')} %), {r['tokens_per_s_median']} tokens/s (predicted "
+              f"now {r.get('predicted_now_tokens_per_s')})")
 
 
 if __name__ == "__main__":

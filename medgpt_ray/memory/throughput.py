@@ -9,7 +9,9 @@ vendors' data sheets.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from functools import cache
 
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.profiles import memory_profile
@@ -51,6 +53,14 @@ LAUNCH_SECONDS = 4e-5
 KERNELS_PER_LAYER = 30
 KERNELS_PER_LAYER_FUSED = 18  # Liger: one kernel per RMSNorm, SwiGLU and RoPE instead of several each
 KERNELS_PER_LORA_PROJECTION = 8
+# Gated DeltaNet on transformers' PyTorch delta rule (no flash-linear-attention): launch-bound, a fixed ~200 ops per
+# layer and pass (the UT transform) and ~21 more per chunk of 64 tokens of the sequential scan, batched over the
+# micro-batch's rows. Fitted on the H200 (transformers 5.17, 0.75B Qwen3.5 text, LoRA, 1 row a micro-batch, every
+# layer checkpointed; bench/results/real_length_throughput_qwen3.5-0.8b_lora_h200.json): 0.43 s a micro-batch plus
+# 0.71 ms a token, 297 tokens/s on that data, where the dense terms alone predicted 34,200.
+DELTA_RULE_OPS = 200
+DELTA_RULE_OPS_PER_CHUNK = 21
+DELTA_RULE_CHUNK_TOKENS = 64
 # What TRL's own loss code costs beyond the terms above is each memory kind's `loss_path_efficiency`
 # (memory/profiles.py, with the measurements).
 
@@ -102,6 +112,7 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     seconds = tokens * flops_per_token(shape, s) / (gpu.bf16_tflops * 1e12 * eff)
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
+    kernels += delta_rule_ops(shape, s.seq_len)
     seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
     profile = memory_profile(s.stage)
     if not (profile.score_head or profile.chunked_head) and not s.fused_ce:  # a loss over the full logits
@@ -128,6 +139,20 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
         # Sampling: completion_len decode steps per generate call, one call per gen_steps micro-batches.
         seconds += s.completion_len * decode_step_seconds(shape, s, gpu) / (s.gen_steps or s.grad_accum)
     return seconds + per_step / s.grad_accum
+
+
+@cache
+def fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def delta_rule_ops(shape: ModelShape, seq_len: int) -> int:
+    """The ops of one pass of a hybrid's linear-attention layers on transformers' PyTorch delta rule (none with
+    flash-linear-attention's kernels installed here, or for a model without linear attention)."""
+    if not shape.linear_layers or fla_installed():
+        return 0
+    chunks = -(-seq_len // DELTA_RULE_CHUNK_TOKENS)
+    return len(shape.linear_layers) * (DELTA_RULE_OPS + DELTA_RULE_OPS_PER_CHUNK * chunks)
 
 
 def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int) -> float:

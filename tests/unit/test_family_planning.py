@@ -89,3 +89,22 @@ def test_the_measured_delta_rule_excess_is_counted_in_every_live_linear_layer(tm
     assert term(hybrid, 1.0) == 2048 * 3 * state
     assert term(hybrid, 0.0) == 2048 * 3 * state * len(hybrid.linear_layers)
     assert term(PRESETS["qwen2.5-0.5b"], 1.0) == 0.0
+
+
+def test_the_pytorch_delta_rule_is_priced_as_the_launch_bound_loop_it_is(tmp_path):
+    """Without flash-linear-attention (not installed here) a hybrid's linear layers cost a fixed number of ops a pass
+    plus some per 64-token chunk; a dense model of the same size pays none of it."""
+    from medgpt_ray.memory.estimator import TrainSetup
+    from medgpt_ray.memory.throughput import delta_rule_ops, fla_installed, spec_for, tokens_per_second
+
+    assert not fla_installed()
+    hybrid = shape_of(tmp_path, QWEN3_5_TEXT)
+    (tmp_path / "dense").mkdir()
+    same_size = {k: v for k, v in QWEN3_5_TEXT.items() if not k.startswith("linear")}
+    dense = shape_of(tmp_path / "dense", {**same_size, "model_type": "qwen3"})
+    assert delta_rule_ops(dense, 2048) == 0
+    assert delta_rule_ops(hybrid, 2048) - delta_rule_ops(hybrid, 1024) == 18 * 21 * 16  # 16 more chunks, 18 layers
+    setup = TrainSetup(stage="sft", method="lora", precision="bf16", micro_batch=1, seq_len=2048, ckpt_fraction=1.0,
+                       fused_ce=True, zero=0, offload="none", gpus=1, optim="adamw")
+    h200 = spec_for("NVIDIA H200")
+    assert tokens_per_second(hybrid, setup, h200) < tokens_per_second(dense, setup, h200) / 5
