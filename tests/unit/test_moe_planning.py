@@ -188,5 +188,5 @@ def test_the_shipped_qwen3_configs_plan_without_weights(name, capsys):
     if cfg.model.shape == "qwen3-30b-a3b":
         _, errors = plan_all(load_config(CONFIGS / name, ["resources.num_workers=1"]), probe=lambda: None,
                              default_gpu_gib=24.0)
-        assert set(errors) == {"sft", "rm", "dpo"}
+        assert set(errors) == {"pt", "sft", "rm", "dpo"}
         assert all("ZeRO-3 over 4 GPUs" in e and "(fits)" in e for e in errors.values())
