@@ -96,7 +96,13 @@ def load_causal_lm(path: Path, precision: str, method: str):
         kwargs["quantization_config"] = quant
     # No peft.prepare_model_for_kbit_training under QLoRA: it would upcast the embeddings, the LM head
     # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base.
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    # Every generate on this model (rollouts, held-out greedy answers, the engine) keeps the KV cache. The Trainer
+    # writes `use_cache: false` into every checkpoint's config.json (transformers 5.24's TrainingArguments.use_cache
+    # defaults to False); a directory without generation_config.json gets its generation config from config.json,
+    # and generate then re-runs the whole prefix at every new token (tests/stages/test_rollout_kv_cache.py).
+    model.generation_config.use_cache = True
+    return model
 
 
 def load_reward_model(path: Path, precision: str, method: str, pad_token_id: int):

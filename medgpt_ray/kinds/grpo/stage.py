@@ -59,7 +59,10 @@ def online_kwargs(inp: StageInputs) -> dict[str, Any]:
             "include_num_input_tokens_seen": "no",  # the trainer counts prompt + completion tokens itself
             "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
             "temperature": cfg.temperature, "beta": cfg.beta, "reward_weights": cfg.reward_weights,
-            "steps_per_generation": inp.plan.steps_per_generation or None, "shuffle_dataset": False}
+            "steps_per_generation": inp.plan.steps_per_generation or None, "shuffle_dataset": False,
+            # The rollout's own GenerationConfig says KV cache: it wins over the policy's generation_config, whatever
+            # a checkpoint's config.json says (models.load_causal_lm; tests/stages/test_rollout_kv_cache.py).
+            "generation_kwargs": {"use_cache": True}}
 
 
 def grpo_args(inp: StageInputs) -> Any:

@@ -21,6 +21,7 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
@@ -66,7 +67,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                      prediction_loss_only=True)
     # Not peft's bf16 input cast: the student also generates outside the Trainer's autocast (as GRPO does).
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
-    trainer = trainer_class(GKDTrainer, ShardLoader)(
+    # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
+    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader)(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
         train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
         shard=data.shard)

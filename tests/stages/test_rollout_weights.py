@@ -1,0 +1,73 @@
+"""A rollout changes no weight (issue 35 item 2): through one real grpo step on the tiny model, every parameter's dtype
+and value when the step begins equal those just before the optimizer step (between them ran the rollout: sampling,
+the reward and log-prob passes, the reference's with LoRA's adapter off, and forward and backward, which write
+gradients only), and after the optimizer step every dtype is unchanged and the frozen base is bit-identical. What a
+faster rollout may do wrong (issue 35: TRL's continuous-batching path casts the model to bf16 for good; an in-place
+LoRA merge in bf16 drifts the base) fails here. Cases: LoRA on a bf16 base (PEFT's fp32 adapters) and full training
+in amp-bf16 (fp32 master weights), both under bf16 autocast as on a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+from transformers import TrainerCallback
+
+from medgpt_ray.stages import build_stage
+from tests.stages.test_grpo_stage import grpo_inputs, prompts  # noqa: F401  (the prompts fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
+Snapshot = dict[str, tuple[torch.dtype, bool, torch.Tensor]]
+
+
+def snapshot(model: Any) -> Snapshot:
+    """Every parameter: (dtype, trainable, a copy of its value)."""
+    return {n: (p.dtype, p.requires_grad, p.detach().clone()) for n, p in model.named_parameters()}
+
+
+def changed(before: Snapshot, after: Snapshot, frozen_only: bool = False) -> list[str]:
+    """Parameters whose dtype changed, or whose value is not bit-identical (of the frozen ones only, if asked)."""
+    assert before.keys() == after.keys()
+    return [n for n, (dtype, trainable, value) in before.items()
+            if after[n][0] != dtype or (not (frozen_only and trainable) and not torch.equal(after[n][2], value))]
+
+
+class WeightsAroundTheRollout(TrainerCallback):
+    """The model's parameters when each step begins, before its optimizer step and after it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Snapshot, Snapshot, Snapshot]] = []
+        self.begin = self.before_step = None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.begin = snapshot(model)
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.before_step = snapshot(model)
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.seen.append((self.begin, self.before_step, snapshot(model)))
+
+
+@pytest.mark.parametrize(("method", "precision", "beta"), [("lora", "bf16", 0.04), ("full", "amp-bf16", 0.0)])
+def test_a_grpo_rollout_keeps_every_weight_and_its_dtype(prompts, tiny_model, tmp_path, method, precision,  # noqa: F811
+                                                         beta):
+    torch.manual_seed(0)
+    inp = grpo_inputs(prompts, tiny_model, tmp_path, method=method, max_steps=1, effective_batch=4,
+                      max_completion_length=6, reward_funcs=["format", "length"], beta=beta)
+    inp = replace(inp, plan=replace(inp.plan, precision=precision))  # the GPU's precision, on CPU
+    trainer = build_stage(inp).trainer
+    assert trainer.args.bf16  # the Trainer's bf16 autocast
+    recorder = WeightsAroundTheRollout()
+    trainer.add_callback(recorder)
+    trainer.train()
+    assert len(recorder.seen) == 1
+    begin, before_step, after_step = recorder.seen[0]
+    dtypes = {dtype for dtype, trainable, _ in begin.values() if trainable}
+    assert dtypes == {torch.float32}  # what trains is fp32: PEFT's adapters, amp's master weights
+    if method == "lora":
+        assert {dtype for dtype, trainable, _ in begin.values() if not trainable} == {torch.bfloat16}
+    assert not changed(begin, before_step)  # the rollout (and forward, backward) changed nothing
+    assert not changed(begin, after_step, frozen_only=True)  # the optimizer step: trainable values only
