@@ -1,0 +1,151 @@
+"""Continuous batching across requests (serving): every request joins the running decode batch at the next step
+instead of waiting for the requests before it, through transformers' own engine (`init_continuous_batching`: a paged
+KV cache, a scheduler thread, per-request sampling). Its page pool is sized here from the server's limits (requests
+at once x tokens a request may hold), never left to take "90 % of free GPU memory" (its default).
+
+Sampling is per request: the engine is built sampling, with temperature and top_p given to each request (its
+per-request logits processors); a greedy request (temperature 0) samples at GREEDY_TEMPERATURE, where the softmax is
+one-hot on the argmax for any logit gap above ~1e-3. Models the engine cannot run (a hybrid with linear-attention
+layers; a transformers without continuous batching) are named by `unsupported_reason` and served one request at a
+time by the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
+
+GREEDY_TEMPERATURE = 1e-4
+PAGE_TOKENS = 256  # transformers' default page size (tokens per layer per page)
+# Built with a temperature and top_p other than 1.0: only then does the engine create the per-request processors.
+BUILT_TEMPERATURE, BUILT_TOP_P = 0.7, 0.95
+
+
+class DeadlineExceeded(Exception):
+    """The request ran past its deadline; its generation was cancelled and its pages freed."""
+
+
+@dataclass(frozen=True)
+class PoolLimits:
+    """What the page pool must hold: `requests` at once, each up to `tokens_per_request` (prompt and answer)."""
+
+    requests: int
+    tokens_per_request: int
+
+    @property
+    def pages(self) -> int:
+        return self.requests * math.ceil(self.tokens_per_request / PAGE_TOKENS)
+
+
+@dataclass
+class Answer:
+    """One request's outcome so far: filled in while its pieces are read."""
+
+    request_id: str
+    prompt_tokens: int
+    new_tokens: int = 0
+    finished: bool = False  # stopped on its own stop token, not at max_new_tokens
+    ttft_s: float | None = None  # seconds from submission to the first piece
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why transformers' continuous batching cannot run this model, or None where it can."""
+    try:
+        from transformers import ContinuousBatchingConfig  # noqa: F401
+    except ImportError:
+        import transformers
+
+        return f"transformers {transformers.__version__} has no continuous batching"
+    layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ())
+    if layer_types - {"full_attention", "sliding_attention"}:
+        return f"its layer types {sorted(layer_types)} include linear attention, which the paged cache cannot hold"
+    return None
+
+
+class ContinuousEngine:
+    """One model's continuous-batching engine (a serve replica's): started once, answered from any number of
+    concurrent requests on the caller's event loop."""
+
+    def __init__(self, gen: Generator, limits: PoolLimits, seed: int = 0):
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        reason = unsupported_reason(gen.model)
+        if reason is not None:
+            raise ValueError(f"continuous batching is not available for this model: {reason}")
+        self.gen, self.limits = gen, limits
+        config = GenerationConfig(do_sample=True, temperature=BUILT_TEMPERATURE, top_p=BUILT_TOP_P,
+                                  max_new_tokens=limits.tokens_per_request, eos_token_id=gen.stops,
+                                  pad_token_id=gen.tok.pad_token_id)
+        pool = ContinuousBatchingConfig(num_blocks=limits.pages, page_size=PAGE_TOKENS,
+                                        max_requests_per_batch=limits.requests,
+                                        max_batch_tokens=max(limits.tokens_per_request, 256),
+                                        allow_block_sharing=False, per_request_processors=True, seed=seed)
+        self.manager = gen.model.init_continuous_batching(generation_config=config, continuous_batching_config=pool)
+        self.manager.start()
+        self._ids = itertools.count()
+
+    def stop(self) -> None:
+        self.manager.stop(block=True)
+
+    def prompt_ids(self, turns: list[dict], tools: list[dict] | None) -> list[int]:
+        text = self.gen.render(turns, tools or [])
+        return self.gen.tok(text, add_special_tokens=False)["input_ids"]
+
+    async def stream(self, prompt_ids: list[int], params: GenerationParams, answer: Answer,
+                     deadline_s: float | None = None) -> AsyncIterator[str]:
+        """The answer's text as it grows, piece by piece. Leaving early (a client gone, a deadline passed, an error)
+        cancels the request, which frees its pages for the others."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        self.manager.register_result_handler(answer.request_id, outputs.put_nowait)
+        start, done, emitted = time.monotonic(), False, ""
+        sampling = {"temperature": params.temperature if params.temperature > 0 else GREEDY_TEMPERATURE,
+                    "top_p": params.top_p if params.temperature > 0 else 1.0}
+        self.manager.add_request(prompt_ids, request_id=answer.request_id, max_new_tokens=params.max_new_tokens,
+                                 streaming=True, eos_token_id=self.gen.stops, **sampling)
+        try:
+            while not done:
+                left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
+                if left is not None and left <= 0:
+                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline")
+                try:
+                    out = await asyncio.wait_for(outputs.get(), timeout=left)
+                except TimeoutError:
+                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline") from None
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                done = out.is_finished()
+                text = self._text(out.generated_tokens, answer)
+                # A piece that ends inside a multi-byte character waits for the next token (unless it is the last).
+                if text.startswith(emitted) and len(text) > len(emitted) and (done or not text.endswith("\ufffd")):
+                    if answer.ttft_s is None:
+                        answer.ttft_s = time.monotonic() - start
+                    yield text[len(emitted):]
+                    emitted = text
+        finally:
+            if not done:
+                self.manager.cancel_request(answer.request_id)
+                with self.manager.output_router._lock:  # a cancelled request gets no last output to clean it up
+                    self.manager.output_router.result_handlers.pop(answer.request_id, None)
+
+    def _text(self, ids: list[int], answer: Answer) -> str:
+        from medgpt_ray.generation.prompts import answer_until_stop
+
+        text, answer.new_tokens, answer.finished = answer_until_stop(self.gen.tok, self.gen.stops, ids)
+        return text
+
+    def new_answer(self, prompt_ids: list[int]) -> Answer:
+        return Answer(request_id=f"req-{next(self._ids)}", prompt_tokens=len(prompt_ids))
+
+    async def complete(self, prompt_ids: list[int], params: GenerationParams,
+                       deadline_s: float | None = None) -> tuple[str, Answer]:
+        """The whole answer at once (a request that did not ask for a stream)."""
+        answer = self.new_answer(prompt_ids)
+        pieces = [p async for p in self.stream(prompt_ids, params, answer, deadline_s)]
+        return "".join(pieces), answer
