@@ -5,7 +5,10 @@ set (the library's per-layer switch: `_set_gradient_checkpointing` writes it, `e
 checkpoints the first `ckpt_fraction` of the layers (docs/ARCHITECTURE.md, memory plan), so the flag of the layers
 past that fraction is switched off before every micro-batch: the Trainer switches checkpointing on for every layer
 when training starts, and TRL's DPO switches it off and on again (all layers) around its reference pass, after the
-policy's forward of each micro-batch. tests/stages/test_checkpoint_fraction.py holds the fraction across steps."""
+policy's forward of each micro-batch. The online-RL kinds' rollouts (TRL's `unwrap_model_for_generation`) switch it
+back on for every layer after generating, which happens inside a micro-batch, after the callbacks ran: the trainer
+behaviour FractionAtEveryForward switches the tail off again before each loss forward.
+tests/stages/test_checkpoint_fraction.py holds the fraction across steps."""
 
 from __future__ import annotations
 
@@ -45,14 +48,25 @@ class SelectiveCheckpointing(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         layers = decoder_layers(model)
         self._layers = layers[round(self.fraction * len(layers)):]
-        self._switch_off()
+        self.switch_off()
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._switch_off()
+        self.switch_off()
 
     def on_substep_end(self, args, state, control, **kwargs):
-        self._switch_off()
+        self.switch_off()
 
-    def _switch_off(self) -> None:
+    def switch_off(self) -> None:
         for layer in self._layers:
             layer.gradient_checkpointing = False
+
+
+class FractionAtEveryForward:
+    """A trainer behaviour (trainer_kit/compose.py) for trainers that generate inside a micro-batch (grpo, rloo, opd):
+    the planned fraction is restored right before the loss's forward, after the rollout re-enabled every layer."""
+
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, SelectiveCheckpointing):
+                callback.switch_off()
+        return super().compute_loss(*args, **kwargs)

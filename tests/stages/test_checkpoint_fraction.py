@@ -1,6 +1,7 @@
 """The planned checkpointing fraction holds through a DPO stage's steps (trainer_kit/checkpointing.py): TRL's DPO
 switches checkpointing off and on again for every layer around its reference pass, every micro-batch; the policy's
-forward of every micro-batch must still checkpoint exactly the first `ckpt_fraction` of the decoder layers."""
+forward of every micro-batch must still checkpoint exactly the first `ckpt_fraction` of the decoder layers. The same
+through a GRPO stage, whose rollout (inside the micro-batch) switches every layer back on after generating."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from transformers import TrainerCallback
 from medgpt_ray.stages import build_stage
 from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing, decoder_layers
 from tests.stages.test_alignment_stages import inputs, pairs  # noqa: F401  (the pairs fixture)
+from tests.stages.test_grpo_stage import grpo_inputs, prompts  # noqa: F401  (the prompts fixture)
 
 STEPS, ACCUM = 3, 2
 
@@ -62,3 +64,16 @@ def test_half_the_layers_checkpoint_in_every_micro_batch_of_a_dpo_stage(pairs, t
     assert recorder.micro_batches == [{0}] * (STEPS * ACCUM)
     # Why the callback switches the flag before every micro-batch: TRL's reference pass left every layer on.
     assert recorder.at_step_end == [[True, True]] * STEPS
+
+
+def test_half_the_layers_checkpoint_in_every_micro_batch_of_a_grpo_stage(prompts, tiny_model, tmp_path):  # noqa: F811
+    torch.manual_seed(0)
+    inp = grpo_inputs(prompts, tiny_model, tmp_path, grad_ckpt=True, max_steps=2, effective_batch=4,
+                      max_completion_length=4, reward_funcs=["length"], beta=0.0)
+    inp = replace(inp, plan=replace(inp.plan, ckpt_fraction=0.5))
+    trainer = build_stage(inp).trainer
+    recorder = _Recorder(decoder_layers(trainer.model))
+    trainer.add_callback(recorder)
+    trainer.train()
+    forwards = [m for m in recorder.micro_batches if m]
+    assert forwards and forwards == [{0}] * len(forwards)
