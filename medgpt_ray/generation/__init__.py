@@ -8,4 +8,6 @@ the stage kinds call it in their own process (the eval stage).
 - loading.py   the model and tokenizer for generation (the GPU's when there is one, else the CPU)
 - engine.py    Generator: a batch of prompts in, one row per sample out
 - stream.py    StreamedAnswer: one answer generated in a thread, read piece by piece (chat, serving)
+- continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page
+               pool sized from the server's limits), streamed, cancelled on a deadline or a reader gone
 """

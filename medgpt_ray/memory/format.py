@@ -35,7 +35,8 @@ def plan_line(p: StagePlan) -> str:
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"
             f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
-            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}")
+            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}"
+            f"{f'; rollouts: {p.rollout}' if p.rollout else ''}")
 
 
 def format_plan(plan: StagePlan) -> list[str]:
@@ -59,4 +60,6 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
     if plan.reward_model_on:
         rows.append(f"  reward model: on {plan.reward_model_on}")
+    if plan.rollout:
+        rows.append(f"  rollouts: {plan.rollout}")
     return rows

@@ -42,6 +42,21 @@ def generation_choices(s: TrainSetup):
             yield replace(s, gen_steps=d)
 
 
+def rollout_path(s: TrainSetup) -> str | None:
+    """What a generating stage's rollouts decode with (trainer_kit/merged_rollouts.py), for plan.json and the plan's
+    line; None for a stage that does not generate. A merge needs no GPU memory beyond one layer's delta: the base is
+    restored from a host copy of the adapted layers' weights."""
+    if not s.generations:
+        return None
+    if s.method == "full":
+        return "the trained weights"
+    if s.method == "qlora":
+        return "unmerged adapters (a 4-bit QLoRA base takes no merge)"
+    if s.zero == 3:
+        return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
+    return "merged LoRA (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
+
+
 def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
     """K and V of every full-attention layer for every token of the generation batch (it grows with the length)."""
     e = 4 if s.precision == "fp32" else 2

@@ -11,5 +11,9 @@ keywords.
 - sync_free.py: TRL's SFT loss without per-micro-batch host syncs (SyncFreeLoss)
 - pair_tokens.py: tokens/s for ORPO/CPO batches (PairTokenCount)
 - generation_rate.py: generations/s of GRPO/RLOO (GenerationRate)
-- checkpointing.py: the planned share of checkpointed decoder layers (SelectiveCheckpointing, a callback)
+- checkpointing.py: the planned share of checkpointed decoder layers (SelectiveCheckpointing, a callback;
+  FractionAtEveryForward for trainers whose rollouts switch every layer back on)
+- cached_rollouts.py: opd's student samples with the KV cache (CachedRollouts)
+- merged_rollouts.py: rollouts on the LoRA adapter merged into the base, the base restored bit-exact afterwards
+  (MergedRollouts for grpo/rloo, MergedStudentSamples for opd)
 """

@@ -4,7 +4,8 @@ the reward and log-prob passes, the reference's with LoRA's adapter off, and for
 gradients only), and after the optimizer step every dtype is unchanged and the frozen base is bit-identical. What a
 faster rollout may do wrong (issue 35: TRL's continuous-batching path casts the model to bf16 for good; an in-place
 LoRA merge in bf16 drifts the base) fails here. Cases: LoRA on a bf16 base (PEFT's fp32 adapters) and full training
-in amp-bf16 (fp32 master weights), both under bf16 autocast as on a GPU."""
+in amp-bf16 (fp32 master weights), both under bf16 autocast as on a GPU. The LoRA case generates on the merged
+weights (trainer_kit/merged_rollouts.py, the plan's `rollout`): a hook sees the merge during the rollout."""
 
 from __future__ import annotations
 
@@ -51,6 +52,18 @@ class WeightsAroundTheRollout(TrainerCallback):
         self.seen.append((self.begin, self.before_step, snapshot(model)))
 
 
+def merge_watch(model: Any) -> list[int]:
+    """Forwards of the first LoRA layer that ran with its adapter merged (appended to the list returned)."""
+    from peft.tuners.lora import LoraLayer
+
+    seen: list[int] = []
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            m.register_forward_pre_hook(lambda module, args: seen.append(1) if module.merged else None)
+            break
+    return seen
+
+
 @pytest.mark.parametrize(("method", "precision", "beta"), [("lora", "bf16", 0.04), ("full", "amp-bf16", 0.0)])
 def test_a_grpo_rollout_keeps_every_weight_and_its_dtype(prompts, tiny_model, tmp_path, method, precision,  # noqa: F811
                                                          beta):
@@ -62,7 +75,14 @@ def test_a_grpo_rollout_keeps_every_weight_and_its_dtype(prompts, tiny_model, tm
     assert trainer.args.bf16  # the Trainer's bf16 autocast
     recorder = WeightsAroundTheRollout()
     trainer.add_callback(recorder)
+    merged_forwards = merge_watch(trainer.model)
+    with torch.no_grad():  # a trained adapter: PEFT starts B at zero, whose merge would change nothing
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
     trainer.train()
+    assert inp.plan.rollout.startswith("merged" if method == "lora" else "the trained weights")
+    assert bool(merged_forwards) == (method == "lora")  # the rollout decoded on merged weights
     assert len(recorder.seen) == 1
     begin, before_step, after_step = recorder.seen[0]
     dtypes = {dtype for dtype, trainable, _ in begin.values() if trainable}

@@ -39,6 +39,7 @@ from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.generation_rate import GenerationRate
+from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts
 from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
 
 
@@ -98,7 +99,8 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
                                reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
                                remote=shared or inp.reward_scorer)
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
-    trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward)(
+    merged = (MergedRollouts,) if (inp.plan.rollout or "").startswith("merged") else ()
+    trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged)(
         model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds, processing_class=tok,
         peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=data.shard)
     if shared is not None:

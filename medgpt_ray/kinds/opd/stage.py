@@ -24,6 +24,7 @@ from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
@@ -69,7 +70,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     # Not peft's bf16 input cast: the student also generates outside the Trainer's autocast (as GRPO does).
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
-    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward)(
+    merged = (MergedStudentSamples,) if (inp.plan.rollout or "").startswith("merged") else ()
+    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged)(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
         train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
         shard=data.shard)
