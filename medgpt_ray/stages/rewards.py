@@ -22,6 +22,7 @@ from typing import Any
 
 from medgpt_ray.memory.generation import SCORING_BATCH  # what the planner plans one scoring forward of
 from medgpt_ray.stages.answer_match import answers_match, extract_answer
+from medgpt_ray.stages.score_head import fp32_score_head
 
 RewardFunc = Callable[..., list[float | None]]
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
@@ -90,6 +91,9 @@ class RewardModelScore:
             self._model = AutoModelForSequenceClassification.from_pretrained(
                 self.model_dir, num_labels=1, dtype=dtype, local_files_only=True).to(self.device).eval()
         self._model.config.pad_token_id = self._tok.pad_token_id
+        # Scores in fp32 from the bf16 network's hidden states: bf16 scores of a few hundred are 2 apart, and the
+        # advantages are differences of them (stages/score_head.py).
+        fp32_score_head(self._model)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         import torch
