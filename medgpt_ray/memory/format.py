@@ -59,4 +59,7 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  back-off after step {b['after_step']}: {b['before']} -> {b['after']}")
     if plan.reward_model_on:
         rows.append(f"  reward model: on {plan.reward_model_on}")
+    if plan.reward_clip:
+        rows.append(f"  rewards clipped to [{plan.reward_clip['min']:g}, {plan.reward_clip['max']:g}]: "
+                    f"{plan.reward_clip['applied_to']}")
     return rows

@@ -72,6 +72,8 @@ class StagePlan:
     reward_model_on: str | None = None
     # reward_model_gpu stages: the physical GPU (PCI bus order) the placement gave the reward model's actor.
     reward_model_gpu: int | None = None
+    # Online-RL stages with reward_clip_range: {min, max, applied_to} (config/online_rl.py reward_clip); None: none.
+    reward_clip: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/job.write_plan, its one writer, writes it)."""
