@@ -35,7 +35,12 @@ def plan_line(p: StagePlan) -> str:
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
             f"ZeRO-{p.zero_stage}"
             f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
-            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}")
+            f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}"
+            f"{_clip(p.reward_clip)}")
+
+
+def _clip(clip: dict[str, Any] | None) -> str:
+    return "" if not clip else f"; rewards clipped to [{clip['min']:g}, {clip['max']:g}]"
 
 
 def format_plan(plan: StagePlan) -> list[str]:

@@ -38,9 +38,11 @@ def test_the_wrapper_clips_values_keeps_none_and_the_name():
     assert funcs[1](completions=["x"], completion_ids=[[1, 2, 3]]) == [-0.5]
 
 
-def test_the_memory_command_prints_the_clipping():
-    from medgpt_ray.memory.format import format_plan
+def test_the_memory_command_and_the_plan_line_print_the_clipping():
+    from medgpt_ray.memory.format import format_plan, plan_line
 
-    lines = format_plan(plan_stage("rloo", RLOOStageConfig(reward_clip_range=[-2, 3.5]), 1, False))
+    plan = plan_stage("rloo", RLOOStageConfig(reward_clip_range=[-2, 3.5]), 1, False)
+    assert plan_line(plan).endswith("; rewards clipped to [-2, 3.5]")
+    lines = format_plan(plan)
     assert "  rewards clipped to [-2, 3.5]: the weighted sum of the rewards, before the KL penalty (TRL's " \
            "reward_clip_range)" in lines
