@@ -5,7 +5,8 @@ OnlineRLStageConfig; each kind adds its trainer's own in kinds/<kind>/config.py,
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import math
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -23,6 +24,8 @@ class OnlineRLStageConfig(StageConfig):
     hold whole groups. `seq_len` bounds prompt + completion: prompts longer than seq_len - max_completion_length are
     left out and counted."""
 
+    # Where reward_clip_range applies (the kinds' own, kinds/<kind>/config.py): shown in plan.json and the report.
+    CLIP_APPLIES_TO: ClassVar[str] = "each reward function's value, before the weights (our reward wrapper)"
     reward_funcs: Annotated[list[str], Field(min_length=1)] = ["accuracy", "format"]
     """Reward functions by name (stages/rewards.py): accuracy (answer matches the record's reference; normalised,
     numeric, Chinese-aware), format (<think>…</think><answer>…</answer>), length (soft penalty beyond
@@ -50,6 +53,12 @@ class OnlineRLStageConfig(StageConfig):
     LoRA and the reward adapter on one frozen base, the reference all adapters off: no second network). auto: when
     rm trains with LoRA/QLoRA from the same stage as this one and neither this stage trains in full nor
     reward_model_gpu is on; true: the same, refused when that does not hold; false: the rm's merged model."""
+    reward_clip_range: Annotated[list[float], Field(min_length=2, max_length=2)] | None = None
+    """[min, max]: rewards clipped to this range (e.g. [-5, 5]); null: none (TRL's default). A reward model's scores
+    are unbounded, and a policy that finds what it scores high drives them (and the advantages) up without end
+    (the seed's field report on 8 x 4090). rloo: TRL's reward_clip_range, the weighted sum of the rewards clipped
+    before the KL penalty; grpo (TRL's GRPOTrainer has no such option): each reward function's value clipped in our
+    reward wrapper (stages/rewards.py), before the weights. Shown in plan.json (reward_clip) and the report."""
     # The rm stage's LoRA rank, set with reward_shared_base by the pipeline config (config/pipeline.py): the
     # planner sizes the reward adapter at the rank rm trains it with, not at this stage's.
     _rm_lora_rank: int = PrivateAttr(default=0)
@@ -69,6 +78,20 @@ class OnlineRLStageConfig(StageConfig):
             needs, rm = list(data.get("needs") or []), reward_model_kind()
             data = {**data, "needs": needs if rm in needs else [*needs, rm]}
         return data
+
+    @model_validator(mode="after")
+    def _clip_range_ordered(self) -> OnlineRLStageConfig:
+        clip = self.reward_clip_range
+        if clip is not None and not (math.isfinite(clip[0]) and math.isfinite(clip[1]) and clip[0] < clip[1]):
+            raise ValueError(f"reward_clip_range: {clip} is not [min, max] with finite min < max")
+        return self
+
+    @property
+    def reward_clip(self) -> dict[str, Any] | None:
+        """The clipping as plan.json and the report show it: the range and where it applies (the kind's)."""
+        if self.reward_clip_range is None:
+            return None
+        return {"min": self.reward_clip_range[0], "max": self.reward_clip_range[1], "applied_to": self.CLIP_APPLIES_TO}
 
     @model_validator(mode="after")
     def _consistent(self) -> OnlineRLStageConfig:

@@ -36,7 +36,12 @@ def plan_line(p: StagePlan) -> str:
             f"ZeRO-{p.zero_stage}"
             f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
             f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}"
-            f"{f'; rollouts: {p.rollout}' if p.rollout else ''}")
+            f"{f'; rollouts: {p.rollout}' if p.rollout else ''}"
+            f"{_clip(p.reward_clip)}")
+
+
+def _clip(clip: dict[str, Any] | None) -> str:
+    return "" if not clip else f"; rewards clipped to [{clip['min']:g}, {clip['max']:g}]"
 
 
 def format_plan(plan: StagePlan) -> list[str]:
@@ -62,4 +67,7 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  reward model: on {plan.reward_model_on}")
     if plan.rollout:
         rows.append(f"  rollouts: {plan.rollout}")
+    if plan.reward_clip:
+        rows.append(f"  rewards clipped to [{plan.reward_clip['min']:g}, {plan.reward_clip['max']:g}]: "
+                    f"{plan.reward_clip['applied_to']}")
     return rows

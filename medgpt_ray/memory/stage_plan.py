@@ -74,6 +74,8 @@ class StagePlan:
     reward_model_gpu: int | None = None
     # A stage that generates: what its rollouts decode with (memory/generation.py rollout_path). None: no rollouts.
     rollout: str | None = None
+    # Online-RL stages with reward_clip_range: {min, max, applied_to} (config/online_rl.py reward_clip); None: none.
+    reward_clip: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/job.write_plan, its one writer, writes it)."""

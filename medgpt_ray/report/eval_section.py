@@ -45,9 +45,10 @@ def _win_rates(ev: dict[str, Any]) -> str:
     body = table(("model", f"win rate over {ev['reference']}", "bootstrap 95% CI", "wins", "ties", "losses",
                   "prompts"), rows)
     names = _ordered(list(wins))
-    body += figure(plots.bars(f"win rate over {ev['reference']} (0.5: no better, no worse)", names, {
-        "CI low": [wins[n]["ci95"][0] for n in names], "win rate": [wins[n]["win_rate"] for n in names],
-        "CI high": [wins[n]["ci95"][1] for n in names]}), "win rates", "")
+    body += figure(plots.win_rates(f"win rate over {ev['reference']}", names,
+                                   [wins[n]["win_rate"] for n in names],
+                                   [(wins[n]["ci95"][0], wins[n]["ci95"][1]) for n in names]),
+                   "win rates: each model's win rate as a point, its bootstrap 95% CI as an error bar", "")
     return body
 
 

@@ -180,6 +180,31 @@ def bars(title: str, labels: list[str], series: dict[str, list[float]], horizont
     return to_data_uri(fig)
 
 
+def win_rate_figure(title: str, labels: list[str], rates: list[float],
+                    cis: list[tuple[float, float]]) -> Figure | None:
+    """Each model's win rate as a point with its bootstrap CI as an error bar, against the 0.5 line (no better, no
+    worse than the reference): a bound is not a quantity of its own, so it is not a bar."""
+    if not labels:
+        return None
+    fig, (ax,) = _panels(1, width=max(4.0, 1.2 * len(labels) + 2.5), height=3.0)
+    xs = list(range(len(labels)))
+    below = [max(r - lo, 0.0) for r, (lo, _) in zip(rates, cis, strict=True)]
+    above = [max(hi - r, 0.0) for r, (_, hi) in zip(rates, cis, strict=True)]
+    ax.errorbar(xs, rates, yerr=[below, above], fmt="o", color=BLUE, ecolor=BLUE, capsize=6, markersize=7,
+                label="win rate, bootstrap 95% CI")
+    ax.axhline(0.5, color=GREY, linestyle="--", linewidth=1, label="0.5: no better, no worse")
+    ax.set_xticks(xs, labels, fontsize=8)
+    ax.set(title=title, ylabel="win rate", ylim=(0, 1), xlim=(-0.6, len(labels) - 0.4))
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def win_rates(title: str, labels: list[str], rates: list[float], cis: list[tuple[float, float]]) -> str | None:
+    fig = win_rate_figure(title, labels, rates, cis)
+    return None if fig is None else to_data_uri(fig)
+
+
 def sweep_params(sweep: SweepData) -> str | None:
     """The sweep's metric against each searched parameter; trials pruned before launch are marked at the top
     (they have no metric), stopped ones hollow."""

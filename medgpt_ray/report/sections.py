@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from medgpt_ray.report import plots
+from medgpt_ray.report.devices import budget_cell, device_rows
 from medgpt_ray.report.html import esc, figure, fmt, kv_table, note, section, status_badge, table
 from medgpt_ray.report.rundata import RunData, StageData, SweepData
 from medgpt_ray.stages.outputs import HELD_OUT
@@ -123,11 +124,13 @@ def _plan(stage: StageData) -> str:
     if not plan:
         return note("no plan.json: the stage was not planned in this run directory")
     pred = plan.get("prediction") or {}
+    clip = plan.get("reward_clip")
     body = kv_table([(k, plan.get(k)) for k in PLAN_KEYS] + [
-        ("predicted peak GiB", pred.get("peak_gib")), ("budget GiB", pred.get("budget_gib")),
+        ("predicted peak GiB", pred.get("peak_gib")), ("budget GiB", budget_cell(plan)),
         ("measured peak GiB (rank 0)", stage.measured_peak_gib if stage.measured_peak_gib is not None else
-         "not measured (no GPU)"), ("budget from", pred.get("budget_source")), ("GPU", pred.get("gpu")),
-        ("OOM back-offs", len(plan.get("backoffs") or []))])
+         "not measured (no GPU)"), ("budget from", pred.get("budget_source")), *device_rows(stage),
+        ("OOM back-offs", len(plan.get("backoffs") or []))] +
+        ([("rewards clipped to", f"[{fmt(clip['min'])}, {fmt(clip['max'])}]: {clip['applied_to']}")] if clip else []))
     body += figure(plots.plan_memory(stage), f"{stage.name} memory plan", "no prediction in the plan")
     alts = plan.get("alternatives") or []
     body += "<h4>Alternatives not chosen</h4>" + (table(ALT_KEYS, [[a.get(k) for k in ALT_KEYS] for a in alts]) or

@@ -57,6 +57,35 @@ def _stage_card(run_dir: Path, cfg: PipelineConfig, stage: str, entry: dict[str,
             "fingerprint": entry.get("fingerprint")}
 
 
+# The eval stage's numbers for one model (kinds/eval: results.json's models.<stage>), as the card names them.
+EVAL_ROWS = (("heldout", "loss", "held-out loss (responses)"), ("heldout", "perplexity", "held-out perplexity"),
+             ("pretrain_heldout", "perplexity", "pretraining text perplexity"),
+             ("answers", "mean_reward", "mean reward of its answers (judge: the rm)"),
+             ("answers", "mean_new_tokens", "mean answer tokens"),
+             ("exam", "loglik_accuracy", "exam accuracy: log-likelihood (per token)"),
+             ("exam", "loglik_sum_accuracy", "exam accuracy: log-likelihood (sum)"),
+             ("exam", "generated_accuracy", "exam accuracy: generated letter"))
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def eval_table(e: dict[str, Any]) -> list[str]:
+    """The eval stage's results for the exported model as a Markdown table: one row per number it has, the win
+    rate over the reference with its 95% CI and counts."""
+    rows = [(label, e[group][key]) for group, key, label in EVAL_ROWS
+            if isinstance(e.get(group), dict) and e[group].get(key) is not None]
+    lines = [f"## Eval stage (against `{e.get('reference')}`)", "", "| measure | value |", "|---|---|"]
+    lines += [f"| {label} | {_cell(v)} |" for label, v in rows]
+    w = e.get("win_rate")
+    if w:
+        lines.append(f"| win rate over {e.get('reference')} | {_cell(w['win_rate'])} (95% CI {_cell(w['ci95'][0])} "
+                     f"- {_cell(w['ci95'][1])}; {w['wins']} wins, {w['ties']} ties, {w['losses']} losses of "
+                     f"{w['prompts']} prompts) |")
+    return lines
+
+
 def _card_markdown(info: dict[str, Any]) -> str:
     lines = ["---", "library_name: transformers", "tags: [medical, medgpt-ray, " + ", ".join(info["lineage"]) + "]",
              "---", "", f"# {info['run']} / {info['stage']}", "",
@@ -72,8 +101,7 @@ def _card_markdown(info: dict[str, Any]) -> str:
                          for k, v in numbers) or "-"
         lines.append(f"| {s['stage']} ({s['method']}) | {s['from']} | {data} | {s['steps']} | {loss} | {held} |")
     if info.get("eval_stage"):  # the run's eval stage compared this model (README: the eval stage)
-        e = info["eval_stage"]
-        lines += ["", f"Eval stage: {json.dumps(e, ensure_ascii=False)}"]
+        lines += ["", *eval_table(info["eval_stage"])]
     lines += ["", "Data hashes are SHA-256 of the prepared Parquet splits in the run's data/ directory (the "
               "full values in medgpt_export.json). Held-out results are the run's own (its held-out split).", ""]
     return "\n".join(lines)

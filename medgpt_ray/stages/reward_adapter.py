@@ -29,6 +29,7 @@ from typing import Any
 
 from medgpt_ray.memory.generation import SCORING_BATCH  # as RewardModelScore's: what the planner plans one forward of
 from medgpt_ray.stages.rewards import completion_text
+from medgpt_ray.stages.score_head import fp32_linears
 
 REWARD_ADAPTER = "reward_adapter"  # under the rm stage's output directory
 ADAPTER_NAME = "reward"  # the reward adapter's name in the policy's PeftModel
@@ -120,8 +121,10 @@ class SharedBaseScore:
         model.save_pretrained = functools.partial(model.save_pretrained, selected_adapters=policy)
         head = load_file(str(self.adapter_dir / SCORE_FILE))
         out_features, hidden = head["weight"].shape
-        dtype = model.get_input_embeddings().weight.dtype  # the hidden states' (bf16 on GPU, fp32 on CPU)
-        self.head = torch.nn.Linear(hidden, out_features, bias="bias" in head, dtype=dtype, device=device)
+        # fp32 whatever the base's dtype: the bf16 hidden states upcast, scores not rounded to bf16's 8 bits
+        # (stages/score_head.py).
+        self.head = fp32_linears(torch.nn.Linear(hidden, out_features, bias="bias" in head, dtype=torch.float32,
+                                                 device=device))
         self.head.load_state_dict(head)
         self.head.requires_grad_(False)
         base = model.get_base_model()
@@ -168,4 +171,4 @@ class SharedBaseScore:
         positions = torch.arange(ids.shape[1], device=ids.device)
         last = (positions * (ids != self._tok.pad_token_id)).argmax(-1)
         hidden = seen["hidden"][torch.arange(len(texts), device=ids.device), last]
-        return self.head(hidden.to(self.head.weight.dtype))[:, 0].float().tolist()
+        return self.head(hidden)[:, 0].tolist()  # Fp32Linear: fp32 in, fp32 out

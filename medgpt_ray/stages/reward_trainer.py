@@ -10,23 +10,8 @@ import torch
 from trl import RewardTrainer
 
 from medgpt_ray.stages.reward_packing import ENDS_KEY, PACKED_COLUMNS
+from medgpt_ray.stages.score_head import score_head
 from medgpt_ray.trainer_kit.packed_rows import TOKENS_KEY
-
-
-def score_head(model: Any) -> Any:
-    """The sequence-classification head under whatever wraps the model (DDP, DeepSpeed, PEFT: its trainable copy's
-    wrapper, `modules_to_save`)."""
-    inner = model
-    while hasattr(inner, "module"):  # DDP, DeepSpeedEngine
-        inner = inner.module
-    if hasattr(inner, "get_base_model"):  # PEFT
-        inner = inner.get_base_model()
-    inner = getattr(inner, "_orig_mod", inner)  # torch.compile of the whole model
-    head = getattr(inner, "score", None)
-    if head is None:
-        raise TypeError(f"{type(inner).__name__} has no `score` head: packed reward training needs a "
-                        f"sequence-classification model with one")
-    return head
 
 
 class PackedRewardTrainer(RewardTrainer):

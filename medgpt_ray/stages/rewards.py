@@ -22,6 +22,7 @@ from typing import Any
 
 from medgpt_ray.memory.generation import SCORING_BATCH  # what the planner plans one scoring forward of
 from medgpt_ray.stages.answer_match import answers_match, extract_answer
+from medgpt_ray.stages.score_head import fp32_score_head
 
 RewardFunc = Callable[..., list[float | None]]
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
@@ -90,6 +91,9 @@ class RewardModelScore:
             self._model = AutoModelForSequenceClassification.from_pretrained(
                 self.model_dir, num_labels=1, dtype=dtype, local_files_only=True).to(self.device).eval()
         self._model.config.pad_token_id = self._tok.pad_token_id
+        # Scores in fp32 from the bf16 network's hidden states: bf16 scores of a few hundred are 2 apart, and the
+        # advantages are differences of them (stages/score_head.py).
+        fp32_score_head(self._model)
 
     def __call__(self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
         import torch
@@ -124,12 +128,33 @@ def import_reward(path: str) -> RewardFunc:
     return func
 
 
+def clipped(func: RewardFunc, low: float, high: float) -> RewardFunc:
+    """`func` with each value clipped to [low, high] (grpo's reward_clip_range: TRL's GRPOTrainer has no clipping of
+    its own); a None (a reward that does not apply) stays None. Its name kept (TRL logs rewards/<__name__>/mean),
+    the unclipped function as __wrapped__."""
+
+    def clip(*args: Any, **kwargs: Any) -> list[float | None]:
+        return [None if v is None else min(max(float(v), low), high) for v in func(*args, **kwargs)]
+
+    clip.__name__ = getattr(func, "__name__", type(func).__name__)
+    clip.__wrapped__ = func  # type: ignore[attr-defined]
+    return clip
+
+
 def reward_functions(names: Sequence[str], *, length_target: int, max_completion_length: int,
                      reward_model_dir: str | None = None, device: str = "cpu", stage: str,
-                     remote: RewardFunc | None = None) -> list[RewardFunc]:
+                     remote: RewardFunc | None = None, clip: Sequence[float] | None = None) -> list[RewardFunc]:
     """The reward functions `stages.<stage>.reward_funcs` names, in its order; `remote`, when given, is the
     reward_model reward (a scorer whose model is held elsewhere: run/reward_actor.py, or the rm's adapter on the
-    policy's own base: stages/reward_adapter.py), else the rm's merged model is loaded here."""
+    policy's own base: stages/reward_adapter.py), else the rm's merged model is loaded here. `clip` [min, max]:
+    each function's values clipped to it (clipped)."""
+    out = _named_rewards(names, length_target, max_completion_length, reward_model_dir, device, stage, remote)
+    return out if clip is None else [clipped(f, clip[0], clip[1]) for f in out]
+
+
+def _named_rewards(names: Sequence[str], length_target: int, max_completion_length: int,
+                   reward_model_dir: str | None, device: str, stage: str,
+                   remote: RewardFunc | None) -> list[RewardFunc]:
     out: list[RewardFunc] = []
     for name in names:
         if name == "accuracy":

@@ -69,6 +69,9 @@ def test_the_pipeline_writes_a_report_that_a_browser_shows_whole(tiny_run):
         assert all(complete and w > 0 and h > 0 for _, complete, w, h in images), images
         gpu = browser.execute_script("return document.getElementById('gpu-sft').innerText")
         assert "CPU run" in gpu
+        plan = browser.execute_script("return document.getElementById('plan-sft').innerText")
+        # The device it ran on beside the planning target, and no empty budget cell on CPU (issue 36).
+        assert "CPU run: no GPU budget" in plan and "x CPU (1 host)" in plan and "planned for (speed model)" in plan
         sweep = browser.execute_script("return document.getElementById('sweep').innerText")
         assert "not run" in sweep
         curves = {alt for alt, *_ in images}

@@ -49,12 +49,16 @@ def test_grpo_trains_two_steps_and_logs_its_rewards(prompts, tiny_model, tmp_pat
 def test_the_trainer_gets_the_stage_keys(prompts, tiny_model, tmp_path):
     built = build_stage(grpo_inputs(prompts, tiny_model, tmp_path, temperature=0.7, beta=0.1, loss_type="grpo",
                                     scale_rewards="none", reward_funcs=["accuracy", "length"],
-                                    reward_weights=[1.0, 0.5], max_completion_length=12))
+                                    reward_weights=[1.0, 0.5], max_completion_length=12,
+                                    reward_clip_range=[-0.25, 0.5]))
     t = built.trainer
     assert (t.num_generations, t.max_completion_length, t.temperature, t.beta, t.loss_type) == (4, 12, 0.7, 0.1,
                                                                                              "grpo")
     assert t.scale_rewards == "none" and t.reward_weights.tolist() == [1.0, 0.5]
     assert t.reward_func_names == ["accuracy", "length"] and t.ref_model is None  # LoRA: the adapter-off policy
+    # reward_clip_range: TRL's GRPOTrainer has none, each reward function's values are clipped in our wrapper.
+    assert t.reward_funcs[0](completions=["<answer>心内科</answer>", "x"], answer=["心内科", "心内科"]) == [0.5, 0.0]
+    assert t.reward_funcs[1](completions=["a", "b"], completion_ids=[[1], [1] * 12]) == [0.0, -0.25]
 
 
 def test_a_plan_that_samples_a_step_in_two_generate_calls_trains_so(prompts, tiny_model, tmp_path):

@@ -71,13 +71,15 @@ def test_rloo_trains_two_steps_on_the_reward_model(data, tiny_model, reward_mode
 def test_the_trainer_gets_the_stage_keys(data, tiny_model, reward_model, tmp_path):
     built = build_stage(rloo_inputs(data, tiny_model, reward_model, tmp_path, temperature=0.7, beta=0.1,
                                     normalize_advantages=True, reward_funcs=["reward_model", "length"],
-                                    reward_weights=[1.0, 0.5], max_completion_length=12))
+                                    reward_weights=[1.0, 0.5], max_completion_length=12,
+                                    reward_clip_range=[-3.0, 4.0]))
     from trl import RLOOTrainer
 
     t = built.trainer
     assert isinstance(t, RLOOTrainer)
     assert (t.num_generations, t.max_completion_length, t.temperature, t.beta) == (4, 12, 0.7, 0.1)
     assert t.normalize_advantages is True and t.reward_weights.tolist() == [1.0, 0.5]
+    assert t.reward_clip_range == (-3.0, 4.0)  # TRL's: the weighted sum clipped, so the functions are not wrapped
     assert t.reward_func_names == ["reward_model", "length"] and t.ref_model is None  # LoRA: the adapter-off policy
     scorer = t.reward_funcs[0]
     assert isinstance(scorer, RewardModelScore) and scorer.model_dir == str(reward_model) and scorer.device == "cpu"

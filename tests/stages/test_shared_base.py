@@ -151,7 +151,7 @@ def test_a_bf16_base_with_fp32_adapters_scores_without_autocast(tiny_model, lora
     scorer = SharedBaseScore(reward_adapter_for(lora_rm["output_model"], str(tiny_model), "rloo"),
                              lora_rm["output_model"])
     scorer.attach(model)
-    assert scorer.head.weight.dtype == torch.bfloat16
+    assert scorer.head.weight.dtype == torch.float32  # the head in fp32 on the bf16 base's hidden states
     assert {p.dtype for n, p in model.named_parameters() if f"lora_A.{ADAPTER_NAME}" in n} == {torch.float32}
     for layer in model.modules():
         if isinstance(layer, BaseTunerLayer):

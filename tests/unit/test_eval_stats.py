@@ -105,9 +105,53 @@ def test_the_eval_section_of_the_summary():
 
     html = eval_section(ev)
     assert 'id="eval"' in html and "win rate over sft" in html and "0.6875" in html and "data:image/png" in html
+    assert 'alt="win rates: each model&#x27;s win rate as a point, its bootstrap 95% CI as an error bar"' in html
     assert "not run: no eval stage" in eval_section(None)
     lines = format_eval_lines({"eval": ev})
     assert lines[0].startswith("eval (held-out: 12 conversations, 16 prompts, 52 exam questions; judge: rm)")
     assert any(line.startswith("dpo") and "2.600" in line and "0.400" in line for line in lines)
     assert lines[-1] == ("win rate dpo over sft: 0.688 [0.470, 0.880] 95% CI (10 wins, 2 ties, 4 losses of 16)")
     assert format_eval_lines({}) == []
+
+
+def test_win_rates_are_drawn_as_points_with_ci_error_bars_not_bars():
+    """Each model's win rate a point, its CI an error bar from the low to the high bound; no bar for a bound."""
+    import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer, ErrorbarContainer
+
+    from medgpt_ray.report.plots import win_rate_figure
+
+    fig = win_rate_figure("win rate over sft", ["dpo", "grpo"], [0.6875, 0.4], [(0.47, 0.88), (0.2, 0.55)])
+    (ax,) = fig.axes
+    bars = [c for c in ax.containers if isinstance(c, BarContainer)]
+    (err,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert not bars
+    line, _, (vertical,) = err.lines
+    assert list(line.get_ydata()) == [0.6875, 0.4]
+    spans = [tuple(round(float(y), 4) for y in seg[:, 1]) for seg in vertical.get_segments()]
+    assert spans == [(0.47, 0.88), (0.2, 0.55)]
+    plt.close(fig)
+
+
+def test_the_model_card_renders_the_eval_results_as_a_table():
+    """`export`'s card (run/export.py): the eval stage's numbers for the exported model as a Markdown table, the
+    win rate with its CI and counts in a row; no JSON dump."""
+    from medgpt_ray.run.export import _card_markdown
+
+    info = {"run": "demo", "stage": "dpo", "dtype": "bf16", "base_model": "/m", "git_commit": "abc",
+            "template": "chatml", "lineage": ["sft", "dpo"], "stages": [], "eval_stage": {
+                "reference": "sft", "heldout": {"loss": 2.6, "perplexity": 13.46},
+                "answers": {"prompts": 16, "mean_new_tokens": 18.0, "mean_reward": 0.4},
+                "exam": {"questions": 52, "loglik_accuracy": 0.31, "loglik_sum_accuracy": 0.29,
+                         "generated_accuracy": None},
+                "win_rate": {"prompts": 16, "wins": 10, "ties": 2, "losses": 4, "win_rate": 0.6875,
+                             "ci95": [0.47, 0.88]}}}
+    card = _card_markdown(info)
+    assert "## Eval stage (against `sft`)\n\n| measure | value |\n|---|---|\n| held-out loss (responses) | 2.600 |" \
+           in card
+    for row in ("| held-out perplexity | 13.460 |", "| mean reward of its answers (judge: the rm) | 0.400 |",
+                "| exam accuracy: log-likelihood (per token) | 0.310 |",
+                "| win rate over sft | 0.688 (95% CI 0.470 - 0.880; 10 wins, 2 ties, 4 losses of 16 prompts) |"):
+        assert row in card, row
+    assert "generated letter" not in card  # a number the eval stage did not measure: no row
+    assert "{" not in card and "Eval stage:" not in card  # no raw JSON

@@ -121,3 +121,33 @@ def test_the_tensorboard_writer_reads_back_and_only_rank_zero_writes(tmp_path):
     assert [(e.step, round(e.value, 4)) for e in acc.Scalars("medgpt_train_loss")] == [(1, 1.0), (2, 0.5),
                                                                                        (3, 0.3333)]
     assert [e.value for e in acc.Scalars("medgpt_eval_loss")] == [0.5]
+
+
+def test_the_plan_shows_the_device_it_ran_on_beside_the_planning_target(tmp_path):
+    """A GPU stage planned for the default target (an RTX 4090) that ran on H200s: both named, and a sentence that
+    they differ; its reward clipping shown."""
+    run = fake_run(tmp_path)
+    plan = json.loads((run / "pt" / "plan.json").read_text())
+    plan.update(use_gpu=True, reward_clip={"min": -5.0, "max": 5.0, "applied_to": "each reward function's value"})
+    plan["prediction"]["gpu"] = "NVIDIA GeForce RTX 4090"
+    _write(run / "pt" / "plan.json", plan)
+    _write(run / "pt" / "result.json", {"steps": 4, "workers": [
+        {"rank": r, "host": "h200-box", "device": f"cuda:{r}", "gpu_name": "NVIDIA H200"} for r in range(2)]})
+    page = build_report(run)
+    assert "<th>ran on</th><td>2 x NVIDIA H200 (1 host)</td>" in page
+    assert "<th>planned for (speed model)</th><td>NVIDIA GeForce RTX 4090</td>" in page
+    assert "predicted for NVIDIA GeForce RTX 4090, not the NVIDIA H200 the stage ran on" in page
+    assert "<th>budget GiB</th><td>20</td>" in page
+    assert "<th>rewards clipped to</th><td>[-5, 5]: each reward function&#x27;s value</td>" in page
+
+
+def test_a_cpu_stage_says_it_has_no_gpu_budget_and_ran_on_cpu(tmp_path):
+    run = fake_run(tmp_path)
+    _write(run / "pt" / "plan.json", {"method": "full", "use_gpu": False, "backoffs": [], "prediction": {
+        "peak_gib": 1.2, "budget_gib": None, "gpu": "CPU", "budget_source": "80 % of 12.0 GiB host RAM available"}})
+    _write(run / "pt" / "result.json", {"workers": [{"rank": 0, "host": "laptop", "device": "cpu"}]})
+    page = build_report(run)
+    assert "<th>budget GiB</th><td>CPU run: no GPU budget (host RAM instead: see &#x27;budget from&#x27;)</td>" in page
+    assert "<th>budget GiB</th><td>–</td>" not in page
+    assert "<th>ran on</th><td>1 x CPU (1 host)</td>" in page and "predicted for" not in page
+    assert "rewards clipped to" not in page

@@ -33,6 +33,7 @@ from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.kinds.eval import scores, stats
 from medgpt_ray.stages.inputs import Sink, StageInputs
 from medgpt_ray.stages.outputs import HELD_OUT, worker_placement, write_result
+from medgpt_ray.stages.score_head import fp32_score_head
 
 BASE = "base"  # the name of the reference model when the stage starts from the base model
 
@@ -154,7 +155,8 @@ def judge(inp: StageInputs, data: EvalData, answers: dict[str, list[dict]]) -> d
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rm = models.load_reward_model(rm_dir, "bf16" if device == "cuda" else "fp32", "full", tok.pad_token_id)
-    rm = rm.to(device).eval()
+    # Scores in fp32 on the bf16 network (stages/score_head.py): bf16 scores would tie answers a win rate tells apart.
+    rm = fp32_score_head(rm).to(device).eval()
     template = templates.get_template(inp.template)
     prompts = [r for _, r in data.prompts]
     out = {name: scores.reward_scores(rm, tok, template, prompts, [a["response"] for a in rows],

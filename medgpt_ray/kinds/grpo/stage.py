@@ -76,14 +76,16 @@ def grpo_args(inp: StageInputs) -> Any:
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
     from trl import GRPOTrainer
 
-    return build_online(inp, GRPOTrainer, grpo_args, sink, callbacks)
+    # TRL's GRPOTrainer has no reward clipping: reward_clip_range clips each reward function's values here.
+    return build_online(inp, GRPOTrainer, grpo_args, sink, callbacks, clip=inp.cfg.reward_clip_range)
 
 
 def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInputs], Any], sink: Sink | None,
-                 callbacks: Sequence[TrainerCallback]) -> BuiltStage:
+                 callbacks: Sequence[TrainerCallback], clip: Sequence[float] | None = None) -> BuiltStage:
     """An online-RL trainer (TRL's GRPOTrainer or RLOOTrainer: the same constructor) on this worker's shard of the
-    prompts, with the reward functions the config names (a reward model on the policy's device), LoRA or full, the
-    generation counters (trainer_kit/generation_rate.py) and the held-out prompts (`held_out`)."""
+    prompts, with the reward functions the config names (a reward model on the policy's device; each clipped to
+    `clip` when given), LoRA or full, the generation counters (trainer_kit/generation_rate.py) and the held-out
+    prompts (`held_out`)."""
     cfg = inp.cfg
     data = open_stage_data(inp)
     tok = data.tokenizer
@@ -97,7 +99,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
                                max_completion_length=cfg.max_completion_length,
                                reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
-                               remote=shared or inp.reward_scorer)
+                               remote=shared or inp.reward_scorer, clip=clip)
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
     merged = (MergedRollouts,) if (inp.plan.rollout or "").startswith("merged") else ()
     trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged)(
@@ -147,7 +149,9 @@ def held_out_rewards(trainer: Any, prompts: Any) -> dict[str, Any]:
     the accuracy over the prompts that have a reference answer. With a reward model among the trainer's rewards,
     also its mean score of those completions (`eval_reward_model`)."""
     # The rm's score, loaded here (RewardModelScore) or served by an actor (reward_model_gpu): TRL's name for it.
-    scorer = next((f for f in trainer.reward_funcs if getattr(f, "__name__", None) == "reward_model"), None)
+    # Unclipped (reward_clip_range clips what trains, not what is reported).
+    scorer = next((getattr(f, "__wrapped__", f) for f in trainer.reward_funcs
+                   if getattr(f, "__name__", None) == "reward_model"), None)
     if prompts is None or len(prompts) == 0:
         return {"eval_accuracy": None, "eval_format": None, "eval_prompts": 0,
                 **({"eval_reward_model": None} if scorer else {})}

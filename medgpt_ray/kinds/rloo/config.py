@@ -4,7 +4,7 @@ stage's model, with the keys the online-RL kinds share (config/online_rl.py). Si
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import Field, model_validator
 
@@ -17,6 +17,7 @@ class RLOOStageConfig(OnlineRLStageConfig):
     model (always: rloo needs rm), each completion's advantage its reward less the mean of the other k - 1 of its
     group (REINFORCE leave-one-out), the KL to the reference subtracted from the reward."""
 
+    CLIP_APPLIES_TO: ClassVar[str] = "the weighted sum of the rewards, before the KL penalty (TRL's reward_clip_range)"
     reward_funcs: Annotated[list[str], Field(min_length=1)] = ["reward_model"]
     """Reward functions by name (stages/rewards.py); must hold reward_model (the rm stage's score), the RL reward of
     this kind. Rule rewards may join it: accuracy, format, length, or a custom "package.module:function"."""

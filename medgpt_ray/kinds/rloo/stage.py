@@ -29,7 +29,9 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 def rloo_args(inp: StageInputs) -> Any:
     from trl import RLOOConfig
 
-    return RLOOConfig(**online_kwargs(inp), normalize_advantages=inp.cfg.normalize_advantages)
+    clip = inp.cfg.reward_clip_range
+    return RLOOConfig(**online_kwargs(inp), normalize_advantages=inp.cfg.normalize_advantages,
+                      reward_clip_range=tuple(clip) if clip else None)
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:

@@ -22,6 +22,7 @@ from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
+from medgpt_ray.stages.score_head import fp32_score_head
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
@@ -74,6 +75,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(encode_pairs, inp.cfg.seq_len)
 
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
+    # The score head and the pairwise loss on its scores in fp32 under bf16 (stages/score_head.py: a bf16 margin
+    # rounds to 0); PEFT's trainable copy of the head (modules_to_save) is a copy of this one, fp32 too.
+    fp32_score_head(model)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, data.template, train_ds, shard,
                                                                       PAIRS)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS", model) if inp.plan.method != "full" else None
