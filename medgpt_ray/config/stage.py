@@ -90,6 +90,12 @@ class StageConfig(_Strict):
         """The smallest micro-batch the kind's trainer takes (the planner and the OOM back-off stop there)."""
         return 1
 
+    @property
+    def reward_clip(self) -> dict[str, Any] | None:
+        """Reward clipping as plan.json shows it: the range and where it applies (the online-RL kinds',
+        config/online_rl.py); None for a kind without rewards or without clipping."""
+        return None
+
     def training_identity(self) -> dict[str, Any]:
         """The config as a stage fingerprint sees it: what decides the updates the stage computes.
 

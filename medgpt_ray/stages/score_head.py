@@ -43,21 +43,39 @@ def score_head(model: Any) -> Any:
     return head
 
 
+def as_fp32_linear(linear: torch.nn.Linear) -> Fp32Linear:
+    """A new Fp32Linear holding `linear`'s weights (and bias) in fp32, on its device, trainable as it was."""
+    new = Fp32Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     device=linear.weight.device, dtype=torch.float32)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight)
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias)
+    new.requires_grad_(linear.weight.requires_grad)
+    return new
+
+
 def fp32_linears(module: torch.nn.Module) -> torch.nn.Module:
-    """Every plain nn.Linear in `module` (itself, or PEFT's ModulesToSaveWrapper's original and trainable copies)
-    made an Fp32Linear with fp32 weights, in place; `module` back. A head with no nn.Linear is an error: its scores
-    would stay in bf16 unseen."""
-    linears = [m for m in module.modules() if type(m) in (torch.nn.Linear, Fp32Linear)]
-    if not linears:
+    """`module` with every plain nn.Linear in it (itself, or PEFT's ModulesToSaveWrapper's original and trainable
+    copies) replaced by an Fp32Linear with fp32 weights: the module back, a new one where it was a Linear itself. A
+    head with no nn.Linear is an error: its scores would stay in bf16 unseen."""
+    if type(module) is torch.nn.Linear:
+        return as_fp32_linear(module)
+    inner = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if type(child) is torch.nn.Linear]
+    if not inner and not any(isinstance(m, Fp32Linear) for m in module.modules()):
         raise TypeError(f"the reward model's score head is a {type(module).__name__} with no nn.Linear in it: it "
                         f"cannot be computed in fp32")
-    for m in linears:
-        m.__class__ = Fp32Linear
-        m.float()
+    for parent, name, child in inner:
+        setattr(parent, name, as_fp32_linear(child))
     return module
 
 
 def fp32_score_head(model: Any) -> Any:
     """The model's score head (score_head) computed in fp32 (fp32_linears); the model back."""
-    fp32_linears(score_head(model))
+    head = score_head(model)
+    fp32 = fp32_linears(head)
+    if fp32 is not head:
+        owner = next(m for m in model.modules() if getattr(m, "score", None) is head)
+        owner.score = fp32
     return model

@@ -87,7 +87,7 @@ def test_fp32_linears_score_in_fp32_under_bf16_autocast():
     """A bf16 head made Fp32Linear: fp32 weights and output inside bf16 autocast; its state dict keys unchanged."""
     head = torch.nn.Linear(4, 1, bias=False).to(torch.bfloat16)
     keys = set(head.state_dict())
-    fp32_linears(head)
+    head = fp32_linears(head)
     x = torch.tensor([[256.5, 0.0, 0.0, 0.0], [256.0, 0.0, 0.0, 0.0]])
     with torch.no_grad():
         head.weight.copy_(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
