@@ -1,8 +1,8 @@
 """Any record a user may want answered, as a prompt to generate from: prompt data as it is (GRPO question/answer,
 ShareGPT or canonical turns ending on the user), a conversation of SFT data up to its last user turn (its last
 answer becomes the reference), the prompt turns of a preference pair or an unpaired example, a line of plain text
-as one user turn, and `{"prompt": "..."}` (a single string field is read as text). A row without its reference answer is a prompt all
-the same (answer None): generating needs none. Pure: no Ray, no model."""
+as one user turn, and `{"prompt": "..."}` (a single string field is read as text). A row without its reference
+answer is a prompt all the same (answer None): generating needs none. Pure: no Ray, no model."""
 
 from __future__ import annotations
 
