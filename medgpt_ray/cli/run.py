@@ -91,7 +91,9 @@ def _run_locked(args: argparse.Namespace, cfg) -> int:
               f"(`ray logs`; {tmp}/session_latest/logs on a local run); --verbose shows both here", flush=True)
     try:
         Pipeline(cfg, RunOptions(from_stage=args.from_stage, only_stage=args.only_stage), connected).run()
-    except (ConfigError, PipelineError) as e:
+    except ConfigError as e:  # found once Ray is up: a data file with no usable record, a relative output_dir
+        return config_error(e)
+    except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

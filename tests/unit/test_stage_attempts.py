@@ -4,6 +4,8 @@ controller reports it (the e2e resume test in tests/e2e/test_pipeline.py kills a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from ray.exceptions import RayActorError
@@ -136,7 +138,7 @@ def test_a_resumed_attempt_says_which_checkpoint_it_resumes_from(inputs):
     for step in (2, 4):
         ckpt = inputs.checkpoint_dir / f"checkpoint-{step}"
         ckpt.mkdir(parents=True)
-        (ckpt / "trainer_state.json").write_text('{"global_step": %d}' % step)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     run_with_backoff(inputs, lambda n, inp: None, "r", True, lines.append)
     assert [line for line in lines if "resumed from" in line] == [
         "[sft] resumed from checkpoint-4 (the interrupted attempt's newest checkpoint)"]
