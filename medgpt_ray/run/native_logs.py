@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -70,6 +71,9 @@ def _shut_down_ray_then_stop() -> None:
         if "ray" in sys.modules:
             import ray
 
+            # The command has ended: a Ctrl-C now would only leave a traceback from inside Ray's shutdown (a few
+            # seconds for a local cluster) in place of the command's last line.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             ray.shutdown()  # its exit-time lines still reach the log file
     finally:
         if _ROUTER is not None:
