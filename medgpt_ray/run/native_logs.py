@@ -66,15 +66,23 @@ class NativeStderrRouter:
 _ROUTER: NativeStderrRouter | None = None
 
 
+def _second_ctrl_c_stops(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the next one raises KeyboardInterrupt
+
+
 def _shut_down_ray_then_stop() -> None:
     try:
         if "ray" in sys.modules:
             import ray
 
             # The command has ended: a Ctrl-C now would only leave a traceback from inside Ray's shutdown (a few
-            # seconds for a local cluster) in place of the command's last line.
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            ray.shutdown()  # its exit-time lines still reach the log file
+            # seconds for a local cluster) in place of the command's last line. The first is ignored; a second
+            # stops waiting for the shutdown (Ray's own exit hook still runs).
+            signal.signal(signal.SIGINT, _second_ctrl_c_stops)
+            try:
+                ray.shutdown()  # its exit-time lines still reach the log file
+            except KeyboardInterrupt:
+                pass
     finally:
         if _ROUTER is not None:
             _ROUTER.stop()
