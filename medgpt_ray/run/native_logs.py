@@ -41,7 +41,7 @@ class NativeStderrRouter:
         self.thread.start()
 
     def _pump(self, read_end: int) -> None:
-        with os.fdopen(read_end, "rb", buffering=0) as src, self.log_file.open("ab") as log:
+        with os.fdopen(read_end, "rb") as src, self.log_file.open("ab") as log:
             for line in iter(src.readline, b""):
                 if NATIVE_LINE.match(line):
                     log.write(line)
