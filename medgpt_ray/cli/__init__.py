@@ -6,6 +6,8 @@ Front-ends only: each command parses, calls one library function and prints.
 
 from __future__ import annotations
 
+import sys
+
 from medgpt_ray.cli import chat, clean, export, generate, memory, report, run, serve, topo, tune
 from medgpt_ray.cli.args import OneLineParser
 
@@ -31,4 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (add_args, _, help_) in commands.items():
         add_args(sub.add_parser(name, help=help_))
     args = parser.parse_args(argv)
-    return commands[args.command][1](args)
+    try:
+        return commands[args.command][1](args)
+    except KeyboardInterrupt:  # a command that does not say more about what a Ctrl-C left (run and clean do)
+        print(f"interrupted: medgpt-ray {args.command} stopped", file=sys.stderr)
+        return 130

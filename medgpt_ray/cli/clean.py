@@ -33,12 +33,8 @@ def add_clean_args(p: argparse.ArgumentParser) -> None:
 
 def run_clean(args: argparse.Namespace) -> int:
     from medgpt_ray.config import load_clean_config
-    from medgpt_ray.data.clean import clean_corpus
-    from medgpt_ray.data.explain import explain
     from medgpt_ray.data.kinds import DataFileError
     from medgpt_ray.data.output_dir import claim_output_dir
-    from medgpt_ray.run.progress import LiveProgress
-    from medgpt_ray.run.ray_env import connect_ray, echo
 
     try:
         cfg = load_clean_config(args.config, args.sets)
@@ -49,17 +45,43 @@ def run_clean(args: argparse.Namespace) -> int:
     except DataFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    log_file = Path(args.out) / "clean.log"
-    connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
-    if not args.verbose:
-        echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
-    try:
+    return _clean(args, cfg)
+
+
+INTERRUPTED = ".medgpt-clean-interrupted"  # in --out: the last run there was cut short (Ctrl-C)
+
+
+def _clean(args: argparse.Namespace, cfg) -> int:
+    from medgpt_ray.data.explain import explain
+    from medgpt_ray.data.kinds import DataFileError
+    from medgpt_ray.run.ray_env import echo
+
+    out = Path(args.out)
+    log_file = out / "clean.log"
+    try:  # from the first import of Ray on: a Ctrl-C anywhere here is the sentence below
+        from medgpt_ray.data.clean import clean_corpus
+        from medgpt_ray.run.progress import LiveProgress
+        from medgpt_ray.run.ray_env import connect_ray
+
+        connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
+        if not args.verbose:
+            echo(f"[clean] Ray's own logs: {log_file.resolve()} (--verbose shows them here)")
+        if (out / INTERRUPTED).is_file():
+            echo(f"[clean] the last run into {out} was interrupted: starting over from the first chunk (the cleaner "
+                 "does not resume part-way)")
         report = clean_corpus(args.inputs, args.out, args.kind, cfg, echo=echo, live_progress=LiveProgress,
                               overwrite=args.overwrite)
     except DataFileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        (out / INTERRUPTED).touch()
+        print(f"interrupted: the cleaning into {out} stopped before its end and left no partial output (data/, "
+              "quarantine/ and the work files are removed); re-run the same command to clean from the start",
+              file=sys.stderr)
+        return 130
+    (out / INTERRUPTED).unlink(missing_ok=True)
     if args.explain:
-        for line in explain(Path(args.out) / "quarantine", args.explain):
+        for line in explain(out / "quarantine", args.explain):
             echo(line)
     return 0 if report["adds_up"] else 1

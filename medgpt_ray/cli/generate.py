@@ -12,8 +12,9 @@ from medgpt_ray.cli.args import add_model_args, fraction, non_negative_float, no
 def add_generate_args(p: argparse.ArgumentParser) -> None:
     add_model_args(p)
     p.add_argument("--input", dest="inputs", nargs="+", required=True, metavar="FILE",
-                   help="prompts: .jsonl .json .csv .parquet .txt (GRPO question/answer, ShareGPT or role/content "
-                        "turns ending on the user, SFT conversations up to their last user turn, text)")
+                   help="prompts: .jsonl .json .csv .parquet .txt (GRPO question, ShareGPT or role/content turns "
+                        "ending on the user, SFT conversations up to their last user turn, text; no reference answer "
+                        "needed)")
     p.add_argument("--out", required=True, help="output directory: generations/*.parquet, summary.json; a re-run "
                                                 "with the same settings generates only what is missing")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)

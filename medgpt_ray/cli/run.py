@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 from medgpt_ray.cli.args import config_error, positive_int
@@ -31,17 +32,13 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
                    help="show Ray's own INFO log lines here (default: RUN_DIR/ray.log)")
 
 
-def run_pipeline(args: argparse.Namespace) -> int:
-    # The checks before Ray starts need none of the pipeline's imports (torch, transformers, Ray Train: ~7 s on a
-    # 2-core box): a mistake is said in a second; the pipeline module is imported once they pass.
+def _checked_config(args: argparse.Namespace):
+    """The config, checked before Ray starts (the paths, the CPUs); an int is the rc of a mistake already said."""
     from medgpt_ray.run.preflight import check_cpus, check_paths
     from medgpt_ray.run.upstream import PipelineError, check_only_stage
 
     try:
         cfg = load_config(args.config, args.sets, args.overrides)
-    except ConfigError as e:
-        return config_error(e)
-    try:
         if args.only_stage:
             check_only_stage(cfg, args.only_stage)
         check_paths(cfg)
@@ -53,8 +50,35 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    return cfg
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    # The checks before Ray starts need none of the pipeline's imports (torch, transformers, Ray Train: ~7 s on a
+    # 2-core box): a mistake is said in a second; the pipeline module is imported once they pass.
+    from medgpt_ray.run.run_lock import RunDirBusy, run_dir_lock
+
+    cfg = _checked_config(args)
+    if isinstance(cfg, int):
+        return cfg
+    run_dir = Path(cfg.output_dir) / cfg.name
+    held = ExitStack()
+    try:  # before Ray writes its log there: a second run of this name must not touch the directory
+        held.enter_context(run_dir_lock(run_dir, echo=lambda line: print(line, flush=True)))
+    except RunDirBusy as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # making the run directory or its lock file: the output_dir is not writable here
+        return config_error(ConfigError(f"output_dir: cannot write the run directory {run_dir} "
+                                        f"({e.strerror or e}); set output_dir to a directory you can write"))
+    with held:
+        return _run_locked(args, cfg)
+
+
+def _run_locked(args: argparse.Namespace, cfg) -> int:
     from medgpt_ray.run.pipeline import Pipeline, RunOptions
     from medgpt_ray.run.ray_env import connect_ray
+    from medgpt_ray.run.upstream import PipelineError
 
     log_file = Path(cfg.output_dir) / cfg.name / "ray.log"
     # The workers' own output (library warnings, Ray Train's per-rank lines) stays in Ray's session logs: the
@@ -67,7 +91,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
               f"(`ray logs`; {tmp}/session_latest/logs on a local run); --verbose shows both here", flush=True)
     try:
         Pipeline(cfg, RunOptions(from_stage=args.from_stage, only_stage=args.only_stage), connected).run()
-    except (ConfigError, PipelineError) as e:
+    except ConfigError as e:  # found once Ray is up: a data file with no usable record, a relative output_dir
+        return config_error(e)
+    except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

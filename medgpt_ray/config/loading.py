@@ -64,10 +64,24 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+        raise ConfigError(f"{path}{_yaml_where(e)}: invalid YAML: {_yaml_problem(e)}") from None
     if not isinstance(tree, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return tree
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    """`:line:column` (1-based, as editors count) of a YAML error: PyYAML's own text names "<unicode string>"."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None)
+    context = getattr(e, "context", None)
+    if not problem:
+        return type(e).__name__
+    return f"{problem} ({context})" if context else problem
 
 
 def load_config(

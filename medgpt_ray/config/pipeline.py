@@ -44,9 +44,11 @@ class PipelineConfig(_Strict):
             for ref in [*([c.from_] if c.from_ else []), *c.needs]:
                 if ref not in STAGE_KINDS or ref == s:
                     raise ValueError(f"stages.{s}: '{ref}' is not another stage ({', '.join(STAGE_KINDS)})")
-            off = [n for n in c.needs if not self.stages.get(n).enabled]
+            off = [n for n in c.needs if not self.runs(n)]
             if off:
-                raise ValueError(f"stages.{s}.needs: stage '{off[0]}' is disabled (stages.{off[0]}.enabled: false)")
+                why = ("trains nothing (max_steps: 0), so it has no output to read" if self.passes_on(off[0])
+                       else f"is disabled (stages.{off[0]}.enabled: false)")
+                raise ValueError(f"stages.{s}.needs: stage '{off[0]}' {why}")
         return self
 
     @model_validator(mode="after")
@@ -88,11 +90,11 @@ class PipelineConfig(_Strict):
         return out
 
     def start_of(self, stage: str) -> str | None:
-        """The enabled stage whose model `stage` starts from; None: the base model (a disabled stage hands over
-        its own input; run/dag.effective_from)."""
+        """The enabled stage whose model `stage` starts from; None: the base model (a disabled stage, or one of
+        max_steps 0, hands over its own input; run/dag.effective_from)."""
         c = self.stages.get(stage)
         up = c.from_ if c.from_ is not None else stage_kind(stage).default_from
-        while up is not None and not self.stages.get(up).enabled:
+        while up is not None and not self.runs(up):
             u = self.stages.get(up)
             up = u.from_ if u.from_ is not None else stage_kind(up).default_from
         return up
@@ -104,7 +106,8 @@ class PipelineConfig(_Strict):
         return [*([start] if start else []), *c.needs]
 
     def enabled_stages(self) -> list[str]:
-        """The enabled stages, each after the ones it depends on (else in registry order)."""
+        """The enabled stages that run (not those of max_steps 0), each after the ones it depends on (else in
+        registry order)."""
         order: list[str] = []
         visiting: list[str] = []
 
@@ -123,7 +126,17 @@ class PipelineConfig(_Strict):
 
         for s in self.stages.kinds():
             visit(s)
-        return [s for s in order if self.stages.get(s).enabled]
+        return [s for s in order if self.runs(s)]
+
+    def passes_on(self, stage: str) -> bool:
+        """An enabled training stage of max_steps 0: it trains nothing and hands its input model on, as a disabled
+        one does (what bench/rl_stage_run.py --train-steps 0 means; StageConfig.max_steps)."""
+        c = self.stages.get(stage)
+        return c.enabled and c.max_steps == 0 and stage_kind(stage).trains
+
+    def runs(self, stage: str) -> bool:
+        """Whether the stage runs at all: enabled, and not passing its input on (max_steps 0)."""
+        return self.stages.get(stage).enabled and not self.passes_on(stage)
 
     def workers_for(self, stage: str) -> int:
         return self.stages.get(stage).num_workers or self.resources.num_workers

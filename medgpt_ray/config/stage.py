@@ -35,7 +35,8 @@ class StageConfig(_Strict):
     epochs: Annotated[float, Field(gt=0)] = 1.0
     """Passes over the training split (unless max_steps)."""
     max_steps: Annotated[int, Field(ge=-1)] = -1
-    """Optimizer steps; -1: run `epochs`."""
+    """Optimizer steps; -1: run `epochs`; 0: no training: the stage passes its input model on, as a disabled one
+    does, and the run says so (a stage that `needs` it is refused: it has no output)."""
     seq_len: Annotated[int, Field(ge=8)] = 1024
     """Tokens per sequence (pretraining block size; longer conversations and pairs are left out and counted)."""
     micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"

@@ -158,7 +158,7 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     """Clean `inputs` into `out_dir` (output_dir.claim_output_dir's rules: a directory that is not ours is
     refused unless `overwrite`). `live_progress(chunks, t0, echo, files=, total_bytes=)` makes the progress
     line's context manager; its `address` names the actor the cleaning tasks push their counts to
-    (run.progress.LiveProgress). A failed run leaves no _work/ behind."""
+    (run.progress.LiveProgress). A failed or interrupted run leaves no _work/, data/ or quarantine/ behind."""
     t0 = time.monotonic()
     out = claim_output_dir(out_dir, inputs, overwrite)
     remote = {"num_cpus": cfg.num_cpus_per_task}
@@ -169,6 +169,10 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
         shutil.rmtree(out / sub, ignore_errors=True)
     try:
         return _clean_chunks(chunks, out, cfg, t0, echo, live_progress, remote, cpus, warm)
+    except BaseException:  # failed or interrupted (Ctrl-C): part of data/ must not pass for a cleaned corpus
+        for sub in OWN_SUBDIRS:
+            shutil.rmtree(out / sub, ignore_errors=True)
+        raise
     finally:
         shutil.rmtree(out / "_work", ignore_errors=True)
 

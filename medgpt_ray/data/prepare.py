@@ -28,7 +28,7 @@ import numpy as np
 from medgpt_ray.config import DataConfig
 from medgpt_ray.data.files import Quarantined, iter_canonical
 from medgpt_ray.data.input_paths import expand_paths
-from medgpt_ray.data.kinds import source_kinds
+from medgpt_ray.data.kinds import DataFileError, source_kinds
 from medgpt_ray.data.ops.pii import ORDER as PII_TYPES
 from medgpt_ray.data.ops.record import redact_record
 from medgpt_ray.data.private import open_private, private_dir
@@ -136,6 +136,15 @@ def data_fingerprint(paths: list[str], data: DataConfig) -> str:
     return hashlib.sha256(json.dumps(options).encode()).hexdigest()
 
 
+def _nothing_usable(kind: str, paths: list[str], source: int, quarantine_file: str | None) -> DataFileError:
+    """Why a kind's files gave no record to train on: they hold none, or every one was quarantined (where, why)."""
+    if not source:
+        return DataFileError(f"data.{kind}: {', '.join(map(str, paths))}: no records (empty); give files with at "
+                             f"least one {kind} record")
+    return DataFileError(f"data.{kind}: none of the {source} source records could be used: all quarantined, each "
+                         f"with its reason in {quarantine_file}")
+
+
 def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: float,
                  max_records: int | None = None, pii_types: Collection[str] = PII_TYPES) -> PreparedData:
     """Read, convert and split `paths` as `kind` data, streaming: the driver holds 16 bytes per record (a hash
@@ -173,8 +182,7 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
             qfh.close()
         quarantine_file = str(qpath) if quarantined else None
         if not hashes:
-            raise ValueError(f"data.{kind}: none of the {source} source records could be used "
-                             f"(see {quarantine_file})")
+            raise _nothing_usable(kind, paths, source, quarantine_file)
         keys = np.frombuffer(hashes, dtype=np.uint64)
         train, held_out = split_positions(keys, eval_fraction, max_records)
         train_file, eval_file = out_dir / f"{kind}.train.parquet", out_dir / f"{kind}.eval.parquet"

@@ -1,7 +1,8 @@
 """Any record a user may want answered, as a prompt to generate from: prompt data as it is (GRPO question/answer,
 ShareGPT or canonical turns ending on the user), a conversation of SFT data up to its last user turn (its last
 answer becomes the reference), the prompt turns of a preference pair or an unpaired example, a line of plain text
-as one user turn, and `{"prompt": "..."}` (a single string field is read as text). Pure: no Ray, no model."""
+as one user turn, and `{"prompt": "..."}` (a single string field is read as text). A row without its reference
+answer is a prompt all the same (answer None): generating needs none. Pure: no Ray, no model."""
 
 from __future__ import annotations
 
@@ -19,6 +20,24 @@ from medgpt_ray.data.readers import CONVERTERS
 
 FORMAT_KIND = {fmt: kind for kind, fmts in KIND_FORMATS.items() for fmt in fmts}
 
+# The field holding a format's reference answer, and a stand-in its converter accepts: a prompt to generate from
+# needs no reference, so a row without one is read with the stand-in and its answer then set to None. (An exam's
+# stand-in is a letter every exam has; an SFT format's becomes the assistant turn the prompt then drops.)
+REFERENCE_FIELDS = {"grpo": ("answer", None), "sharegpt_prompt": ("answer", None),
+                    "canonical_prompt": ("answer", None), "exam": ("answer", "A"), "ceval": ("answer", "A"),
+                    "alpaca": ("output", "-"), "toyhom": ("answer", "-"), "huatuo": ("answers", "-")}
+
+
+def _without_reference(fmt: str, row: dict) -> dict | None:
+    """`row` with the stand-in for its missing reference answer; None when it has one (or its format none)."""
+    if fmt not in REFERENCE_FIELDS or REFERENCE_FIELDS[fmt][0] in row:
+        return None
+    field, stand_in = REFERENCE_FIELDS[fmt]
+    if field == "answers":  # Huatuo: one answer per question group
+        groups = row.get("questions")
+        return {**row, field: [stand_in] * len(groups)} if isinstance(groups, list) else None
+    return {**row, field: stand_in}
+
 
 def _trailing_answer(turns: list[dict]) -> tuple[list[dict], str | None]:
     """The turns up to the last user (or tool) turn, and the assistant turn after it when there is one."""
@@ -33,6 +52,8 @@ def as_prompt(row: dict) -> dict:
     """One source row as a canonical prompt record {"conversations", "answer", ["tools"]}; RecordError says why not."""
     fmt = detect_format(row)
     kind = FORMAT_KIND[fmt]
+    stood_in = _without_reference(fmt, row)
+    row = stood_in or row
     if fmt in ("sharegpt", "canonical_sft"):  # not the SFT converter: a conversation may end on the user here
         turns, tools = _conversation(row, "sharegpt" if fmt == "sharegpt" else "canonical")
         first = {"conversations": turns, "tools": tools}
@@ -50,7 +71,7 @@ def as_prompt(row: dict) -> dict:
     if not prompt:
         raise RecordError("no user turn to answer")
     check_turn_order(prompt, last="user")
-    record = {"conversations": prompt, "answer": answer}
+    record = {"conversations": prompt, "answer": None if stood_in is not None else answer}
     return {**record, "tools": tools} if tools else record
 
 

@@ -151,7 +151,8 @@ def _eval(stage: StageData) -> str:
 def stage_section(stage: StageData) -> str:
     head = f"<p>{status_badge(stage.status)} wall time {esc(fmt(stage.wall_s))} s</p>"
     if stage.status not in RAN:
-        why = "disabled in the config" if stage.status == "disabled" else "this run did not get to it"
+        why = {"disabled": "disabled in the config", "passed-on": "max_steps 0: no training, its input model passed on"
+               }.get(stage.status, "this run did not get to it")
         return section(f"stage-{stage.name}", f"Stage {stage.name}", head + note(f"not run: {why}"))
     if stage.summary.get("error"):
         head += note(f"error: {stage.summary['error']}")

@@ -136,7 +136,11 @@ def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], 
     times. Anything else is raised. Every attempt resumes from the newest readable checkpoint. Returns the inputs
     of the attempt that succeeded (its plan records the back-offs)."""
     attempt = restarts = 0
-    usable_checkpoint(inp, echo)  # an earlier run's newest checkpoint may have been cut short
+    # An earlier run's newest checkpoint may have been cut short; the one the workers will load is said here (their
+    # own output stays in Ray's session logs).
+    start = usable_checkpoint(inp, echo)
+    if start is not None:
+        echo(f"[{inp.stage:>3}] resumed from {Path(start).name} (the interrupted attempt's newest checkpoint)")
     while True:
         try:
             attempt_fn(attempt, inp)

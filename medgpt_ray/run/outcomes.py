@@ -18,10 +18,15 @@ from medgpt_ray.run.progress import format_summary, summary_entry
 @dataclass
 class StageOutcome:
     stage: str
-    status: str  # done | skipped | disabled | failed | not-run | pending | interrupted
+    status: str  # done | skipped | disabled | passed-on | failed | not-run | pending | interrupted
     result: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     error: str | None = None
+
+
+def _not_running(cfg: PipelineConfig, stage: str) -> str:
+    """The status of a stage that does not run: passed-on (max_steps 0: its input model goes on), or disabled."""
+    return "passed-on" if cfg.passes_on(stage) else "disabled"
 
 
 class RunSummary:
@@ -39,8 +44,8 @@ class RunSummary:
         for s in self.cfg.stages.kinds():
             if s in full:
                 continue
-            if not self.cfg.stages.get(s).enabled:
-                full[s] = StageOutcome(s, "disabled")
+            if not self.cfg.runs(s):
+                full[s] = StageOutcome(s, _not_running(self.cfg, s))
             elif s in to_run:
                 full[s] = StageOutcome(s, status)
             else:
@@ -52,7 +57,7 @@ class RunSummary:
         full = dict(outcomes)
         for s in self.cfg.stages.kinds():
             if s not in full:
-                status = "disabled" if not self.cfg.stages.get(s).enabled else "not-run"
+                status = _not_running(self.cfg, s) if not self.cfg.runs(s) else "not-run"
                 full[s] = StageOutcome(s, status, self.manifest.entry(s) or {} if status == "not-run" else {})
         return full
 

@@ -78,8 +78,9 @@ class Pipeline:
         for s in (self.opt.from_stage, self.opt.only_stage):
             if s is not None and s not in STAGE_KINDS:
                 raise ConfigError(f"stage '{s}' is not one of {', '.join(STAGE_KINDS)}")
-            if s is not None and not cfg.stages.get(s).enabled:
-                raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)")
+            if s is not None and not cfg.runs(s):
+                raise ConfigError(f"stage '{s}' is disabled in the config (stages.{s}.enabled: false)"
+                                  if not cfg.passes_on(s) else f"stage '{s}' trains nothing (stages.{s}.max_steps: 0)")
 
     # ---- data -----------------------------------------------------------------------------
     def _prepare_data(self, any_stage_runs: bool = True) -> dict[str, prepare.PreparedData]:
@@ -103,6 +104,11 @@ class Pipeline:
         fingerprints = dag.stage_fingerprints(self.cfg, plans, data_fps, base_config, prov)
         forced = self._forced_stages(enabled)
         order = [self.opt.only_stage] if self.opt.only_stage else enabled
+        for s in self.cfg.stages.kinds():
+            if self.cfg.passes_on(s):
+                up = self.cfg.start_of(s)
+                self.echo(f"[{s:>3}] max_steps 0: no training; its input, "
+                          f"{f'the {up} model' if up else 'the base model'}, is passed on to the stages after it")
         to_run = dag.stages_to_run(self.cfg, order, forced, lambda s: self.manifest.is_done(s, fingerprints[s]))
         for s in order:
             set_stage_state(self.cfg.name, s, "pending" if s in to_run else "skipped")

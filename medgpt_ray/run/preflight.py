@@ -22,9 +22,12 @@ def check_paths(cfg: PipelineConfig) -> None:
     for key in DATA_KEYS:
         for path in cfg.data.paths(key):
             try:
-                expand_paths([path])
+                files = expand_paths([path])
             except DataFileError as e:
                 raise ConfigError(f"data.{key}: {e}") from None
+            if all(f.stat().st_size == 0 for f in files):  # found now, not after Ray has started
+                raise ConfigError(f"data.{key}: {path} is empty (0 bytes): no records to read; give a file with "
+                                  "records or leave it out")
 
 
 def check_cpus(cfg: PipelineConfig, cpus: float, where: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import ray
 
 from medgpt_ray.memory.budget import GPUMemory, tightest_local_gpu
+from medgpt_ray.run.native_logs import route_native_stderr
 from medgpt_ray.run.ray_logs import route_ray_logs
 
 # Workers inherit these unless the driver's environment sets them: no doubled prints / dill dumps from Train V2's
@@ -59,6 +60,8 @@ def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbo
     """
     if log_file is not None:
         route_ray_logs(log_file, verbose)
+        if not verbose:
+            route_native_stderr(log_file)
     for k, v in WORKER_ENV.items():
         os.environ.setdefault(k, v)
     if ray.is_initialized():

@@ -22,9 +22,12 @@ FORMAT = "%(asctime)s\t%(levelname)s %(name)s %(filename)s:%(lineno)s -- %(messa
 
 class HideOurChoices(logging.Filter):
     """Warnings about what we chose on purpose: Ray Data's progress bars are off (our own progress line replaces
-    them) and token authentication is on (the README's security rules); they stay in the log file."""
+    them) and token authentication is on (the README's security rules); and one that is wrong for us: "no available
+    CPUs ... the Dataset job will hang" when a Dataset starts while our warm-up tasks (clean) or the actor pool
+    being built (generate) hold the CPUs for a moment. They stay in the log file."""
 
-    CHOSEN = ("Progress bars disabled", "Token authentication is enabled for this Ray cluster")
+    CHOSEN = ("Progress bars disabled", "Token authentication is enabled for this Ray cluster",
+              "Warning: The Ray cluster currently does not have any available CPUs")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.CHOSEN)
@@ -48,6 +51,22 @@ def _ray_data_config(log_file: Path, console_level: str) -> dict:
         "loggers": {"ray.data": {"level": "DEBUG" if console_level == "INFO" else "INFO",
                                  "handlers": ["file", "console"], "propagate": False}},
     }
+
+
+# transformers' loggers whose warnings read like errors but are not: "Token indices sequence length is longer than
+# the specified maximum sequence length" when the driver measures records longer than the tokenizer's
+# model_max_length (the lengths profile: records are cut or left out by the stage's own rule, not by this).
+QUIET_LIBRARY_LOGGERS = ("transformers.tokenization_utils_base",)
+
+
+def _library_warnings_to(log_file: Path) -> None:
+    for name in QUIET_LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, logging.FileHandler) and h.baseFilename == str(log_file) for h in logger.handlers):
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+            handler.setFormatter(logging.Formatter(FORMAT))
+            logger.addHandler(handler)
+        logger.propagate = False  # not up to transformers' console handler
 
 
 def route_ray_logs(log_file: Path, verbose: bool = False) -> Path:
@@ -75,6 +94,8 @@ def route_ray_logs(log_file: Path, verbose: bool = False) -> Path:
         file_handler = logging.FileHandler(log_file, encoding="utf-8")
         file_handler.setFormatter(logging.Formatter(FORMAT))
         ray_logger.addHandler(file_handler)
+    if not verbose:
+        _library_warnings_to(log_file)
     if not verbose:  # Ray Data's progress bars (or their logged form): our own progress line says more
         os.environ["RAY_DATA_DISABLE_PROGRESS_BARS"] = "1"
         if "ray.data" in sys.modules:

@@ -73,8 +73,9 @@ class RunData:
             try:
                 d = prepare.prepare_kind(kind, self.paths(kind), self.data_dir, data.eval_fraction, data.max_records,
                                          data.pii_types())
-            except DataFileError as e:
-                raise ConfigError(f"data.{kind}: {e}") from None
+            except DataFileError as e:  # a file's own error names the file; the key is said once
+                key = f"data.{kind}:"
+                raise ConfigError(str(e) if str(e).startswith(key) else f"{key} {e}") from None
             self.echo(prepare.prepared_line(d))
             prepared[kind] = d
         return prepared

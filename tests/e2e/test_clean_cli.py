@@ -8,12 +8,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from medgpt_ray.run.native_logs import NATIVE_LINE
 from tests.ray_startup import ray_temp_root
 
 pytestmark = pytest.mark.e2e
@@ -28,19 +30,41 @@ def malformed_lines() -> dict[str, dict[int, str]]:
     return {name: {int(k): v for k, v in entry["malformed"].items()} for name, entry in json.loads(block).items()}
 
 
+def interrupt_at(cmd: list[str], env: dict[str, str], line_start: str) -> subprocess.CompletedProcess:
+    """Run `cmd` and Ctrl-C it (SIGINT to its process group, as a terminal does) once it prints `line_start`."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(line_start):
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(seen) + out, err)
+
+
 @pytest.fixture(scope="module")
-def cleaned(tmp_path_factory):
+def interrupted_then_cleaned(tmp_path_factory):
+    """A clean cut by Ctrl-C while it reads the chunks, then the same command again into the same --out."""
     out = tmp_path_factory.mktemp("clean") / "out"
     ray_tmp = ray_temp_root()
     env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    cli = Path(sys.executable).parent / "medgpt-ray"
+    cmd = [str(Path(sys.executable).parent / "medgpt-ray"), "clean", str(FORMATS), "--out", str(out),
+           "--num-cpus", "2", "--explain", "2"]
     try:
-        p = subprocess.run([str(cli), "clean", str(FORMATS), "--out", str(out), "--num-cpus", "2", "--explain", "2"],
-                           capture_output=True, text=True, timeout=600, env=env)
+        cut = interrupt_at(cmd, env, "[clean] 1/3 reading and cleaning")
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert p.returncode == 0, f"clean failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return out, cut, p
+
+
+@pytest.fixture(scope="module")
+def cleaned(interrupted_then_cleaned):
+    out, _, p = interrupted_then_cleaned
     return out, p
 
 
@@ -99,6 +123,8 @@ def test_the_terminal_holds_our_lines_not_rays(cleaned):
     out, p = cleaned
     terminal = p.stdout + p.stderr
     assert "logging_progress" not in terminal and "\tINFO " not in terminal
+    # Ray's native lines (core worker, raylet; at exit too) and "the Dataset job will hang" (issue 36 item 5).
+    assert not NATIVE_LINE.search(terminal.encode()) and "Dataset job will hang" not in terminal, terminal
     assert "cleaned " in p.stdout and "adds up" in p.stdout
     log = (out / "clean.log").read_text(encoding="utf-8")
     assert "ray.data" in log  # Ray Data's own lines went to the log file instead
@@ -112,3 +138,15 @@ def test_explain_shows_redacted_records_and_never_an_unparseable_line(cleaned):
         if row["raw"]:
             assert row["raw"].strip() not in p.stdout
     assert "13800138000" not in p.stdout
+
+
+def test_ctrl_c_is_one_sentence_and_the_rerun_says_it_starts_over(interrupted_then_cleaned):
+    """Issue 36 item 4: rc 130, one sentence, no traceback, no partial output; the next run says it starts over
+    (the cleaner does not resume part-way) and leaves no mark of the interrupted one."""
+    out, cut, p = interrupted_then_cleaned
+    assert cut.returncode == 130, cut.stdout[-2000:] + cut.stderr[-2000:]
+    assert "Traceback" not in cut.stdout + cut.stderr and "KeyboardInterrupt" not in cut.stdout + cut.stderr
+    assert cut.stderr.strip().startswith(f"interrupted: the cleaning into {out} stopped before its end")
+    assert cut.stderr.count("\n") == 1, cut.stderr
+    assert f"[clean] the last run into {out} was interrupted: starting over from the first chunk" in p.stdout
+    assert not (out / ".medgpt-clean-interrupted").exists()

@@ -188,6 +188,7 @@ def test_pipeline_skips_finished_stages_and_resumes_an_interrupted_one(repo, tmp
     # driver or cluster ran a stage), then runs rm and dpo side by side, then the eval stage.
     _, lines = in_process(repo, out, *sft)
     assert_resumed_and_finished(out, "\n".join(lines))
+    assert any(line.startswith("[sft] resumed from checkpoint-4") for line in lines), lines  # said in the terminal
     sft_result = json.loads((out / "tiny-cpu" / "sft" / "result.json").read_text())
     ev = summary(out)["eval"]
 

@@ -45,3 +45,35 @@ def test_ids_are_the_rows_own_else_their_place_and_bad_rows_are_quarantined_with
     assert [q.line for q in bad] == [2, 3]
     assert bad[0].reason.startswith("invalid JSON") and bad[1].reason == "no user turn to answer"
     assert all(q.file == str(path) for q in bad)
+
+
+NO_REFERENCE = {  # every format `generate` reads a prompt from, without its reference answer (issue 36 item 6)
+    "grpo": {"question": "头痛怎么办？"},
+    "grpo with system": {"question": "头痛怎么办？", "system": "你是医生"},
+    "sharegpt ending on the user": {"conversations": [{"from": "human", "value": "头痛怎么办？"}]},
+    "role/content ending on the user": {"conversations": [{"role": "user", "content": "头痛怎么办？"}]},
+    "exam": {"question": "头痛首选？", "options": {"A": "休息", "B": "手术"}},
+    "ceval": {"question": "头痛首选？", "A": "休息", "B": "手术", "C": "输液", "D": "观察"},
+    "alpaca": {"instruction": "头痛怎么办？", "input": ""},
+    "toyhom": {"department": "内科", "title": "头痛", "ask": "怎么办？"},
+    "huatuo": {"questions": [["头痛怎么办？", "头疼怎么办？"]]},
+    "text": {"text": "头痛怎么办？"},
+}
+
+
+@pytest.mark.parametrize("fmt", list(NO_REFERENCE))
+def test_a_prompt_without_a_reference_answer_is_a_prompt(fmt):
+    record = as_prompt(NO_REFERENCE[fmt])
+    assert record["answer"] is None
+    assert record["conversations"][-1]["role"] == "user" and "头痛" in record["conversations"][-1]["content"]
+    assert all(t["role"] != "assistant" for t in record["conversations"])  # no stand-in answer left in the prompt
+
+
+def test_grpo_prompts_without_answers_are_all_read(tmp_path):
+    """The issue's file: GRPO-style question lines, none quarantined for a missing answer."""
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps({"question": f"问题{i}"}, ensure_ascii=False) + "\n" for i in range(3)),
+                    encoding="utf-8")
+    items = list(iter_prompts([path]))
+    assert not [i for i in items if isinstance(i, Quarantined)]
+    assert [i[1]["conversations"][-1]["content"] for i in items] == ["问题0", "问题1", "问题2"]

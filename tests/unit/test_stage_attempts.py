@@ -4,6 +4,8 @@ controller reports it (the e2e resume test in tests/e2e/test_pipeline.py kills a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from ray.exceptions import RayActorError
@@ -126,3 +128,17 @@ def test_an_interrupted_attempt_resumes_at_its_backoffs_from_their_record_not_fr
     assert not (tmp_path / "sft" / "backoffs.json").exists()
     job.run(job.inputs(planned, "model", data), attempts_failing_with(oom)[1])
     assert job.enter(planned, "other", fresh=False) == planned
+
+
+def test_a_resumed_attempt_says_which_checkpoint_it_resumes_from(inputs):
+    """The workers' own output stays in Ray's session logs: the driver says `resumed from checkpoint-N` (issue 36)."""
+    lines: list[str] = []
+    run_with_backoff(inputs, lambda n, inp: None, "r", True, lines.append)
+    assert not [line for line in lines if "resumed from" in line]  # a fresh stage says nothing of the kind
+    for step in (2, 4):
+        ckpt = inputs.checkpoint_dir / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    run_with_backoff(inputs, lambda n, inp: None, "r", True, lines.append)
+    assert [line for line in lines if "resumed from" in line] == [
+        "[sft] resumed from checkpoint-4 (the interrupted attempt's newest checkpoint)"]
