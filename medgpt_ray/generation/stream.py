@@ -1,28 +1,58 @@
-"""One answer generated in a thread and read piece by piece as it grows (chat, serving), with the engine's model."""
+"""One answer generated in a thread and read piece by piece as it grows (chat, serving), with the engine's model.
+A reader may cancel it, or give it a deadline: generation itself stops at the next token (a stopping criterion
+checks both), so the thread and its compute are freed, not only the reader."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
 
 
+class PromptTooLong(ValueError):
+    """The rendered prompt has more tokens than the caller allows; nothing was generated."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"the prompt is {tokens} tokens, over the limit of {limit}")
+        self.tokens, self.limit = tokens, limit
+
+
+def _stop_criterion(cancelled: threading.Event, deadline: float | None):
+    """A transformers StoppingCriteria that ends every row once `cancelled` is set or `deadline` (monotonic) passed."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class CancelOrDeadline(StoppingCriteria):
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+            if deadline is not None and time.monotonic() >= deadline:
+                cancelled.set()
+            return torch.full((input_ids.shape[0],), cancelled.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return CancelOrDeadline()
+
+
 class StreamedAnswer:
-    """After the pieces: prompt_tokens, new_tokens (up to the stop token) and finished (it stopped on its own, not at
-    the limit)."""
+    """After the pieces: prompt_tokens, new_tokens (up to the stop token), finished (it stopped on its own, not at
+    the limit) and stopped (cancelled, or its deadline passed, before it finished)."""
 
-    def __init__(self, gen: Generator, turns: list[dict], tools: list[dict] | None, params: GenerationParams):
-        import threading
+    def __init__(self, gen: Generator, turns: list[dict], tools: list[dict] | None, params: GenerationParams,
+                 deadline: float | None = None, max_prompt_tokens: int | None = None):
+        from transformers import StoppingCriteriaList, TextIteratorStreamer
 
-        from transformers import TextIteratorStreamer
-
-        enc = gen.tok(gen.render(turns, tools or []), add_special_tokens=False, return_tensors="pt").to(gen.device)
+        enc = gen.tok(gen.render(turns, tools or []), add_special_tokens=False, return_tensors="pt")
         self.prompt_tokens = int(enc["input_ids"].shape[1])
+        if max_prompt_tokens is not None and self.prompt_tokens > max_prompt_tokens:
+            raise PromptTooLong(self.prompt_tokens, max_prompt_tokens)
         self._gen, self._ids, self._error = gen, [], None
+        self._cancelled = threading.Event()
         self._streamer = TextIteratorStreamer(gen.tok, skip_prompt=True, skip_special_tokens=True)
-        kwargs = {**enc, "max_new_tokens": params.max_new_tokens, "eos_token_id": gen.stops,
-                  "pad_token_id": gen.tok.pad_token_id, "streamer": self._streamer, **params.sampling()}
+        kwargs = {**enc.to(gen.device), "max_new_tokens": params.max_new_tokens, "eos_token_id": gen.stops,
+                  "pad_token_id": gen.tok.pad_token_id, "streamer": self._streamer,
+                  "stopping_criteria": StoppingCriteriaList([_stop_criterion(self._cancelled, deadline)]),
+                  **params.sampling()}
         self._thread = threading.Thread(target=self._run, args=(kwargs,), daemon=True)
         self._thread.start()
 
@@ -42,6 +72,15 @@ class StreamedAnswer:
         if self._error is not None:
             raise self._error
 
+    def cancel(self) -> None:
+        """Stop generating at the next token (harmless once finished)."""
+        self._cancelled.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the generating thread to end; True when it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     @property
     def new_tokens(self) -> int:
         return next((n for n, t in enumerate(self._ids) if t in self._gen.stops), len(self._ids))
@@ -49,3 +88,7 @@ class StreamedAnswer:
     @property
     def finished(self) -> bool:
         return self.new_tokens < len(self._ids)
+
+    @property
+    def stopped(self) -> bool:
+        return self._cancelled.is_set() and not self.finished

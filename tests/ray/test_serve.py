@@ -9,6 +9,7 @@ import urllib.request
 
 import pytest
 
+from medgpt_ray.infer.limits import ServeLimits
 from medgpt_ray.infer.serve import ServeOptions, serve_model
 from medgpt_ray.infer.source import ModelSource
 from tests.ray_startup import free_port
@@ -22,7 +23,8 @@ def endpoint(ray_cluster, tiny_model):
     from ray import serve
 
     url = serve_model(ModelSource(tiny_model, "chatml", "sft"),
-                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, max_new_tokens=8))
+                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5,
+                                   limits=ServeLimits(default_max_tokens=8)))
     yield url
     serve.shutdown()
 
