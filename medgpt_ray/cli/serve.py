@@ -54,6 +54,14 @@ def _limits(args: argparse.Namespace):
                        max_n=args.max_n, request_timeout_s=args.request_timeout)
 
 
+def serve_log_file(args: argparse.Namespace) -> Path:
+    """--log-file, else serve-PORT.log in the cache directory: never the current directory, where a checkout would
+    collect log files (issue 36)."""
+    from medgpt_ray.tiny import cache_root
+
+    return Path(args.log_file) if args.log_file else cache_root() / f"serve-{args.port}.log"
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from medgpt_ray.infer.source import ModelSourceError, resolve_model
 
@@ -65,10 +73,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
     from medgpt_ray.run.ray_env import connect_ray, echo
-    from medgpt_ray.tiny import cache_root
-
-    # Never the current directory: a checkout would collect log files (issue 36).
-    log_file = Path(args.log_file) if args.log_file else cache_root() / f"serve-{args.port}.log"
+    log_file = serve_log_file(args)
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     key = args.api_key or os.environ.get(API_KEY_ENV) or None

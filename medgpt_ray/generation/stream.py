@@ -20,8 +20,9 @@ class PromptTooLong(ValueError):
         self.tokens, self.limit = tokens, limit
 
 
-def _stop_criterion(cancelled: threading.Event, deadline: float | None):
-    """A transformers StoppingCriteria that ends every row once `cancelled` is set or `deadline` (monotonic) passed."""
+def _stop_criterion(cancelled: threading.Event, deadline: float | None, stopped: threading.Event):
+    """A transformers StoppingCriteria that ends every row once `cancelled` is set or `deadline` (monotonic) passed;
+    it sets `stopped` when it does (a cancel after the answer ended stops nothing)."""
     import torch
     from transformers import StoppingCriteria
 
@@ -29,6 +30,8 @@ def _stop_criterion(cancelled: threading.Event, deadline: float | None):
         def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
             if deadline is not None and time.monotonic() >= deadline:
                 cancelled.set()
+            if cancelled.is_set():
+                stopped.set()
             return torch.full((input_ids.shape[0],), cancelled.is_set(), dtype=torch.bool, device=input_ids.device)
 
     return CancelOrDeadline()
@@ -47,12 +50,12 @@ class StreamedAnswer:
         if max_prompt_tokens is not None and self.prompt_tokens > max_prompt_tokens:
             raise PromptTooLong(self.prompt_tokens, max_prompt_tokens)
         self._gen, self._ids, self._error = gen, [], None
-        self._cancelled = threading.Event()
+        self._cancelled, self._stopped = threading.Event(), threading.Event()
         self._streamer = TextIteratorStreamer(gen.tok, skip_prompt=True, skip_special_tokens=True)
+        stop = _stop_criterion(self._cancelled, deadline, self._stopped)
         kwargs = {**enc.to(gen.device), "max_new_tokens": params.max_new_tokens, "eos_token_id": gen.stops,
                   "pad_token_id": gen.tok.pad_token_id, "streamer": self._streamer,
-                  "stopping_criteria": StoppingCriteriaList([_stop_criterion(self._cancelled, deadline)]),
-                  **params.sampling()}
+                  "stopping_criteria": StoppingCriteriaList([stop]), **params.sampling()}
         self._thread = threading.Thread(target=self._run, args=(kwargs,), daemon=True)
         self._thread.start()
 
@@ -91,4 +94,4 @@ class StreamedAnswer:
 
     @property
     def stopped(self) -> bool:
-        return self._cancelled.is_set() and not self.finished
+        return self._stopped.is_set() and not self.finished

@@ -39,8 +39,8 @@ class ServeLimits:
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens {self.max_prompt_tokens}: must be >= 1")
         if self.default_max_tokens > self.max_tokens_limit:
-            raise ValueError(f"the default max_tokens {self.default_max_tokens} is over the ceiling "
-                             f"{self.max_tokens_limit}; lower it or raise the ceiling")
+            raise ValueError(f"the default max_tokens {self.default_max_tokens} (--max-new-tokens) is over the ceiling "
+                             f"{self.max_tokens_limit} (--max-tokens-limit); lower the one or raise the other")
         if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
             raise ValueError(f"request_timeout_s {self.request_timeout_s}: a number of seconds > 0 is required")
 
