@@ -74,7 +74,8 @@ class _Answers:
             return StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
         except PromptTooLong as e:
             room = f"the model reads {self.model.context} tokens" if self.model.context else "the server's limit"
-            raise RequestError("messages", f"the prompt is {e.tokens} tokens; with max_tokens "
+            count = f"{'over ' if e.at_least else ''}{e.tokens}"
+            raise RequestError("messages", f"the prompt is {count} tokens; with max_tokens "
                                f"{req.params.max_new_tokens} at most {e.limit} fit ({room})") from None
 
     async def next(self) -> StreamedAnswer:

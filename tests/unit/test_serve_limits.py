@@ -123,6 +123,9 @@ def test_generation_stops_at_its_deadline_and_on_cancel(tiny_model):
     assert answer.wait(1.0) and answer.stopped
     with pytest.raises(PromptTooLong):
         StreamedAnswer(gen, USER, None, long, max_prompt_tokens=3)
+    with pytest.raises(PromptTooLong) as e:  # a 1 MiB prompt is known to be too long from its start alone
+        StreamedAnswer(gen, [{"role": "user", "content": "头痛" * 170_000}], None, long, max_prompt_tokens=100)
+    assert e.value.at_least
     short = StreamedAnswer(gen, USER, None, GenerationParams(max_new_tokens=3))
     "".join(short)
     short.cancel()  # after the end: harmless, and not a stop
