@@ -132,8 +132,8 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     """A /v1/chat/completions body, read and bounded; RequestError (400) naming the field otherwise."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise RequestError("body", "not JSON") from None
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the stack, an int over 4300 digits
+        raise RequestError("body", "not JSON (or past what JSON this server reads)") from None
     if not isinstance(body, dict):
         raise RequestError("body", f"a JSON object is required, not a JSON {type(body).__name__}")
     turns = _messages(body)

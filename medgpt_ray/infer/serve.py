@@ -66,25 +66,29 @@ class _Answers:
 
     def __init__(self, model: "ChatModel", req: ChatRequest, deadline: float):
         self.model, self.req, self.deadline, self.live = model, req, deadline, []
+        self.cancelled = False
 
     def _start(self) -> StreamedAnswer:
         gen, limits, req = self.model.generator, self.model.limits, self.req
         limit = limits.prompt_limit(req.params.max_new_tokens, self.model.context)
         try:
-            return StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
+            answer = StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
         except PromptTooLong as e:
             room = f"the model reads {self.model.context} tokens" if self.model.context else "the server's limit"
             count = f"{'over ' if e.at_least else ''}{e.tokens}"
             raise RequestError("messages", f"the prompt is {count} tokens; with max_tokens "
                                f"{req.params.max_new_tokens} at most {e.limit} fit ({room})") from None
-
-    async def next(self) -> StreamedAnswer:
-        answer = await asyncio.to_thread(self._start)
         self.live.append(answer)
+        if self.cancelled:  # the request was cancelled while this answer was being set up
+            answer.cancel()
         return answer
 
+    async def next(self) -> StreamedAnswer:
+        return await asyncio.to_thread(self._start)
+
     def cancel(self) -> None:
-        for answer in self.live:
+        self.cancelled = True
+        for answer in list(self.live):
             answer.cancel()
 
 

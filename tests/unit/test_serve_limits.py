@@ -33,7 +33,8 @@ def test_a_good_request_and_its_defaults():
 
 
 @pytest.mark.parametrize("body, field", [
-    (b"{not json", "body"), (b"\xff\xfe", "body"), (b"[1,2,3]", "body"), (b"null", "body"), (b'"hi"', "body"),
+    (b"{not json", "body"), (b"\xff\xfe", "body"), (b"[" * 100_000, "body"), (b'{"n": ' + b"9" * 5000 + b"}", "body"),
+    (b"[1,2,3]", "body"), (b"null", "body"), (b'"hi"', "body"),
     ({}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": []}, "messages"),
     ({"messages": [5]}, "messages[0]"), ({"messages": [{"role": "doctor", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
