@@ -214,7 +214,7 @@ def test_a_request_past_its_deadline_is_stopped(endpoint, replica):
         with pytest.raises(openai.APIStatusError) as e:
             long.result()
     assert e.value.status_code == 504 and "deadline" in e.value.message
-    assert time.monotonic() - t0 < LIMITS.request_timeout_s + 1.5
+    assert time.monotonic() - t0 < LIMITS.request_timeout_s + 3  # not the ~10 s the 4 x 2000 tokens would take
     assert idle(replica) < 0.3  # its generation stopped, not only its response
     healthy(endpoint, replica)
 
