@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from medgpt_ray.cli.args import add_model_args, non_negative_float, positive_int
+from medgpt_ray.cli.args import add_model_args, non_negative_float, positive_float, positive_int
 
 API_KEY_ENV = "MEDGPT_RAY_API_KEY"
 
@@ -23,10 +23,43 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=512, help="when a request sets no max_tokens")
+    add_limit_args(p)
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
-    p.add_argument("--log-file", default="medgpt-ray-serve.log", help="where Ray's and Serve's own lines go")
+    p.add_argument("--log-file", default=None,
+                   help="where Ray's and Serve's own lines go (default: serve-PORT.log in the cache directory, "
+                        "$MEDGPT_RAY_CACHE or ~/.cache/medgpt-ray)")
     p.add_argument("--verbose", action="store_true", help="Ray's and Serve's own lines here instead")
+
+
+def add_limit_args(p: argparse.ArgumentParser) -> None:
+    """What one request may ask (infer/limits.py ServeLimits has the defaults); past them: 400, 413 or 504."""
+    p.add_argument("--max-new-tokens", type=positive_int, default=512,
+                   help="a request's max_tokens when it names none (default 512)")
+    p.add_argument("--max-tokens-limit", type=positive_int, default=2048,
+                   help="the most max_tokens a request may ask (default 2048, and below the model's context)")
+    p.add_argument("--max-prompt-tokens", type=positive_int, default=None,
+                   help="the most prompt tokens (default: the model's context minus the request's max_tokens)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
+                   help="a larger request body is refused (413) unread (default 1048576: 1 MiB)")
+    p.add_argument("--max-n", type=positive_int, default=4, help="the most choices (n) per request (default 4)")
+    p.add_argument("--request-timeout", type=positive_float, default=120.0,
+                   help="seconds a request may take; past them its generation stops (504) (default 120)")
+
+
+def _limits(args: argparse.Namespace):
+    from medgpt_ray.infer.limits import ServeLimits
+
+    return ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                       max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.max_new_tokens,
+                       max_n=args.max_n, request_timeout_s=args.request_timeout)
+
+
+def serve_log_file(args: argparse.Namespace) -> Path:
+    """--log-file, else serve-PORT.log in the cache directory: never the current directory, where a checkout would
+    collect log files (issue 36)."""
+    from medgpt_ray.tiny import cache_root
+
+    return Path(args.log_file) if args.log_file else cache_root() / f"serve-{args.port}.log"
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -34,20 +67,21 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         source = resolve_model(args.model, args.template)
-    except ModelSourceError as e:
+        limits = _limits(args)
+    except (ModelSourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
     from medgpt_ray.run.ray_env import connect_ray, echo
-
-    connect_ray(args.num_cpus, log_file=Path(args.log_file), verbose=args.verbose, worker_logs=args.verbose)
+    log_file = serve_log_file(args)
+    connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
-                        max_new_tokens=args.max_new_tokens, verbose=args.verbose)
+                        limits=limits, verbose=args.verbose)
     url = serve_model(source, opts)
     echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
-         f"{'API key required' if key else 'no API key'}); Ray's own lines: {Path(args.log_file).resolve()}; "
+         f"{'API key required' if key else 'no API key'}); Ray's own lines: {log_file.resolve()}; "
          "Ctrl-C stops")
     try:
         while True:

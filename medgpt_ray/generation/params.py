@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +16,14 @@ class GenerationParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # Refused here too, not only by the callers' parsers: transformers reads max_new_tokens 0 as "its default"
+        # and a negative temperature or a top_p above 1 as nothing at all, so nonsense would run silently.
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens!r}: an integer >= 1 is required")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature {self.temperature!r}: a number >= 0 is required (0: greedy)")
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p {self.top_p!r}: a number in (0, 1] is required")
         if self.num_samples > 1 and self.temperature <= 0:
             raise ValueError(f"--num-samples {self.num_samples} with --temperature 0: greedy decoding gives every "
                              "sample the same answer; set a temperature > 0 (e.g. 0.7)")

@@ -1,9 +1,12 @@
 """An OpenAI-compatible endpoint on Ray Serve: GET /v1/models and POST /v1/chat/completions (streamed as server-sent
 events, or whole), one model per replica (a GPU each where asked), the chat template the model was trained with.
 Bound to loopback unless told otherwise; with an API key every request needs `Authorization: Bearer <key>`.
+Every request is bounded (infer/limits.py): its body's size, its prompt, max_tokens, n and a deadline past which its
+generation stops; generation runs in worker threads, so one long answer never blocks the replica's other requests.
 (No `from __future__ import annotations`: FastAPI reads the handlers' annotations as types.)"""
 
 
+import asyncio
 import hmac
 import json
 import logging
@@ -19,10 +22,10 @@ from ray import serve
 
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
-from medgpt_ray.generation.stream import StreamedAnswer
+from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
+from medgpt_ray.infer.limits import ChatRequest, RequestError, ServeLimits, parse_chat, read_body
 from medgpt_ray.infer.source import ModelSource
 
-ROLES = ("system", "user", "assistant")
 app = FastAPI(title="medgpt-ray")
 
 
@@ -35,57 +38,126 @@ class ServeOptions:
     cpus_per_replica: float = 1.0
     api_key: str | None = None
     name: str | None = None  # the model's name in /v1/models (default: the stage, else the directory's name)
-    max_new_tokens: int = 512  # when a request names no max_tokens
+    limits: ServeLimits = ServeLimits()
     verbose: bool = False
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+                        status_code=status)
 
 
-def _messages(body: dict[str, Any]) -> list[dict] | str:
-    """The request's messages as turns, or why they cannot be answered."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return "messages: a non-empty list is required"
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            return f"messages[{i}]: role one of {', '.join(ROLES)} and a string content are required"
-        turns.append({"role": m["role"], "content": m["content"]})
-    if turns[-1]["role"] != "user":
-        return "messages: the last message must be the user's"
-    return turns
+def _deadline_error(limits: ServeLimits) -> dict[str, Any]:
+    return {"message": f"the request passed this server's deadline of {limits.request_timeout_s:g} s; its generation "
+                       "was stopped", "type": "timeout", "param": None, "code": "timeout"}
 
 
-def _params(body: dict[str, Any], default_max: int) -> GenerationParams | str:
-    try:
-        return GenerationParams(max_new_tokens=int(body.get("max_tokens") or default_max),
-                                temperature=float(body.get("temperature", 0.0)), top_p=float(body.get("top_p", 1.0)))
-    except (TypeError, ValueError) as e:
-        return f"max_tokens, temperature, top_p: {e}"
+def _model_context(gen: Generator) -> int | None:
+    """The tokens the model reads at most (its position embeddings), where its config says."""
+    config = gen.model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    context = getattr(text, "max_position_embeddings", None)
+    return int(context) if isinstance(context, int) and context > 0 else None
 
 
-def _events(answer: StreamedAnswer, head: dict[str, Any]):
-    def chunk(delta: dict[str, str], finish: str | None = None) -> str:
+class _Answers:
+    """The answers of one request, made one after another (n of them) in worker threads so the replica's event loop
+    keeps serving; cancel() stops whichever is still generating (a deadline, a client gone)."""
+
+    def __init__(self, model: "ChatModel", req: ChatRequest, deadline: float):
+        self.model, self.req, self.deadline, self.live = model, req, deadline, []
+        self.cancelled = False
+
+    def _start(self) -> StreamedAnswer:
+        gen, limits, req = self.model.generator, self.model.limits, self.req
+        limit = limits.prompt_limit(req.params.max_new_tokens, self.model.context)
+        try:
+            answer = StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
+        except PromptTooLong as e:
+            room = f"the model reads {self.model.context} tokens" if self.model.context else "the server's limit"
+            count = f"{'over ' if e.at_least else ''}{e.tokens}"
+            raise RequestError("messages", f"the prompt is {count} tokens; with max_tokens "
+                               f"{req.params.max_new_tokens} at most {e.limit} fit ({room})") from None
+        self.live.append(answer)
+        if self.cancelled:  # the request was cancelled while this answer was being set up
+            answer.cancel()
+        return answer
+
+    async def next(self) -> StreamedAnswer:
+        return await asyncio.to_thread(self._start)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for answer in list(self.live):
+            answer.cancel()
+
+
+async def _pieces(answer: StreamedAnswer):
+    """The answer's pieces, each awaited in a worker thread (the streamer blocks until the next token)."""
+    it = iter(answer)
+    while (piece := await asyncio.to_thread(next, it, None)) is not None:
+        yield piece
+
+
+async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]):
+    def chunk(index: int, delta: dict[str, str], finish: str | None = None) -> str:
         body = {**head, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    yield chunk({"role": "assistant"})
-    for piece in answer:
-        if piece:
-            yield chunk({"content": piece})
-    yield chunk({}, "stop" if answer.finished else "length")
+    for i in range(answers.req.n):
+        answer = first if i == 0 else await answers.next()
+        yield chunk(i, {"role": "assistant"})
+        async for piece in _pieces(answer):
+            if piece:
+                yield chunk(i, {"content": piece})
+        if answer.stopped:  # the deadline: say so in the stream (OpenAI's clients raise on an error event)
+            yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
+            break
+        yield chunk(i, {}, "stop" if answer.finished else "length")
     yield "data: [DONE]\n\n"
+
+
+class _CancellingStream(StreamingResponse):
+    """A streamed answer whose generation stops when the response ends for any reason: the client disconnected (Serve
+    cancels the request's task), the deadline passed, or it finished."""
+
+    def __init__(self, content: Any, answers: _Answers):
+        super().__init__(content, media_type="text/event-stream")
+        self.answers = answers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.answers.cancel()
+
+
+async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]) -> JSONResponse:
+    choices, prompt, new = [], first.prompt_tokens, 0
+    try:
+        for i in range(answers.req.n):
+            answer = first if i == 0 else await answers.next()
+            text = "".join([piece async for piece in _pieces(answer)])
+            if answer.stopped:
+                return JSONResponse({"error": _deadline_error(answers.model.limits)}, status_code=504)
+            new += answer.new_tokens
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "finish_reason": "stop" if answer.finished else "length"})
+    finally:  # a cancelled request (client gone, Serve's own timeout) stops its generation too
+        answers.cancel()
+    usage = {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new}
+    return JSONResponse({**head, "object": "chat.completion", "usage": usage, "choices": choices})
 
 
 @serve.deployment
 @serve.ingress(app)
 class ChatModel:
-    def __init__(self, model_path: str, template: str | None, name: str, api_key: str | None, max_new_tokens: int):
+    def __init__(self, model_path: str, template: str | None, name: str, api_key: str | None, limits: ServeLimits):
         self.generator = Generator(model_path, template, GenerationParams().as_dict())
-        self.name, self.api_key, self.max_new_tokens = name, api_key, max_new_tokens
+        self.name, self.api_key = name, api_key
+        self.context = _model_context(self.generator)
+        self.limits = limits.for_context(self.context)
 
     def _refused(self, request: Request) -> JSONResponse | None:
         if self.api_key is None:
@@ -106,22 +178,15 @@ class ChatModel:
         if (refused := self._refused(request)) is not None:
             return refused
         try:
-            body = await request.json()
-        except json.JSONDecodeError:
-            return _error(400, "the body is not JSON")
-        turns, params = _messages(body), _params(body, self.max_new_tokens)
-        if isinstance(turns, str) or isinstance(params, str):
-            return _error(400, turns if isinstance(turns, str) else params)
-        answer = StreamedAnswer(self.generator, turns, None, params)
+            req = parse_chat(await read_body(request, self.limits.max_body_bytes), self.limits)
+            answers = _Answers(self, req, time.monotonic() + self.limits.request_timeout_s)
+            first = await answers.next()
+        except RequestError as e:
+            return _error(e.status, str(e), param=e.field)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.name}
-        if body.get("stream"):
-            return StreamingResponse(_events(answer, head), media_type="text/event-stream")
-        text = "".join(answer)
-        usage = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.new_tokens,
-                 "total_tokens": answer.prompt_tokens + answer.new_tokens}
-        return JSONResponse({**head, "object": "chat.completion", "usage": usage, "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text},
-             "finish_reason": "stop" if answer.finished else "length"}]})
+        if req.stream:
+            return _CancellingStream(_events(answers, first, head), answers)
+        return await _whole(answers, first, head)
 
 
 def serve_model(source: ModelSource, opts: ServeOptions) -> str:
@@ -129,10 +194,13 @@ def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     name = opts.name or source.stage or source.path.name
     if not opts.verbose:  # Serve's driver-side INFO lines ("Started Serve", "Application ... is ready")
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    serve.start(http_options={"host": opts.host, "port": opts.port})
+    # Serve's own end-to-end timeout a little past ours: a backstop that answers (and cancels) a request stuck
+    # anywhere; our deadline, checked between tokens, is what stops a generation.
+    serve.start(http_options={"host": opts.host, "port": opts.port,
+                              "request_timeout_s": opts.limits.request_timeout_s + 10})
     deployment = ChatModel.options(num_replicas=opts.replicas, ray_actor_options={
         "num_gpus": opts.gpus_per_replica, "num_cpus": opts.cpus_per_replica})
-    serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.max_new_tokens),
+    serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.limits),
               name="medgpt-ray", route_prefix="/")
     return f"http://{opts.host}:{opts.port}"
 

@@ -1,20 +1,33 @@
-"""`medgpt-ray serve` on the shared local Ray cluster with the tiny model: the OpenAI-compatible endpoints answer
-(whole and streamed, the same greedy text), the API key is enforced, bad requests get 400 with the reason."""
+"""`medgpt-ray serve` on the shared local Ray cluster with the tiny model, one application for the whole module: the
+OpenAI-compatible endpoints answer (whole and streamed, the same greedy text), the API key is enforced, bad requests
+get 400 with the reason; and issue 36's hostile cases, driven with the real `openai` client where it can send them and
+raw HTTP where it cannot, each followed by a good request that must be answered within 5 s, the replica's resident
+memory bounded and, after a deadline or a dropped stream, its CPU idle again (the generation really stopped)."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 
+import openai
+import psutil
 import pytest
 
+from medgpt_ray.infer.limits import ServeLimits
 from medgpt_ray.infer.serve import ServeOptions, serve_model
 from medgpt_ray.infer.source import ModelSource
 from tests.ray_startup import free_port
 
 pytestmark = pytest.mark.ray
 KEY = "test-key-123"
+# A 2.5 s deadline. The tiny model never stops on its own: 4 choices of 2000 tokens each take ~10 s on a 2-core CPU
+# (and well over 2.5 s on a much faster one), so such a request runs into the deadline unless something else stops it.
+LIMITS = ServeLimits(default_max_tokens=8, max_tokens_limit=2047, request_timeout_s=2.5)
+LONG = {"max_tokens": 2000, "n": 4}
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +35,7 @@ def endpoint(ray_cluster, tiny_model):
     from ray import serve
 
     url = serve_model(ModelSource(tiny_model, "chatml", "sft"),
-                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, max_new_tokens=8))
+                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, limits=LIMITS))
     yield url
     serve.shutdown()
 
@@ -78,3 +91,142 @@ def test_whole_and_streamed_answers_agree(endpoint):
 def test_bad_requests_say_why(endpoint, body, reason):
     status, raw = call(endpoint, "/v1/chat/completions", body)
     assert status == 400 and reason in json.loads(raw)["error"]["message"]
+
+
+# ---- issue 36: hostile requests against the same application ----
+
+USER = [{"role": "user", "content": "头痛怎么办？"}]
+
+
+@pytest.fixture(scope="module")
+def replica(endpoint, ray_cluster) -> dict:
+    """The replica's process (found with Ray's State API) and its resident memory once warm."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=ray_cluster.get_runtime_context().gcs_address, filters=[
+        ("class_name", "=", "ServeReplica:medgpt-ray:ChatModel"), ("state", "=", "ALIVE")])
+    assert len(actors) == 1
+    proc = psutil.Process(actors[0].pid)
+    client(endpoint).chat.completions.create(model="sft", messages=USER)  # warm: the first generate allocates
+    return {"proc": proc, "rss": proc.memory_info().rss}
+
+
+def client(url: str, timeout: float = 5.0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=timeout)
+
+
+def healthy(url: str, replica: dict) -> None:
+    """The next good request answered within 5 s; the replica's memory within 100 MB of its warm size."""
+    t0 = time.monotonic()
+    reply = client(url).chat.completions.create(model="sft", messages=USER, max_tokens=4)
+    assert reply.choices[0].message.role == "assistant" and time.monotonic() - t0 < 5
+    grown = replica["proc"].memory_info().rss - replica["rss"]
+    assert grown < 100e6, f"the replica grew {grown / 1e6:.0f} MB"
+
+
+def idle(replica: dict, seconds: float = 1.0) -> float:
+    """CPU seconds the replica spends over `seconds` of wall time (a generation running uses about one a second)."""
+    before = replica["proc"].cpu_times()
+    time.sleep(seconds)
+    after = replica["proc"].cpu_times()
+    return (after.user + after.system) - (before.user + before.system)
+
+
+def test_the_openai_client_whole_streamed_and_n(endpoint, replica):
+    c = client(endpoint)
+    reply = c.chat.completions.create(model="sft", messages=USER, max_tokens=5, temperature=0.7, top_p=0.9, n=2)
+    assert [ch.index for ch in reply.choices] == [0, 1] and 0 < reply.usage.completion_tokens <= 10
+    default = c.chat.completions.create(model="sft", messages=USER)  # no max_tokens: the server's default, 8
+    assert default.usage.completion_tokens <= LIMITS.default_max_tokens
+    pieces = [ch.choices[0].delta.content or "" for ch in
+              c.chat.completions.create(model="sft", messages=USER, max_tokens=5, stream=True)]
+    assert "".join(pieces) == c.chat.completions.create(model="sft", messages=USER, max_tokens=5
+                                                        ).choices[0].message.content
+    healthy(endpoint, replica)
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"max_tokens": 1_000_000_000}, "max_tokens"), ({"max_tokens": -5}, "max_tokens"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -1}, "temperature"), ({"top_p": 5}, "top_p"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
+    ({"n": 100}, "n"), ({"messages": []}, "messages"), ({"messages": [{"role": "doctor", "content": "x"}]},
+                                                       "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "头痛" * 3000}]}, "messages"),  # over the 2048-token context
+    ({"messages": [{"role": "user", "content": "头痛" * 1500}], "max_tokens": 1024}, "messages"),  # no room left
+    ({"messages": [{"role": "user", "content": "头痛" * 80000}]}, "messages"),  # < 1 MiB: counted on its start
+])
+def test_out_of_range_requests_get_400_naming_the_field(endpoint, replica, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client(endpoint).chat.completions.create(model="sft", **{"messages": USER, **kwargs})
+    assert e.value.status_code == 400 and e.value.param == param and param in e.value.message
+    healthy(endpoint, replica)
+
+
+def raw(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, float]:
+    port = int(url.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    t0 = time.monotonic()
+    try:
+        conn.request("POST", "/v1/chat/completions", body=body, headers={
+            "Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **(headers or {})})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read()), time.monotonic() - t0
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", "body"), (b"[1,2,3]", "body"), (b"null", "body"), (b"", "body"),
+    (b'{"messages": "hi"}', "messages"), (b'{"messages": [{"role": "user", "content": 5}]}', "messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}', "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature"),
+])
+def test_malformed_bodies_get_400_naming_the_field(endpoint, replica, body, param):
+    status, answer, _ = raw(endpoint, body)
+    assert status == 400 and answer["error"]["param"] == param
+    healthy(endpoint, replica)
+
+
+def chunked(body: bytes, size: int = 1 << 16):
+    for i in range(0, len(body), size):
+        yield body[i:i + size]
+
+
+def test_a_10_mib_body_is_refused_at_once(endpoint, replica):
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * (10 << 20)}]}).encode()
+    status, answer, seconds = raw(endpoint, body)
+    assert status == 413 and answer["error"]["param"] == "body" and seconds < 1
+    healthy(endpoint, replica)
+    status, answer, seconds = raw(endpoint, chunked(body))  # no Content-Length (http.client sends it chunked)
+    assert status == 413 and answer["error"]["param"] == "body" and seconds < 1
+    healthy(endpoint, replica)
+
+
+def test_a_request_past_its_deadline_is_stopped(endpoint, replica):
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(client(endpoint, timeout=30).chat.completions.create, model="sft", messages=USER, **LONG)
+        time.sleep(0.3)
+        healthy(endpoint, replica)  # answered while the long one generates: it holds no event loop
+        with pytest.raises(openai.APIStatusError) as e:
+            long.result()
+    assert e.value.status_code == 504 and "deadline" in e.value.message
+    assert time.monotonic() - t0 < LIMITS.request_timeout_s + 3  # not the ~10 s the 4 x 2000 tokens would take
+    assert idle(replica) < 0.3  # its generation stopped, not only its response
+    healthy(endpoint, replica)
+
+
+def test_a_client_that_drops_its_stream_stops_the_generation(endpoint, replica):
+    port = int(endpoint.rsplit(":", 1)[1])
+    body = json.dumps({"messages": USER, **LONG, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert b"200 OK" in s.recv(4096)
+        time.sleep(0.3)  # generating
+    time.sleep(0.4)  # the proxy sees the disconnect and cancels the request on the replica
+    assert idle(replica) < 0.3  # over the next second: still before the request's deadline
+    healthy(endpoint, replica)

@@ -1,0 +1,153 @@
+"""What one request to `serve` may ask, and the request as the server reads it: the body's size (refused before it is
+read past the limit), the chat messages, and max_tokens, temperature, top_p, n, stream within bounds. Anything else is
+a RequestError naming the field (400, or 413 for the size): a hostile or careless client gets a sentence, never a 500,
+and can neither make a replica read an unbounded body nor generate without end. Ray-free: unit tests drive it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from medgpt_ray.generation.params import GenerationParams
+
+ROLES = ("system", "user", "assistant")
+
+
+class RequestError(ValueError):
+    """A request the server refuses: the HTTP status, the field at fault and a sentence for the client."""
+
+    def __init__(self, field: str, message: str, status: int = 400):
+        super().__init__(f"{field}: {message}")
+        self.field, self.status = field, status
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    max_body_bytes: int = 1 << 20  # 1 MiB: about 300k Chinese characters, far past any context we serve
+    max_prompt_tokens: int | None = None  # None: the model's context minus the request's max_tokens
+    max_tokens_limit: int = 2048  # the ceiling on a request's max_tokens (also kept below the model's context)
+    default_max_tokens: int = 512  # a request that names no max_tokens
+    max_n: int = 4  # choices per request
+    request_timeout_s: float = 120.0  # past it a request is cancelled: its generation stops, its slot is freed
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens {self.max_prompt_tokens}: must be >= 1")
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError(f"the default max_tokens {self.default_max_tokens} (--max-new-tokens) is over the ceiling "
+                             f"{self.max_tokens_limit} (--max-tokens-limit); lower the one or raise the other")
+        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
+            raise ValueError(f"request_timeout_s {self.request_timeout_s}: a number of seconds > 0 is required")
+
+    def for_context(self, context: int | None) -> ServeLimits:
+        """These limits for a model that reads `context` tokens: a completion leaves room for a prompt token."""
+        if context is None or self.max_tokens_limit < context:
+            return self
+        ceiling = max(1, context - 1)
+        return replace(self, max_tokens_limit=ceiling, default_max_tokens=min(self.default_max_tokens, ceiling))
+
+    def prompt_limit(self, max_tokens: int, context: int | None) -> int:
+        """The most prompt tokens a request with this max_tokens may bring."""
+        room = context - max_tokens if context is not None else None
+        limits = [n for n in (room, self.max_prompt_tokens) if n is not None]
+        return max(0, min(limits)) if limits else 1 << 62
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    turns: list[dict]
+    params: GenerationParams
+    n: int = 1
+    stream: bool = False
+
+
+async def read_body(request: Any, max_bytes: int) -> bytes:
+    """The body of a Starlette request, refused (413) past `max_bytes` before more of it is read: by its declared
+    Content-Length when there is one, else as soon as the chunks received so far pass the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise RequestError("Content-Length", f"{declared[:40]!r} is not a byte count")
+        if int(declared) > max_bytes:
+            raise RequestError("body", f"{int(declared)} bytes is over this server's limit of {max_bytes}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise RequestError("body", f"more than this server's limit of {max_bytes} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(body: dict, field: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+    value = body.get(field, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(field, f"a number is required, not {json.dumps(value)[:40]}")
+    if value < low or (low_open and value == low) or value > high:
+        raise RequestError(field, f"{value} is out of range: {'(' if low_open else '['}{low:g}, {high:g}]")
+    return float(value)
+
+
+def _bounded_int(body: dict, field: str, default: int, high: int) -> int:
+    value = body.get(field)
+    if value is None:  # absent or null: the documented default, as OpenAI's API reads it
+        return default
+    if not _is_int(value):
+        raise RequestError(field, f"an integer is required, not {json.dumps(value)[:40]}")
+    if not 1 <= value <= high:
+        raise RequestError(field, f"{value} is out of range: 1 to {high} on this server")
+    return value
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages", "a non-empty list is required")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{i}]", "an object with role and content is required")
+        if m.get("role") not in ROLES:
+            raise RequestError(f"messages[{i}].role", f"one of {', '.join(ROLES)} is required")
+        if not isinstance(m.get("content"), str):
+            raise RequestError(f"messages[{i}].content", "a string is required")
+        turns.append({"role": m["role"], "content": m["content"]})
+    if turns[-1]["role"] != "user":
+        raise RequestError("messages", "the last message must be the user's")
+    return turns
+
+
+def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
+    """A /v1/chat/completions body, read and bounded; RequestError (400) naming the field otherwise."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past the stack, an int over 4300 digits
+        raise RequestError("body", "not JSON (or past what JSON this server reads)") from None
+    if not isinstance(body, dict):
+        raise RequestError("body", f"a JSON object is required, not a JSON {type(body).__name__}")
+    turns = _messages(body)
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise RequestError("max_tokens", "give max_tokens or max_completion_tokens, not both")
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _bounded_int(body, field, limits.default_max_tokens, limits.max_tokens_limit)
+    temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    n = _bounded_int(body, "n", 1, limits.max_n)
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError("stream", "true or false is required")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RequestError("model", "a string is required")
+    params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p)
+    return ChatRequest(turns, params, n, bool(stream))
