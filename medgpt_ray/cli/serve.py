@@ -42,6 +42,8 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
                    help="a larger request body is refused (413) unread (default 1048576: 1 MiB)")
     p.add_argument("--max-n", type=positive_int, default=4, help="the most choices (n) per request (default 4)")
+    p.add_argument("--max-concurrent", type=positive_int, default=32,
+                   help="requests a replica answers at once, batched continuously; more wait (default 32)")
     p.add_argument("--request-timeout", type=positive_float, default=120.0,
                    help="seconds a request may take; past them its generation stops (504) (default 120)")
 
@@ -51,7 +53,7 @@ def _limits(args: argparse.Namespace):
 
     return ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                        max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.max_new_tokens,
-                       max_n=args.max_n, request_timeout_s=args.request_timeout)
+                       max_n=args.max_n, max_concurrent=args.max_concurrent, request_timeout_s=args.request_timeout)
 
 
 def serve_log_file(args: argparse.Namespace) -> Path:

@@ -55,15 +55,44 @@ class Answer:
     ttft_s: float | None = None  # seconds from submission to the first piece
 
 
-def unsupported_reason(model: Any) -> str | None:
-    """Why transformers' continuous batching cannot run this model, or None where it can."""
+def page_bytes(model: Any) -> int:
+    """One page of the paged KV cache: K and V of PAGE_TOKENS tokens in every full-attention layer."""
+    text = model.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * model.dtype.itemsize * PAGE_TOKENS
+
+
+def pool_pages(model: Any, limits: PoolLimits, free_share: float = 0.8) -> int:
+    """The pages the pool gets: what `limits` asks for, or what `free_share` of the free memory (the GPU's, else the
+    host's) holds when that is less (requests past it wait for pages, they are not refused); at least one request's
+    worth."""
+    import os
+
+    import torch
+
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    pages = min(limits.pages, int(free_share * free) // page_bytes(model))
+    one = math.ceil(limits.tokens_per_request / PAGE_TOKENS)
+    if pages < one:
+        raise ValueError(f"the GPU's free memory holds {pages} KV-cache pages of {PAGE_TOKENS} tokens; one request of "
+                         f"{limits.tokens_per_request} tokens needs {one}: lower --max-tokens-limit or "
+                         "--max-prompt-tokens")
+    return pages
+
+
+def unsupported_reason(config: Any) -> str | None:
+    """Why transformers' continuous batching cannot run a model of this config (its config.json's), or None."""
     try:
         from transformers import ContinuousBatchingConfig  # noqa: F401
     except ImportError:
         import transformers
 
         return f"transformers {transformers.__version__} has no continuous batching"
-    layer_types = set(getattr(model.config.get_text_config(), "layer_types", None) or ())
+    layer_types = set(getattr(config.get_text_config(), "layer_types", None) or ())
     if layer_types - {"full_attention", "sliding_attention"}:
         return f"its layer types {sorted(layer_types)} include linear attention, which the paged cache cannot hold"
     return None
@@ -76,14 +105,14 @@ class ContinuousEngine:
     def __init__(self, gen: Generator, limits: PoolLimits, seed: int = 0):
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        reason = unsupported_reason(gen.model)
+        reason = unsupported_reason(gen.model.config)
         if reason is not None:
             raise ValueError(f"continuous batching is not available for this model: {reason}")
         self.gen, self.limits = gen, limits
         config = GenerationConfig(do_sample=True, temperature=BUILT_TEMPERATURE, top_p=BUILT_TOP_P,
                                   max_new_tokens=limits.tokens_per_request, eos_token_id=gen.stops,
                                   pad_token_id=gen.tok.pad_token_id)
-        pool = ContinuousBatchingConfig(num_blocks=limits.pages, page_size=PAGE_TOKENS,
+        pool = ContinuousBatchingConfig(num_blocks=pool_pages(gen.model, limits), page_size=PAGE_TOKENS,
                                         max_requests_per_batch=limits.requests,
                                         max_batch_tokens=max(limits.tokens_per_request, 256),
                                         allow_block_sharing=False, per_request_processors=True, seed=seed)
@@ -149,3 +178,51 @@ class ContinuousEngine:
         answer = self.new_answer(prompt_ids)
         pieces = [p async for p in self.stream(prompt_ids, params, answer, deadline_s)]
         return "".join(pieces), answer
+
+
+class ContinuousAnswer:
+    """One request's answer on the engine, read as StreamedAnswer's is (serving): its prompt checked against
+    `max_prompt_tokens` first (PromptTooLong), then `pieces()` to iterate on the caller's event loop; `cancel()`
+    stops it at the engine's next step; after the pieces: prompt_tokens, new_tokens, finished, stopped (the deadline
+    or a cancel came first)."""
+
+    def __init__(self, engine: ContinuousEngine, turns: list[dict], tools: list[dict] | None,
+                 params: GenerationParams, deadline: float | None = None, max_prompt_tokens: int | None = None):
+        from medgpt_ray.generation.stream import PromptTooLong, check_prompt_length
+
+        text = engine.gen.render(turns, tools or [])
+        check_prompt_length(engine.gen.tok, text, max_prompt_tokens)
+        ids = engine.gen.tok(text, add_special_tokens=False)["input_ids"]
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            raise PromptTooLong(len(ids), max_prompt_tokens)
+        self.engine, self.params, self.deadline, self._ids = engine, params, deadline, ids
+        self.answer = engine.new_answer(ids)
+        self.stopped, self._over = False, False
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The pieces; the request is submitted when the first is asked for."""
+        left = None if self.deadline is None else self.deadline - time.monotonic()
+        try:
+            async for piece in self.engine.stream(self._ids, self.params, self.answer, left):
+                yield piece
+        except DeadlineExceeded:
+            self.stopped = True
+        self._over = True
+
+    def cancel(self) -> None:
+        """Stop it at the engine's next step (nothing once it is over; the reader leaving cancels it too)."""
+        if not self._over:
+            self.stopped, self._over = True, True
+            self.engine.manager.cancel_request(self.answer.request_id)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.answer.prompt_tokens
+
+    @property
+    def new_tokens(self) -> int:
+        return self.answer.new_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.answer.finished

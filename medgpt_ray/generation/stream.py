@@ -25,7 +25,7 @@ class PromptTooLong(ValueError):
         self.tokens, self.limit, self.at_least = tokens, limit, at_least
 
 
-def _check_length(tok: Any, text: str, limit: int | None) -> None:
+def check_prompt_length(tok: Any, text: str, limit: int | None) -> None:
     """PromptTooLong if `text` is over `limit` tokens, known from its start where that suffices (the tokens at the cut
     may differ from the whole text's, hence the margin); otherwise the caller counts the whole."""
     probe = (limit or 0) * PROBE_CHARS_PER_TOKEN
@@ -61,7 +61,7 @@ class StreamedAnswer:
         from transformers import StoppingCriteriaList, TextIteratorStreamer
 
         text = gen.render(turns, tools or [])
-        _check_length(gen.tok, text, max_prompt_tokens)
+        check_prompt_length(gen.tok, text, max_prompt_tokens)
         enc = gen.tok(text, add_special_tokens=False, return_tensors="pt")
         self.prompt_tokens = int(enc["input_ids"].shape[1])
         if max_prompt_tokens is not None and self.prompt_tokens > max_prompt_tokens:

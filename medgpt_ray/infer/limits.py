@@ -31,9 +31,10 @@ class ServeLimits:
     default_max_tokens: int = 512  # a request that names no max_tokens
     max_n: int = 4  # choices per request
     request_timeout_s: float = 120.0  # past it a request is cancelled: its generation stops, its slot is freed
+    max_concurrent: int = 32  # requests a replica takes at once (Serve's max_ongoing_requests; the page pool's size)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n"):
+        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n", "max_concurrent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
@@ -64,6 +65,7 @@ class ChatRequest:
     params: GenerationParams
     n: int = 1
     stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage (OpenAI's)
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
@@ -149,5 +151,8 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
         raise RequestError("stream", "true or false is required")
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise RequestError("model", "a string is required")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise RequestError("stream_options", 'an object such as {"include_usage": true} is required')
     params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p)
-    return ChatRequest(turns, params, n, bool(stream))
+    return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")))

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
+from medgpt_ray.generation.continuous import ContinuousAnswer, ContinuousEngine, PoolLimits, unsupported_reason
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
@@ -60,6 +61,19 @@ def _model_context(gen: Generator) -> int | None:
     return int(context) if isinstance(context, int) and context > 0 else None
 
 
+def serving_path(gen: Generator, limits: ServeLimits, context: int | None) -> tuple[ContinuousEngine | None, str]:
+    """How a replica answers: transformers' continuous batching across its requests (its page pool sized for
+    max_concurrent requests of a prompt and max_tokens each), or where the model cannot run on it, one generate call
+    per request in a thread of its own; and that choice in words (the responses' system_fingerprint)."""
+    reason = unsupported_reason(gen.model.config)
+    if reason is not None:
+        return None, f"one generate call per request: {reason}"
+    per_request = (limits.max_prompt_tokens or context or 2048) + limits.max_tokens_limit
+    per_request = min(per_request, context) if context else per_request
+    engine = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
+    return engine, f"continuous batching: up to {limits.max_concurrent} requests at once"
+
+
 class _Answers:
     """The answers of one request, made one after another (n of them) in worker threads so the replica's event loop
     keeps serving; cancel() stops whichever is still generating (a deadline, a client gone)."""
@@ -68,11 +82,12 @@ class _Answers:
         self.model, self.req, self.deadline, self.live = model, req, deadline, []
         self.cancelled = False
 
-    def _start(self) -> StreamedAnswer:
-        gen, limits, req = self.model.generator, self.model.limits, self.req
+    def _start(self) -> StreamedAnswer | ContinuousAnswer:
+        gen, limits, req, engine = self.model.generator, self.model.limits, self.req, self.model.engine
         limit = limits.prompt_limit(req.params.max_new_tokens, self.model.context)
         try:
-            answer = StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
+            answer = ContinuousAnswer(engine, req.turns, None, req.params, self.deadline, limit) if engine else \
+                StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
         except PromptTooLong as e:
             room = f"the model reads {self.model.context} tokens" if self.model.context else "the server's limit"
             count = f"{'over ' if e.at_least else ''}{e.tokens}"
@@ -83,7 +98,7 @@ class _Answers:
             answer.cancel()
         return answer
 
-    async def next(self) -> StreamedAnswer:
+    async def next(self) -> StreamedAnswer | ContinuousAnswer:
         return await asyncio.to_thread(self._start)
 
     def cancel(self) -> None:
@@ -92,8 +107,13 @@ class _Answers:
             answer.cancel()
 
 
-async def _pieces(answer: StreamedAnswer):
-    """The answer's pieces, each awaited in a worker thread (the streamer blocks until the next token)."""
+async def _pieces(answer: StreamedAnswer | ContinuousAnswer):
+    """The answer's pieces: the engine's on this event loop, or a thread's, each awaited in a worker thread (the
+    streamer blocks until the next token)."""
+    if isinstance(answer, ContinuousAnswer):
+        async for piece in answer.pieces():
+            yield piece
+        return
     it = iter(answer)
     while (piece := await asyncio.to_thread(next, it, None)) is not None:
         yield piece
@@ -105,6 +125,7 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
                 "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
+    completion = 0
     for i in range(answers.req.n):
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
@@ -115,6 +136,13 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
             yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
             break
         yield chunk(i, {}, "stop" if answer.finished else "length")
+        completion += answer.new_tokens
+    else:
+        if answers.req.include_usage:  # OpenAI's stream_options.include_usage: a last chunk with no choices
+            body = {**head, "object": "chat.completion.chunk", "choices": [], "usage": {
+                "prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": first.prompt_tokens + completion}}
+            yield f"data: {json.dumps(body)}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -158,6 +186,7 @@ class ChatModel:
         self.name, self.api_key = name, api_key
         self.context = _model_context(self.generator)
         self.limits = limits.for_context(self.context)
+        self.engine, self.path = serving_path(self.generator, self.limits, self.context)
 
     def _refused(self, request: Request) -> JSONResponse | None:
         if self.api_key is None:
@@ -183,7 +212,8 @@ class ChatModel:
             first = await answers.next()
         except RequestError as e:
             return _error(e.status, str(e), param=e.field)
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.name}
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.name,
+                "system_fingerprint": f"medgpt-ray; {self.path}"}
         if req.stream:
             return _CancellingStream(_events(answers, first, head), answers)
         return await _whole(answers, first, head)
@@ -198,7 +228,8 @@ def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     # anywhere; our deadline, checked between tokens, is what stops a generation.
     serve.start(http_options={"host": opts.host, "port": opts.port,
                               "request_timeout_s": opts.limits.request_timeout_s + 10})
-    deployment = ChatModel.options(num_replicas=opts.replicas, ray_actor_options={
+    deployment = ChatModel.options(num_replicas=opts.replicas, max_ongoing_requests=opts.limits.max_concurrent,
+                                   ray_actor_options={
         "num_gpus": opts.gpus_per_replica, "num_cpus": opts.cpus_per_replica})
     serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.limits),
               name="medgpt-ray", route_prefix="/")

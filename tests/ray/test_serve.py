@@ -230,3 +230,31 @@ def test_a_client_that_drops_its_stream_stops_the_generation(endpoint, replica):
     time.sleep(0.4)  # the proxy sees the disconnect and cancels the request on the replica
     assert idle(replica) < 0.3  # over the next second: still before the request's deadline
     healthy(endpoint, replica)
+
+
+def test_concurrent_streams_are_batched_and_a_slow_reader_stalls_nobody(endpoint, replica):
+    """Issue 35 item 4: eight streaming clients at once through the load driver (bench/serve_load.py, the real
+    `openai` client) all answered in full, on the continuous-batching path; a reader that takes 0.3 s per piece
+    beside them does not hold the others back (they finish long before it)."""
+    import asyncio
+
+    from bench.serve_load import drive, one_client
+
+    async def slow_beside_fast():
+        c = openai.AsyncOpenAI(base_url=endpoint + "/v1", api_key=KEY, max_retries=0, timeout=60)
+        slow = asyncio.create_task(one_client(c, "sft", "头痛怎么办？", 12, read_delay_s=0.3))
+        fast = await drive(endpoint, "sft", clients=6, max_tokens=12, api_key=KEY)
+        fast_done = time.perf_counter()
+        slow_result = await slow
+        await c.close()
+        return fast, fast_done, slow_result, time.perf_counter()
+
+    load = asyncio.run(drive(endpoint, "sft", clients=8, max_tokens=16, api_key=KEY))
+    assert load["ok"] == 8 and not load["errors"] and load["completion_tokens"] > 8
+    assert load["ttft_p50_s"] is not None and load["tokens_per_s"] > 0
+    fingerprint = client(endpoint).chat.completions.create(model="sft", messages=USER).system_fingerprint
+    assert "continuous batching" in fingerprint
+    fast, fast_done, slow, slow_done = asyncio.run(slow_beside_fast())
+    assert fast["ok"] == 6 and not fast["errors"] and slow["pieces"] > 3
+    assert slow_done - fast_done > 0.5  # the fast ones were done while the slow one still read
+    healthy(endpoint, replica)

@@ -131,4 +131,4 @@ def test_a_hybrid_model_is_named_unsupported():
                                layer_types=["linear_attention", "full_attention"])
     with torch.device("meta"):
         model = Qwen3_5ForCausalLM(config)
-    assert "linear attention" in unsupported_reason(model)
+    assert "linear attention" in unsupported_reason(model.config)
