@@ -37,7 +37,7 @@ class StageConfig(_Strict):
     max_steps: Annotated[int, Field(ge=-1)] = -1
     """Optimizer steps; -1: run `epochs`."""
     seq_len: Annotated[int, Field(ge=8)] = 1024
-    """Tokens per sequence (pretraining block size; longer conversations and pairs are left out and counted)."""
+    """Tokens per sequence (pretraining block size); what happens to longer records: `overlong`."""
     micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
     """Examples per worker per forward pass (packed SFT: at most this many packed rows); auto: the planner's choice.
     A memory knob (not in the fingerprint)."""
@@ -113,7 +113,22 @@ NOT_IN_FINGERPRINT: frozenset[str] = frozenset({"report_to"})
 PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
 
 
-class LengthGroupedStageConfig(StageConfig):
+class OverlongStageConfig(StageConfig):
+    """A stage whose records can be longer than seq_len (every kind but pt, which packs its text into blocks)."""
+
+    overlong: Literal["truncate", "skip"] = "truncate"
+    """A record longer than seq_len: truncate (sft: cut after the last answer that fits, or inside it past its
+    first 16 tokens; pairs: responses cut at the tail, the prompt whole; prompts: the prompt's end kept) or skip
+    (left out). Either way a conversation or pair whose prompt leaves no 16 tokens for the answer is skipped; the
+    counts are in the stage's done line, summary.json and the report (README "Records longer than seq_len")."""
+
+
+def overlong_policy(cfg: StageConfig) -> str:
+    """The stage's `overlong`; truncate for a config of a class without the key (a stage built by hand)."""
+    return cfg.overlong if isinstance(cfg, OverlongStageConfig) else "truncate"
+
+
+class LengthGroupedStageConfig(OverlongStageConfig):
     """A stage whose examples vary in length (conversations, pairs): the keys of its batching."""
 
     group_by_length: bool = True
