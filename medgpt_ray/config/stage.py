@@ -117,10 +117,8 @@ class OverlongStageConfig(StageConfig):
     """A stage whose records can be longer than seq_len (every kind but pt, which packs its text into blocks)."""
 
     overlong: Literal["truncate", "skip"] = "truncate"
-    """A record longer than seq_len: truncate (sft: cut after the last answer that fits, or inside it past its
-    first 16 tokens; pairs: responses cut at the tail, the prompt whole; prompts: the prompt's end kept) or skip
-    (left out). Either way a conversation or pair whose prompt leaves no 16 tokens for the answer is skipped; the
-    counts are in the stage's done line, summary.json and the report (README "Records longer than seq_len")."""
+    """A record longer than seq_len: truncate (cut by the kind's rule) or skip (left out); counted either way in
+    the stage's done line, summary.json and the report. The rule per kind: README "Records longer than seq_len"."""
 
 
 def overlong_policy(cfg: StageConfig) -> str:

@@ -132,6 +132,9 @@ def test_conversations_longer_than_seq_len_are_counted_not_trained_blind(data, t
     r = run_stage(make_inputs("sft", data, tiny_model, tmp_path, seq_len=64, max_steps=2))
     assert r["skipped_too_long"] > 0
     assert r["train_records"] + r["skipped_too_long"] == 32
+    over = r["overlong"]  # the rule's counts in result.json: every train record kept whole, truncated or skipped
+    assert over["records"] == 32 and over["skipped"] == r["skipped_too_long"] and over["truncated"] > 0
+    assert over["keep_99_seq_len"] > 64 and over["policy"] == "truncate"
 
 
 @pytest.mark.parametrize("stage,fraction", [("sft", 0.5), ("dpo", 0.5), ("sft", 0.0), ("pt", 1.0)])
@@ -264,7 +267,7 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
     assert any(t["role"] == "tool" for r in records for t in r["conversations"])
     tok = models.load_tokenizer(tiny_model)
     ds, skipped = encode_conversations(records, tok, templates.get_template("chatml"), 8192)
-    assert skipped == {"too_long": 0, "tools_unsupported": 0}
+    assert (skipped["too_long"], skipped["tools_unsupported"], skipped["overlong"].truncated) == (0, 0, 0)
     for row, record in zip(ds, records, strict=True):
         ids, labels = row["input_ids"], row["labels"]
         full = tok.decode(ids)
@@ -295,7 +298,7 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     assert with_tools and len(with_tools) < len(records)
     tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
     texts, skipped = preference_texts(with_tools, tok, chatml)
-    assert skipped == {"tools_unsupported": 0, "too_long": 0}
+    assert (skipped["tools_unsupported"], skipped["too_long"], skipped["overlong"].truncated) == (0, 0, 0)
     for prompt, record in zip(texts["prompt"], with_tools, strict=True):
         assert all(tool["name"] in prompt for tool in record["tools"]) and "# Tools" in prompt
     pairs, rm_skipped = encode_pairs(records, tok, chatml, 8192)
