@@ -291,6 +291,7 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     from medgpt_ray.data.shards import read_records
     from medgpt_ray.kinds.dpo.stage import preference_texts
     from medgpt_ray.kinds.rm.stage import encode_pairs
+    from medgpt_ray.stages.overlong import ANSWER_FLOOR
 
     d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)
     records = read_records(d.train_file) + read_records(d.eval_file)
@@ -306,7 +307,8 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     # A template with no tool format leaves such pairs out and counts them.
     _, vicuna_skipped = preference_texts(records, tok, templates.get_template("vicuna"))
     assert vicuna_skipped["tools_unsupported"] == len(with_tools)
-    # A prompt that alone fills seq_len leaves nothing to train on: left out and counted (ORPO/CPO would give NaN).
+    # A prompt that leaves fewer than 16 tokens of seq_len (stages/overlong.py's ANSWER_FLOOR) for a response: left
+    # out and counted (nothing or a stub to train on; ORPO/CPO would give NaN on an empty answer).
     shortest = min(len(tok(p, add_special_tokens=False)["input_ids"]) for p in texts["prompt"])
-    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + 1)
+    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + ANSWER_FLOOR)
     assert cut["too_long"] == len(with_tools) - len(kept) >= 1

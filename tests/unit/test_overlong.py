@@ -48,11 +48,12 @@ TOOLS = [{"type": "function", "function": {"name": "query_drug_info", "descripti
 def test_sft_truncates_at_turn_boundaries_skips_a_long_tools_block_and_counts_both(tok):
     from medgpt_ray.kinds.sft.stage import encode_conversations
 
-    short = {"conversations": [{"role": "user", "content": "头痛"}, {"role": "assistant", "content": "多久了？"}]}
-    long_second = {"conversations": [{"role": "user", "content": "头痛三天"}, {"role": "assistant", "content": "挂神经科。"},
-                                     {"role": "user", "content": "还有呢" * 80}, {"role": "assistant", "content": "好"}]}
-    tools_block = {"conversations": [{"role": "user", "content": "布洛芬"}, {"role": "assistant", "content": "每次一片"}],
-                   "tools": TOOLS}
+    def turns(*texts: str) -> list[dict]:
+        return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
+
+    short = {"conversations": turns("头痛", "多久了？")}
+    long_second = {"conversations": turns("头痛三天", "挂神经科。", "还有呢" * 80, "好")}
+    tools_block = {"conversations": turns("布洛芬", "每次一片"), "tools": TOOLS}
     seq_len = 128
     ds, counts = encode_conversations([short, long_second, tools_block], tok, chatml(), seq_len)
     tally = counts["overlong"]
