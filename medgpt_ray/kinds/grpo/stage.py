@@ -56,8 +56,8 @@ def prompt_rows(records: list[dict], tokenizer, template, seq_len: int, completi
     for prompt, r, n in zip(prompts, kept, lengths, strict=True):
         outcome = prompt_outcome(n, room, policy)
         tally.add(n + completion_len, outcome)
-        if outcome == "truncated":  # its last `room` tokens, as text again (TRL tokenizes the prompt itself)
-            prompt = tokenizer.decode(tokenizer(prompt, add_special_tokens=False)["input_ids"][-room:])
+        if outcome == "truncated":
+            prompt = prompt_end(tokenizer, prompt, room)
         if outcome != "skipped":
             rows["prompt"].append(prompt)
             rows["answer"].append(r.get("answer"))
@@ -66,6 +66,18 @@ def prompt_rows(records: list[dict], tokenizer, template, seq_len: int, completi
                          f"template {template.name!r} cannot render, {tally.skipped} do not fit seq_len {seq_len}")
     return Dataset.from_dict(rows), {"too_long": tally.skipped, "tools_unsupported": tools_unsupported,
                                      "overlong": tally}
+
+
+def prompt_end(tokenizer, prompt: str, room: int) -> str:
+    """The prompt's last `room` tokens, as text again (TRL tokenizes the prompt itself); a cut through a multi-byte
+    character can re-tokenize longer, so the cut moves right until it fits."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    start = len(ids) - room
+    while True:
+        text = tokenizer.decode(ids[start:])
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= room:
+            return text
+        start += 1
 
 
 def online_kwargs(inp: StageInputs) -> dict[str, Any]:
