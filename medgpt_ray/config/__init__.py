@@ -37,7 +37,14 @@ from medgpt_ray.config.registry import (
     stage_kind,
 )
 from medgpt_ray.config.sections import DataConfig, ModelConfig, ResourcesConfig
-from medgpt_ray.config.stage import MEMORY_KNOBS, PLAN_RESOLVED_KNOBS, LengthGroupedStageConfig, StageConfig
+from medgpt_ray.config.stage import (
+    MEMORY_KNOBS,
+    PLAN_RESOLVED_KNOBS,
+    LengthGroupedStageConfig,
+    OverlongStageConfig,
+    StageConfig,
+    overlong_policy,
+)
 from medgpt_ray.config.stages import StagesConfig
 
 # The kinds register as their config modules are imported, and the registry's order is the pipeline's: this block
@@ -59,7 +66,7 @@ from medgpt_ray.kinds.eval.config import EvalStageConfig
 __all__ = ["MEMORY_KNOBS", "PLAN_RESOLVED_KNOBS", "STAGE_KINDS", "CleanConfig", "ConfigError", "DPOStageConfig",
            "DataConfig", "DedupConfig", "EvalStageConfig", "GRPOStageConfig", "KTOStageConfig",
            "LengthGroupedStageConfig", "LoraConfig", "ModelConfig", "NormalizeConfig", "OPDStageConfig",
-           "ORPOStageConfig",
+           "ORPOStageConfig", "OverlongStageConfig", "overlong_policy",
            "OnlineRLStageConfig", "PIIConfig", "PairAccuracy", "PipelineConfig", "QualityConfig", "RLOOStageConfig",
            "RMStageConfig", "ResourcesConfig", "SFTStageConfig",
            "SignoffConfig", "SimPOStageConfig", "StageConfig", "StageKind", "StagesConfig", "apply_override",

@@ -12,17 +12,17 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from medgpt_ray.config.base import Auto
 from medgpt_ray.config.registry import reward_model_kind
-from medgpt_ray.config.stage import StageConfig
+from medgpt_ray.config.stage import OverlongStageConfig, StageConfig
 
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
 
 
-class OnlineRLStageConfig(StageConfig):
+class OnlineRLStageConfig(OverlongStageConfig):
     """An online-RL stage: each step samples `num_generations` completions per prompt with the trainer's own
     generate, scores them with `reward_funcs`, and trains on advantages taken within each prompt's group.
     `effective_batch` counts completions (TRL's unit): prompts per step x num_generations; each worker's share must
-    hold whole groups. `seq_len` bounds prompt + completion: prompts longer than seq_len - max_completion_length are
-    left out and counted."""
+    hold whole groups. `seq_len` bounds prompt + completion: a prompt longer than seq_len - max_completion_length
+    keeps its end (`overlong: truncate`) or is left out (`skip`), counted either way."""
 
     # Where reward_clip_range applies (the kinds' own, kinds/<kind>/config.py): shown in plan.json and the report.
     CLIP_APPLIES_TO: ClassVar[str] = "each reward function's value, before the weights (our reward wrapper)"

@@ -38,7 +38,7 @@ class StageConfig(_Strict):
     """Optimizer steps; -1: run `epochs`; 0: no training: the stage passes its input model on, as a disabled one
     does, and the run says so (a stage that `needs` it is refused: it has no output)."""
     seq_len: Annotated[int, Field(ge=8)] = 1024
-    """Tokens per sequence (pretraining block size; longer conversations and pairs are left out and counted)."""
+    """Tokens per sequence (pretraining block size); what happens to longer records: `overlong`."""
     micro_batch: Auto | Annotated[int, Field(ge=1)] = "auto"
     """Examples per worker per forward pass (packed SFT: at most this many packed rows); auto: the planner's choice.
     A memory knob (not in the fingerprint)."""
@@ -120,7 +120,20 @@ NOT_IN_FINGERPRINT: frozenset[str] = frozenset({"report_to"})
 PLAN_RESOLVED_KNOBS: frozenset[str] = frozenset({"method", "precision", "optim"})
 
 
-class LengthGroupedStageConfig(StageConfig):
+class OverlongStageConfig(StageConfig):
+    """A stage whose records can be longer than seq_len (every kind but pt, which packs its text into blocks)."""
+
+    overlong: Literal["truncate", "skip"] = "truncate"
+    """A record longer than seq_len: truncate (cut by the kind's rule) or skip (left out); counted either way in
+    the stage's done line, summary.json and the report. The rule per kind: README "Records longer than seq_len"."""
+
+
+def overlong_policy(cfg: StageConfig) -> str:
+    """The stage's `overlong`; truncate for a config of a class without the key (a stage built by hand)."""
+    return cfg.overlong if isinstance(cfg, OverlongStageConfig) else "truncate"
+
+
+class LengthGroupedStageConfig(OverlongStageConfig):
     """A stage whose examples vary in length (conversations, pairs): the keys of its batching."""
 
     group_by_length: bool = True

@@ -91,8 +91,21 @@ def _cleaning(clean: dict[str, Any] | None) -> str:
     return body
 
 
+def _overlong(run: RunData) -> str:
+    """Per stage, its train records longer than seq_len: truncated and skipped by its `overlong` rule."""
+    rows = [(s.name, o.get("unit"), o.get("records"), o.get("seq_len"), o.get("truncated"), o.get("skipped"),
+             f"{100 * (o['truncated'] + o['skipped']) / o['records']:.1f} %" if o.get("records") else None,
+             o.get("keep_99_seq_len"), o.get("policy"), o.get("rule"))
+            for s in active(run) if (o := s.summary.get("overlong"))]
+    body = table(("stage", "records of", "train records", "seq_len", "truncated", "skipped", "affected",
+                  "seq_len keeping 99 % whole", "overlong", "rule"), rows)
+    return body or note("none recorded: no stage of this run counted its records against seq_len (pt packs its "
+                        "text into blocks)")
+
+
 def data_section(run: RunData) -> str:
     body = section("data-prepared", "Prepared data (train / held-out split)", _prepared(run.prepared), level=3)
+    body += section("data-overlong", "Records longer than seq_len", _overlong(run), level=3)
     body += section("cleaning", "Cleaning funnel (data.raw)", _cleaning(run.clean), level=3)
     return section("data", "Data", body)
 

@@ -19,6 +19,7 @@ import ray
 from medgpt_ray.progress import format_eta, progress_line
 from medgpt_ray.run.eval_report import format_eval_lines
 from medgpt_ray.run.pair_report import format_pair_line
+from medgpt_ray.stages import overlong
 from medgpt_ray.stages.outputs import HELD_OUT
 
 
@@ -66,7 +67,15 @@ def result_brief(r: dict[str, Any]) -> str:
     parts += [f"{k} {v:.3f}" for k, v in r.get(HELD_OUT, {}).items() if isinstance(v, float)]
     if r.get("recompiles") is not None:  # compiled layers only
         parts.append(f"{r['recompiles']} recompiles after step 1")
+    if r.get("overlong"):  # records longer than seq_len: truncated and skipped, by the stage's `overlong`
+        parts.append(overlong.brief(r["overlong"]))
     return ", ".join(parts)
+
+
+def overlong_warning(stage: str, r: dict[str, Any]) -> list[str]:
+    """The warning line when more than 5 % of a stage's records were truncated or skipped (none otherwise)."""
+    line = overlong.warning_line(stage, r["overlong"]) if r.get("overlong") else None
+    return [line] if line else []
 
 
 def summary_entry(status: str, r: dict[str, Any], wall_s: float | None, error: str | None) -> dict[str, Any]:
@@ -76,6 +85,8 @@ def summary_entry(status: str, r: dict[str, Any], wall_s: float | None, error: s
              "output_model": r.get("output_model"), "error": error}
     if r.get("recompiles") is not None:  # compiled layers: graphs compiled after the first step
         entry["recompiles"] = r["recompiles"]
+    if r.get("overlong"):  # records longer than seq_len, counted (stages/overlong.py)
+        entry["overlong"] = r["overlong"]
     return entry
 
 

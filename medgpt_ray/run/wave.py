@@ -25,7 +25,7 @@ from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.job import StageJob
 from medgpt_ray.run.manifest import Manifest
 from medgpt_ray.run.outcomes import StageOutcome
-from medgpt_ray.run.progress import ProgressActor, ProgressPrinter, result_brief
+from medgpt_ray.run.progress import ProgressActor, ProgressPrinter, overlong_warning, result_brief
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
 from medgpt_ray.run.upstream import PipelineError
 from medgpt_ray.stages.inputs import StageInputs
@@ -132,6 +132,8 @@ class WaveRunner:
             results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
             eval_report.publish(self.cfg.name, result)
             self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
+            for line in overlong_warning(stage, result):
+                self.echo(line)
         except Exception as e:  # reported in the summary and re-raised by the pipeline as PipelineError
             if self.interrupted.is_set():
                 return  # the run was cut by Ctrl-C and says so; this is its Ray work going down with it

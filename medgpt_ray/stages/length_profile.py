@@ -16,10 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from medgpt_ray import models, templates
-from medgpt_ray.config import StageConfig, stage_kind
+from medgpt_ray.config import StageConfig, overlong_policy, stage_kind
 from medgpt_ray.data.shards import num_rows, read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, LengthProfile, packing_setting
 from medgpt_ray.memory.profiles import stage_profile
+from medgpt_ray.stages.overlong import pair_outcome, prompt_outcome
 
 
 def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, train_file: str
@@ -38,19 +39,21 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
         return _sft_profile(records, total, tok, template, cfg, packing_setting(stage, cfg) is not False)
     if measures == "prompts":
         return _prompt_profile(records, total, tok, template, cfg)
-    lengths, over = [], 0
+    lengths, over, policy = [], 0, overlong_policy(cfg)
     for r in records:
         if measures == "completions":  # one completion per example: measured as a pair of it with itself
             r = {**r, "chosen": r["completion"], "rejected": r["completion"]}
         try:
-            enc = templates.encode_preference(tok, template, r, max_len=cfg.seq_len)
-        except templates.TemplateTokenizerMismatch:
-            raise
-        except templates.TemplateError:
-            over += 1  # the prompt alone fills seq_len (or tools the template cannot render): not trained
+            enc = templates.encode_preference(tok, template, r)
+        except templates.TemplateToolsUnsupported:
+            over += 1  # tools the template cannot render: not trained
             continue
         prompt = len(enc["prompt_ids"])
-        lengths.append(prompt + max(len(enc["chosen_ids"]), len(enc["rejected_ids"])))
+        longest = max(len(enc["chosen_ids"]), len(enc["rejected_ids"]))
+        if pair_outcome(prompt, longest, cfg.seq_len, policy) == "skipped":
+            over += 1  # longer than seq_len and left out (stages/overlong.py)
+            continue
+        lengths.append(min(prompt + longest, cfg.seq_len))
     packed = profile.packs and packing_setting(stage, cfg) is not False  # rm: whole pairs in packed rows
     per_row = _pairs_per_row(records, tok, template, cfg) if packed else None
     return LengthProfile.of(lengths, total, cfg.seq_len, per_row,
@@ -58,14 +61,16 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
 
 
 def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
-    """GRPO: each prompt as the stage renders it (left out where it fills seq_len - max_completion_length), plus
-    the max_completion_length tokens a generated batch is padded up to."""
+    """GRPO: each prompt as the stage renders it (cut to seq_len - max_completion_length, or left out, by
+    `overlong`), plus the max_completion_length tokens a generated batch is padded up to."""
     from medgpt_ray.kinds.dpo.stage import rendered_prompts
 
-    prompts, _, skipped = rendered_prompts(records, tok, template, cfg.seq_len - cfg.max_completion_length, "prompts")
-    lengths = [len(tok(p, add_special_tokens=False)["input_ids"]) + cfg.max_completion_length for p in prompts]
-    return LengthProfile.of(lengths, total, cfg.seq_len, None, over_seq_len=sum(skipped.values()),
-                            sampled=len(records))
+    _, _, prompt_lens, tools_unsupported = rendered_prompts(records, tok, template)
+    room, policy = cfg.seq_len - cfg.max_completion_length, overlong_policy(cfg)
+    lengths = [min(n, room) + cfg.max_completion_length for n in prompt_lens
+               if prompt_outcome(n, room, policy) != "skipped"]
+    return LengthProfile.of(lengths, total, cfg.seq_len, None,
+                            over_seq_len=tools_unsupported + sum(n > room for n in prompt_lens), sampled=len(records))
 
 
 def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:
@@ -74,7 +79,7 @@ def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> floa
     from medgpt_ray.stages import packing, reward_packing
 
     try:
-        encoded = encode_pairs(records, tok, template, cfg.seq_len)[0]
+        encoded = encode_pairs(records, tok, template, cfg.seq_len, overlong_policy(cfg))[0]
     except ValueError:  # none of the sampled pairs fits: nothing to pack (the stage says so when it runs)
         return None
     with _no_progress_bars():
@@ -99,7 +104,7 @@ def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfi
     from medgpt_ray.kinds.sft.stage import encode_conversations
     from medgpt_ray.stages import packing
 
-    encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len)
+    encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len, overlong_policy(cfg))
     lengths = [len(x) for x in encoded["input_ids"]]
     per_row = None
     if packed:

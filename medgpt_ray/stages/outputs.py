@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
+from medgpt_ray.stages.overlong import LengthTally
 from medgpt_ray.trainer_kit.sharding import shard_report
 
 # The key of a stage's held-out metrics in its result.json (the trainer's evaluate()), also in the manifest entry,
@@ -26,10 +27,30 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     out, resumed = train(built.trainer, inp)
     ev = eval_metrics(built.trainer.evaluate()) if built.eval_size else {}
     save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
-    result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev, **(built.extras or {}),
+    result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev, **stage_extras(built.extras or {}),
               "output_model": str(inp.out / "model")}
     write_result(inp, result)
     return result
+
+
+def stage_extras(extras: dict[str, Any]) -> dict[str, Any]:
+    """The built stage's counts for result.json, its records longer than seq_len (a LengthTally of this worker's
+    shard) summed over every worker: the stage's, not rank 0's."""
+    tally = extras.get("overlong")
+    if not isinstance(tally, LengthTally):
+        return extras
+    return {**extras, "overlong": LengthTally.merged(all_workers(tally.state())).to_dict()}
+
+
+def all_workers(item: Any) -> list[Any]:
+    """`item` from every rank, in rank order (this one's alone outside torch.distributed)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [item]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, item)
+    return everyone
 
 
 def is_rank_zero() -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
@@ -26,7 +27,7 @@ class PackedKind:
     rows of 2 x seq_len (stages/reward_packing.py)."""
 
     unit: str  # "conversations", "pairs"
-    encode: Callable[..., tuple[Any, Any]]  # (records, tokenizer, template, seq_len) -> (dataset, skipped)
+    encode: Callable[..., tuple[Any, Any]]  # (records, tokenizer, template, seq_len, overlong) -> (dataset, skipped)
     pack: Callable[[Any, int], Any]  # (encoded dataset, seq_len) -> rows, one `seq_lengths` entry per example
     width: Callable[[int], int]  # seq_len -> the rows' width
     collator: Callable[[str, int, int], Callable[[list[dict[str, Any]]], dict[str, Any]]]  # (mode, pad id, seq_len)
@@ -58,7 +59,8 @@ def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, trai
         sample = shape
         if shard["rows"] != [0, shard["split_rows"]] or shard["split_rows"] > SAMPLE_RECORDS:
             # The split's first records size the step: the same on every worker, so all take the same accumulation.
-            head = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len)
+            head = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len,
+                               overlong_policy(inp.cfg))
             sample = PackedShape.of(kind.pack(head[0], seq_len), width)
         plan = packed_rows(plan, inp.cfg, rows_per_step(plan.per_worker_examples, sample.conversations_per_row),
                            sample.conversations_per_row)

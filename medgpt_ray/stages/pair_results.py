@@ -19,7 +19,7 @@ def built_pairs(trainer: Any, tok: Any, lora: bool, train_ds: Any, eval_ds: Any,
     """`skipped`: the train pairs preference_texts left out, by reason."""
     return BuiltStage(trainer, tok, lora=lora, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_pairs": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
-                              "skipped_too_long": skipped["too_long"]},
+                              "skipped_too_long": skipped["too_long"], "overlong": skipped["overlong"]},
                       save_kwargs={"template": template})
 
 

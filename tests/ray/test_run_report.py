@@ -17,8 +17,8 @@ pytestmark = pytest.mark.ray
 
 # Every section a run with one trained stage (sft) and no cleaning step or sweep has: each "not run" piece
 # still has its section, with a note.
-TINY_SECTIONS = ("run", "stage-graph", "data", "data-prepared", "cleaning", "sweep", "stage-sft", "plan-sft",
-                 "curves-sft", "speed-sft", "gpu-sft", "eval-sft")
+TINY_SECTIONS = ("run", "stage-graph", "data", "data-prepared", "data-overlong", "cleaning", "sweep", "stage-sft",
+                 "plan-sft", "curves-sft", "speed-sft", "gpu-sft", "eval-sft")
 
 
 def record_strings(path: Path) -> set[str]:
@@ -85,6 +85,24 @@ def test_the_report_quotes_no_record_text(tiny_run, repo):
     prepared = json.loads((tiny_run.run_dir / "data" / "prepared.json").read_text())
     assert prepared["sft"]["train_records"] > 0
     assert f">{prepared['sft']['train_records']}<" in page
+
+
+def test_records_longer_than_seq_len_are_counted_in_the_terminal_summary_and_report(tiny_run):
+    """Issue 36: most of tiny_run's conversations are longer than its sft seq_len of 256 (the tiny tokenizer reads
+    about a character a token): the done line, a warning line, summary.json and the report's data section count
+    them, never silently."""
+    over = json.loads((tiny_run.run_dir / "summary.json").read_text())["stages"]["sft"]["overlong"]
+    prepared = json.loads((tiny_run.run_dir / "data" / "prepared.json").read_text())
+    assert over["records"] == prepared["sft"]["train_records"] and over["seq_len"] == 256
+    assert over["truncated"] > 0.05 * over["records"] and over["keep_99_seq_len"] > 256 and over["policy"] == "truncate"
+    done = next(line for line in tiny_run.lines if line.startswith("[sft] done in"))
+    assert (f"{over['truncated']:,} truncated, {over['skipped']:,} skipped of {over['records']:,} conversations over "
+            f"seq_len 256") in done
+    warning = [line for line in tiny_run.lines if line.startswith("[sft] warning:")]
+    assert len(warning) == 1 and f"seq_len {over['keep_99_seq_len']:,} would keep 99 %" in warning[0]
+    page = (tiny_run.run_dir / "report.html").read_text(encoding="utf-8")
+    section = page.split('id="data-overlong"', 1)[1].split("</section>", 1)[0]
+    assert all(f">{over[k]}<" in section for k in ("records", "truncated", "keep_99_seq_len"))
 
 
 def test_medgpt_ray_report_writes_the_same_sections_elsewhere(tiny_run, tmp_path):

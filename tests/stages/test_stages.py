@@ -132,6 +132,9 @@ def test_conversations_longer_than_seq_len_are_counted_not_trained_blind(data, t
     r = run_stage(make_inputs("sft", data, tiny_model, tmp_path, seq_len=64, max_steps=2))
     assert r["skipped_too_long"] > 0
     assert r["train_records"] + r["skipped_too_long"] == 32
+    over = r["overlong"]  # the rule's counts in result.json: every train record kept whole, truncated or skipped
+    assert over["records"] == 32 and over["skipped"] == r["skipped_too_long"] and over["truncated"] > 0
+    assert over["keep_99_seq_len"] > 64 and over["policy"] == "truncate"
 
 
 @pytest.mark.parametrize("stage,fraction", [("sft", 0.5), ("dpo", 0.5), ("sft", 0.0), ("pt", 1.0)])
@@ -264,7 +267,7 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
     assert any(t["role"] == "tool" for r in records for t in r["conversations"])
     tok = models.load_tokenizer(tiny_model)
     ds, skipped = encode_conversations(records, tok, templates.get_template("chatml"), 8192)
-    assert skipped == {"too_long": 0, "tools_unsupported": 0}
+    assert (skipped["too_long"], skipped["tools_unsupported"], skipped["overlong"].truncated) == (0, 0, 0)
     for row, record in zip(ds, records, strict=True):
         ids, labels = row["input_ids"], row["labels"]
         full = tok.decode(ids)
@@ -288,6 +291,7 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     from medgpt_ray.data.shards import read_records
     from medgpt_ray.kinds.dpo.stage import preference_texts
     from medgpt_ray.kinds.rm.stage import encode_pairs
+    from medgpt_ray.stages.overlong import ANSWER_FLOOR
 
     d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)
     records = read_records(d.train_file) + read_records(d.eval_file)
@@ -295,7 +299,7 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     assert with_tools and len(with_tools) < len(records)
     tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
     texts, skipped = preference_texts(with_tools, tok, chatml)
-    assert skipped == {"tools_unsupported": 0, "too_long": 0}
+    assert (skipped["tools_unsupported"], skipped["too_long"], skipped["overlong"].truncated) == (0, 0, 0)
     for prompt, record in zip(texts["prompt"], with_tools, strict=True):
         assert all(tool["name"] in prompt for tool in record["tools"]) and "# Tools" in prompt
     pairs, rm_skipped = encode_pairs(records, tok, chatml, 8192)
@@ -303,7 +307,8 @@ def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_
     # A template with no tool format leaves such pairs out and counts them.
     _, vicuna_skipped = preference_texts(records, tok, templates.get_template("vicuna"))
     assert vicuna_skipped["tools_unsupported"] == len(with_tools)
-    # A prompt that alone fills seq_len leaves nothing to train on: left out and counted (ORPO/CPO would give NaN).
+    # A prompt that leaves fewer than 16 tokens of seq_len (stages/overlong.py's ANSWER_FLOOR) for a response: left
+    # out and counted (nothing or a stub to train on; ORPO/CPO would give NaN on an empty answer).
     shortest = min(len(tok(p, add_special_tokens=False)["input_ids"]) for p in texts["prompt"])
-    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + 1)
+    kept, cut = preference_texts(with_tools, tok, chatml, seq_len=shortest + ANSWER_FLOOR)
     assert cut["too_long"] == len(with_tools) - len(kept) >= 1

@@ -178,9 +178,13 @@ def test_a_conversation_is_its_prompt_and_last_answer_left_padded(tiny_model):
     talk = [{"role": "user", "content": "头痛三天"}, {"role": "assistant", "content": "多久了？"},
             {"role": "user", "content": "三天"}, {"role": "assistant", "content": "神经科"}]
     long_prompt = [{"role": "user", "content": "头痛" * 200}, {"role": "assistant", "content": "神经科"}]
-    rows, skipped = encode_prompt_answer([{"conversations": talk}, {"conversations": long_prompt}], tok, chatml,
-                                         seq_len=128, max_new_tokens=16)
-    assert len(rows) == 1 and skipped == {"prompt_too_long": 1, "tools_unsupported": 0}
+    records = [{"conversations": talk}, {"conversations": long_prompt}]
+    rows, skipped = encode_prompt_answer(records, tok, chatml, seq_len=128, max_new_tokens=16, policy="skip")
+    assert len(rows) == 1 and (skipped["prompt_too_long"], skipped["tools_unsupported"]) == (1, 0)
+    # truncate (the default): the long prompt keeps its end, so the student's max_new_tokens still fit
+    cut, counted = encode_prompt_answer(records, tok, chatml, seq_len=128, max_new_tokens=16)
+    assert len(cut) == 2 and counted["overlong"].truncated == 1 and cut[1]["prompt_len"] == 128 - 16
+    assert tok.decode(cut[1]["input_ids"][cut[1]["prompt_len"]:]) == "神经科<|im_end|>"
     row = rows[0]
     prompt, answer = row["input_ids"][:row["prompt_len"]], row["input_ids"][row["prompt_len"]:]
     assert tok.decode(answer) == "神经科<|im_end|>"  # the last answer through its end of turn, not the separator

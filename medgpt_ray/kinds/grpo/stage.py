@@ -28,10 +28,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.kinds.dpo.stage import rendered_prompts
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
+from medgpt_ray.stages.overlong import LengthTally, prompt_outcome
 from medgpt_ray.stages.reward_adapter import SharedBaseScore, reward_adapter_for
 from medgpt_ray.stages.rewards import accuracy, format_reward, reward_functions
 from medgpt_ray.stages.stage_data import open_stage_data
@@ -43,14 +45,41 @@ from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts
 from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
 
 
-def prompt_rows(records: list[dict], tokenizer, template, prompt_len: int):
-    """TRL's prompt rows {"prompt": rendered text, "answer": reference or None}; records whose prompt alone fills
-    `prompt_len` tokens (seq_len less max_completion_length) or has tools the template cannot render are left out
-    and counted. Returns (dataset, {"tools_unsupported": n, "too_long": n})."""
+def prompt_rows(records: list[dict], tokenizer, template, seq_len: int, completion_len: int,
+                policy: str = "truncate"):
+    """TRL's prompt rows {"prompt": rendered text, "answer": reference or None}. A prompt longer than seq_len less
+    `completion_len` keeps its end (TRL's left truncation) or is left out, by `policy`; one with tools the template
+    cannot render is left out. Returns (dataset, {"tools_unsupported": n, "too_long": n, "overlong": LengthTally})."""
     from datasets import Dataset
 
-    prompts, kept, skipped = rendered_prompts(records, tokenizer, template, prompt_len, "prompts")
-    return Dataset.from_dict({"prompt": prompts, "answer": [r.get("answer") for r in kept]}), skipped
+    prompts, kept, lengths, tools_unsupported = rendered_prompts(records, tokenizer, template)
+    room, tally = seq_len - completion_len, LengthTally(seq_len, policy, "prompts", "prompts")
+    rows: dict[str, list] = {"prompt": [], "answer": []}
+    for prompt, r, n in zip(prompts, kept, lengths, strict=True):
+        outcome = prompt_outcome(n, room, policy)
+        tally.add(n + completion_len, outcome)
+        if outcome == "truncated":
+            prompt = prompt_end(tokenizer, prompt, room)
+        if outcome != "skipped":
+            rows["prompt"].append(prompt)
+            rows["answer"].append(r.get("answer"))
+    if records and not rows["prompt"]:
+        raise ValueError(f"none of the {len(records)} prompts can be trained: {tools_unsupported} have tools "
+                         f"template {template.name!r} cannot render, {tally.skipped} do not fit seq_len {seq_len}")
+    return Dataset.from_dict(rows), {"too_long": tally.skipped, "tools_unsupported": tools_unsupported,
+                                     "overlong": tally}
+
+
+def prompt_end(tokenizer, prompt: str, room: int) -> str:
+    """The prompt's last `room` tokens, as text again (TRL tokenizes the prompt itself); a cut through a multi-byte
+    character can re-tokenize longer, so the cut moves right until it fits."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    start = len(ids) - room
+    while True:
+        text = tokenizer.decode(ids[start:])
+        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) <= room:
+            return text
+        start += 1
 
 
 def online_kwargs(inp: StageInputs) -> dict[str, Any]:
@@ -90,8 +119,8 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     data = open_stage_data(inp)
     tok = data.tokenizer
     tok.padding_side = "left"  # generation pads prompts on the left
-    prompt_len = cfg.seq_len - cfg.max_completion_length
-    train_ds, skipped, eval_ds = data.encoded(prompt_rows, prompt_len)
+    train_ds, skipped, eval_ds = data.encoded(prompt_rows, cfg.seq_len, cfg.max_completion_length,
+                                              overlong_policy(cfg))
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     device = "cuda" if inp.plan.use_gpu else "cpu"
@@ -109,7 +138,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
         shared.attach(trainer.model)  # the reward adapter beside the policy's, before any wrapping or optimizer
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_prompts": len(train_ds), "skipped_tools_unsupported": skipped["tools_unsupported"],
-                              "skipped_too_long": skipped["too_long"],
+                              "skipped_too_long": skipped["too_long"], "overlong": skipped["overlong"],
                               # Where the reward_model reward was computed: each worker (its own network, or
                               # the rm's adapter on the policy's base), or the actor of its own.
                               **({"reward_model_scored_by": "shared_base" if shared else

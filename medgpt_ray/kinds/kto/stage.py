@@ -21,8 +21,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from medgpt_ray import models, templates
-from medgpt_ray.kinds.dpo.stage import preference_texts, rendered_prompts
+from medgpt_ray import models
+from medgpt_ray.config import overlong_policy
+from medgpt_ray.kinds.dpo.stage import fitted_examples, preference_texts
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.implicit_reward import held_out_pairs, pair_accuracy
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
@@ -33,17 +34,16 @@ from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
 
-def unpaired_texts(records: list[dict], tokenizer, template, seq_len: int | None = None):
+def unpaired_texts(records: list[dict], tokenizer, template, seq_len: int | None = None, policy: str = "truncate"):
     """TRL's unpaired rows {"prompt", "completion", "label"}: prompts rendered as preference_texts renders them,
-    completions closed by the template's end-of-turn token. Returns (dataset, {"tools_unsupported", "too_long"})."""
+    completions closed by the template's end-of-turn token, examples longer than seq_len cut or skipped by `policy`
+    as pairs are. Returns (dataset, {"tools_unsupported", "too_long", "overlong"})."""
     from datasets import Dataset
 
-    prompts, kept, skipped = rendered_prompts(records, tokenizer, template, seq_len, "examples")
-    return Dataset.from_dict({
-        "prompt": prompts,
-        "completion": [templates.response_text(template, tokenizer, r["completion"]) for r in kept],
-        "label": [bool(r["label"]) for r in kept],
-    }), skipped
+    labelled = [{**r, "label": bool(r["label"])} for r in records]
+    rows, skipped = fitted_examples(labelled, tokenizer, template, seq_len, policy, "examples", ("completion",),
+                                    ("label",))
+    return Dataset.from_dict(rows), skipped
 
 
 def _shuffled(records: list[dict]) -> list[dict]:
@@ -60,7 +60,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
     data.records = _shuffled(data.records)
-    train_ds, skipped, eval_ds = data.encoded(unpaired_texts, cfg.seq_len)
+    train_ds, skipped, eval_ds = data.encoded(unpaired_texts, cfg.seq_len, overlong_policy(cfg))
     pairs = held_out_pairs(data.eval_records)
     pair_ds = preference_texts(pairs, tok, template, cfg.seq_len)[0] if pairs else None
     model_path = Path(inp.model_path)
@@ -82,7 +82,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                       extras={"train_examples": len(train_ds), "train_desirable": desirable,
                               "train_undesirable": len(train_ds) - desirable,
                               "skipped_tools_unsupported": skipped["tools_unsupported"],
-                              "skipped_too_long": skipped["too_long"]},
+                              "skipped_too_long": skipped["too_long"], "overlong": skipped["overlong"]},
                       save_kwargs={"template": template}, held_out=pair_ds)
 
 

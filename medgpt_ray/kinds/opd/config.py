@@ -12,15 +12,16 @@ from pydantic import Field, model_validator
 
 from medgpt_ray.config.base import Auto
 from medgpt_ray.config.registry import STAGE_KINDS, StageKind, register_stage_kind
-from medgpt_ray.config.stage import StageConfig
+from medgpt_ray.config.stage import OverlongStageConfig
 
 
-class OPDStageConfig(StageConfig):
+class OPDStageConfig(OverlongStageConfig):
     """On-policy distillation: in a share `lmbda` of the micro-batches the student answers the conversation's
     prompt itself (sampled at `temperature`, up to `max_new_tokens`), else the record's reference answer is used;
     either way the loss is the generalized Jensen-Shannon divergence (at `beta`) between the student's and the frozen
     teacher's next-token distributions on the answer's tokens. The prompt is the conversation up to its last
-    assistant turn; conversations whose prompt leaves fewer than max_new_tokens of seq_len are left out and counted."""
+    assistant turn; one whose prompt leaves fewer than max_new_tokens of seq_len keeps the prompt's end (`overlong:
+    truncate`) or is left out (`skip`), counted either way."""
 
     teacher: Annotated[str, Field(min_length=1)] = "sft"
     """An earlier stage of this run by name (its output model; the stage is added to `needs`), or a local Hugging

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from medgpt_ray import templates
+from medgpt_ray.stages.overlong import LengthTally, prompt_outcome
 
 IGNORE_INDEX = -100
 ANSWER_ROLES = ("assistant", "tool_call")
@@ -22,14 +23,16 @@ def last_answer_span(labels: list[int]) -> tuple[int, int]:
     return start, end
 
 
-def encode_prompt_answer(records: list[dict], tokenizer, template, seq_len: int, max_new_tokens: int):
-    """(dataset of input_ids + prompt_len, skipped counts). A conversation is cut after its last answer; one whose
-    prompt leaves fewer than max_new_tokens of seq_len is left out and counted (the student's own answer must fit),
-    and so is one the template cannot render (tools without a tool format). A reference answer longer than the rest
-    of seq_len is cut there."""
+def encode_prompt_answer(records: list[dict], tokenizer, template, seq_len: int, max_new_tokens: int,
+                         policy: str = "truncate"):
+    """(dataset of input_ids + prompt_len, skipped counts). A conversation is cut after its last answer. One whose
+    prompt leaves fewer than max_new_tokens of seq_len (the student's own answer must fit) keeps the prompt's end
+    (left truncation) or is left out, by `policy`; a reference answer longer than the rest of seq_len is cut there
+    (truncated too). One the template cannot render (tools without a tool format) is left out."""
     from datasets import Dataset
 
-    rows, skipped = {"input_ids": [], "prompt_len": []}, {"prompt_too_long": 0, "tools_unsupported": 0}
+    rows, tools_unsupported = {"input_ids": [], "prompt_len": []}, 0
+    tally = LengthTally(seq_len, policy, "conversations", "prompts")
     for r in records:
         turns = r["conversations"]
         last = max((i for i, t in enumerate(turns) if t["role"] in ANSWER_ROLES), default=None)
@@ -37,21 +40,24 @@ def encode_prompt_answer(records: list[dict], tokenizer, template, seq_len: int,
             continue
         try:
             enc = templates.encode_sft(tokenizer, template, turns[:last + 1], tools=r.get("tools"))
-        except templates.TemplateTokenizerMismatch:
-            raise
         except templates.TemplateToolsUnsupported:
-            skipped["tools_unsupported"] += 1
+            tools_unsupported += 1
             continue
         start, end = last_answer_span(enc["labels"])
-        if start + max_new_tokens > seq_len:
-            skipped["prompt_too_long"] += 1
-            continue
-        rows["input_ids"].append(enc["input_ids"][:min(end, seq_len)])
-        rows["prompt_len"].append(start)
+        full = max(end, start + max_new_tokens)  # the reference answer, or the student's own, must fit
+        outcome = prompt_outcome(full, seq_len, policy) if max_new_tokens < seq_len else "skipped"
+        cut = max(0, start + max_new_tokens - seq_len)  # the prompt's first tokens that do not fit
+        kept = enc["input_ids"][cut:end][:seq_len]
+        tally.add(full, outcome)
+        if outcome != "skipped":
+            rows["input_ids"].append(kept)
+            rows["prompt_len"].append(start - cut)
     if not rows["input_ids"]:
         raise ValueError(f"opd: none of the {len(records)} conversations leaves max_new_tokens {max_new_tokens} "
-                         f"for an answer in seq_len {seq_len} ({skipped})")
-    return Dataset.from_dict(rows), skipped
+                         f"for an answer in seq_len {seq_len} ({tally.skipped} skipped, {tools_unsupported} with "
+                         f"tools the template cannot render)")
+    return Dataset.from_dict(rows), {"prompt_too_long": tally.skipped, "tools_unsupported": tools_unsupported,
+                                     "overlong": tally}
 
 
 class PromptAnswerCollator:

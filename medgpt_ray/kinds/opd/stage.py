@@ -14,6 +14,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.kinds.opd.data import PromptAnswerCollator, encode_prompt_answer
 from medgpt_ray.stages import speed
 from medgpt_ray.stages.callbacks import stage_callbacks
@@ -60,7 +61,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     cfg = inp.cfg
     data = open_stage_data(inp)
     tok, template = data.tokenizer, data.template
-    train_ds, skipped, eval_ds = data.encoded(encode_prompt_answer, cfg.seq_len, cfg.max_new_tokens)
+    train_ds, skipped, eval_ds = data.encoded(encode_prompt_answer, cfg.seq_len, cfg.max_new_tokens,
+                                              overlong_policy(cfg))
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     model.generation_config.eos_token_id = stop_ids(tok, template)  # GKDTrainer samples until one of these
     peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
@@ -77,6 +79,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         shard=data.shard)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_prompt_too_long": skipped["prompt_too_long"],
+                              "overlong": skipped["overlong"],
                               "skipped_tools_unsupported": skipped["tools_unsupported"],
                               "teacher": cfg.teacher, "teacher_quantization": cfg.teacher_quantization},
                       save_kwargs={"template": template})

@@ -16,11 +16,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.kinds.rm.config import RMStageConfig
 from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.overlong import LengthTally, pair_outcome
 from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
 from medgpt_ray.stages.score_head import fp32_score_head
 from medgpt_ray.stages.stage_data import open_stage_data
@@ -35,29 +37,32 @@ def center_rewards_coefficient(inp: StageInputs) -> float | None:
     return inp.cfg.center_rewards_coefficient if isinstance(inp.cfg, RMStageConfig) else None
 
 
-def encode_pairs(records: list[dict], tokenizer, template, seq_len: int):
+def encode_pairs(records: list[dict], tokenizer, template, seq_len: int, policy: str = "truncate"):
+    """Each pair as prompt + chosen and prompt + rejected token ids. Longer than seq_len: the prompt kept whole and
+    the responses cut at their tail, or the pair skipped, by `policy` (stages/overlong.py's rule); a pair with tools
+    the template cannot render is skipped. Returns (dataset, {"too_long", "tools_unsupported", "overlong"})."""
     from datasets import Dataset
 
-    chosen, rejected, skipped = [], [], {"too_long": 0, "tools_unsupported": 0}
+    chosen, rejected, tools_unsupported = [], [], 0
+    tally = LengthTally(seq_len, policy, "pairs", "pairs")
     for r in records:
         try:
-            enc = templates.encode_preference(tokenizer, template, r, max_len=seq_len)
-        except templates.TemplateTokenizerMismatch:
-            raise
+            enc = templates.encode_preference(tokenizer, template, r)
         except templates.TemplateToolsUnsupported:
-            skipped["tools_unsupported"] += 1  # tools, and the template has no tool format: counted
+            tools_unsupported += 1  # tools, and the template has no tool format: counted
             continue
-        except templates.TemplateError:
-            # The prompt alone fills seq_len: counted in the result, not scored on an empty answer.
-            skipped["too_long"] += 1
-            continue
-        chosen.append(enc["prompt_ids"] + enc["chosen_ids"])
-        rejected.append(enc["prompt_ids"] + enc["rejected_ids"])
+        prompt, longest = len(enc["prompt_ids"]), max(len(enc["chosen_ids"]), len(enc["rejected_ids"]))
+        outcome = pair_outcome(prompt, longest, seq_len, policy)
+        tally.add(prompt + longest, outcome)
+        if outcome != "skipped":  # never scored on an empty or stub answer
+            chosen.append((enc["prompt_ids"] + enc["chosen_ids"])[:seq_len])
+            rejected.append((enc["prompt_ids"] + enc["rejected_ids"])[:seq_len])
     if not chosen:
-        raise ValueError(f"rm: none of the {len(records)} pairs can be scored ({skipped['too_long']} do not fit "
-                         f"seq_len {seq_len}, {skipped['tools_unsupported']} have tools template "
+        raise ValueError(f"rm: none of the {len(records)} pairs can be scored ({tally.skipped} do not fit "
+                         f"seq_len {seq_len}, {tools_unsupported} have tools template "
                          f"{template.name!r} cannot render)")
-    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), skipped
+    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), {
+        "too_long": tally.skipped, "tools_unsupported": tools_unsupported, "overlong": tally}
 
 
 # rm packs whole pairs into rows of 2 x seq_len tokens (stages/reward_packing.py).
@@ -72,7 +77,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     data = open_stage_data(inp)
     tok, shard = data.tokenizer, data.shard
-    train_ds, skipped, eval_ds = data.encoded(encode_pairs, inp.cfg.seq_len)
+    train_ds, skipped, eval_ds = data.encoded(encode_pairs, inp.cfg.seq_len, overlong_policy(inp.cfg))
 
     model = models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id)
     # The score head and the pairwise loss on its scores in fp32 under bf16 (stages/score_head.py: a bf16 margin
@@ -108,6 +113,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                       extras={"train_pairs": packed.get("pairs", len(train_ds)),
                               "skipped_too_long": skipped["too_long"],
                               "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed,
+                              "overlong": skipped["overlong"],
                               # LoRA: the adapter and score head an RL stage on the same base scores with
                               **({"reward_adapter": str(inp.out / REWARD_ADAPTER)} if peft_config else {})},
                       save_kwargs={"seq_cls": True})

@@ -17,10 +17,12 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models, templates
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.stages import packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
+from medgpt_ray.stages.overlong import LengthTally, conversation_cut
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
@@ -29,34 +31,38 @@ from medgpt_ray.trainer_kit.packed_rows import PackedCollator
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 from medgpt_ray.trainer_kit.sync_free import SyncFreeLoss
 
+ANSWERS = ("assistant", "tool_call")  # the trained turns, one trained span each
 
-def encode_conversations(records: list[dict], tokenizer, template, seq_len: int):
-    """Tokenize with exact labels (assistant and tool_call turns trained, tool results not); a conversation
-    whose first answer cannot fit in seq_len is left out and counted, never trained on with no target, and so
-    is one with tools when the template has no tool format. Returns (dataset, {"too_long": n, "tools": n})."""
+
+def encode_conversations(records: list[dict], tokenizer, template, seq_len: int, policy: str = "truncate"):
+    """Tokenize with exact labels (assistant and tool_call turns trained, tool results not). A conversation longer
+    than seq_len is cut at a turn boundary or skipped by `policy` (stages/overlong.py's rule), never trained on with
+    no target; one with tools when the template has no tool format is skipped. Returns (dataset,
+    {"too_long": n, "tools_unsupported": n, "overlong": LengthTally})."""
     from datasets import Dataset
 
-    rows, skipped = [], {"too_long": 0, "tools_unsupported": 0}
+    rows, tally, tools_unsupported = [], LengthTally(seq_len, policy, "conversations", "conversations"), 0
     for r in records:
         try:
-            rows.append(templates.encode_sft(tokenizer, template, r["conversations"], max_len=seq_len,
-                                             tools=r.get("tools")))
-        except templates.TemplateTokenizerMismatch:
-            raise
+            enc = templates.encode_sft(tokenizer, template, r["conversations"], tools=r.get("tools"))
         except templates.TemplateToolsUnsupported:
-            skipped["tools_unsupported"] += 1
-        except templates.TemplateError:
-            skipped["too_long"] += 1
+            tools_unsupported += 1
+            continue
+        n = len(enc["input_ids"])
+        cut = n if n <= seq_len else None if policy == "skip" else conversation_cut(
+            enc["labels"], seq_len, [t["role"] == "tool_call" for t in r["conversations"] if t["role"] in ANSWERS])
+        tally.add(n, "kept" if cut == n else "skipped" if cut is None else "truncated")
+        if cut is not None:
+            rows.append({k: v[:cut] for k, v in enc.items()})
     if not rows:
-        why = (f"template {template.name!r} has no tool format" if skipped["tools_unsupported"]
-               else f"seq_len {seq_len}")
+        why = (f"template {template.name!r} has no tool format" if tools_unsupported else f"seq_len {seq_len}")
         raise ValueError(f"sft: none of the {len(records)} conversations can be trained ({why}; "
-                         f"{skipped['too_long']} too long, {skipped['tools_unsupported']} with tools)")
+                         f"{tally.skipped} too long, {tools_unsupported} with tools)")
     return Dataset.from_dict({
         "input_ids": [r["input_ids"] for r in rows],
         "attention_mask": [r["attention_mask"] for r in rows],
         "labels": [r["labels"] for r in rows],
-    }), skipped
+    }), {"too_long": tally.skipped, "tools_unsupported": tools_unsupported, "overlong": tally}
 
 
 def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> BuiltStage:
@@ -64,7 +70,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
-    train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len)
+    train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len, overlong_policy(inp.cfg))
 
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, template, train_ds, shard,
@@ -92,7 +98,8 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": packed.get("conversations", len(train_ds)),
                               "skipped_too_long": skipped["too_long"],
-                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed},
+                              "skipped_tools_unsupported": skipped["tools_unsupported"], "packing": packed,
+                              "overlong": skipped["overlong"]},
                       save_kwargs={"template": template})
 
 

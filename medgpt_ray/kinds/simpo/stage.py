@@ -12,6 +12,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models
+from medgpt_ray.config import overlong_policy
 from medgpt_ray.kinds.dpo.stage import preference_texts
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
@@ -30,7 +31,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     cfg = inp.cfg
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
-    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len)
+    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
