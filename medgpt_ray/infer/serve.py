@@ -55,8 +55,7 @@ def _deadline_error(limits: ServeLimits) -> dict[str, Any]:
 
 def _model_context(gen: Generator) -> int | None:
     """The tokens the model reads at most (its position embeddings), where its config says."""
-    config = gen.model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = gen.model.config.get_text_config()  # a composite model's text part; the config itself otherwise
     context = getattr(text, "max_position_embeddings", None)
     return int(context) if isinstance(context, int) and context > 0 else None
 
