@@ -7,6 +7,8 @@
               instead), + the sampling logits of the batch (fp32) and the prefill's one-layer working set
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
+  merge       a LoRA policy's rollouts run on the merged adapter: the resident terms and PEFT's merge of the widest
+              adapted layer (B @ A and its scaled copy in fp32), before the generation's cache exists
   scoring     with a shared base (reward_shared_base, stages/reward_adapter.py) the reward model is no network: the
               rm's LoRA adapter (fp32, as PEFT holds adapters) + score head sit in both phases above, and scoring is
               a third moment: weights + optimizer states + adapter + one no-grad forward of SCORING_BATCH sequences
@@ -55,6 +57,16 @@ def rollout_path(s: TrainSetup) -> str | None:
     if s.zero == 3:
         return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
     return "merged LoRA (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
+
+
+def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """The merged-rollout moment's transient (trainer_kit/merged_rollouts.py): PEFT's merge of the widest adapted
+    layer holds B @ A and its scaled copy, both in the adapters' fp32, while it adds them into the base; 0 where
+    the rollouts do not merge."""
+    if not (rollout_path(s) or "").startswith("merged"):
+        return 0.0
+    widest = max(shape.mlp_width, shape.heads * max(shape.head_dim, shape.hidden // shape.heads)) * shape.hidden
+    return 2 * 4 * widest
 
 
 def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -129,6 +141,10 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
     })
     phases = [(training, f"training ({train.moment})"), (generation, "generation")]
+    if merge := merge_delta_bytes(shape, s):  # before generation's cache exists: the static terms and the delta
+        phases.append(({**{k: v for k, v in generation.items() if k in static_keys or k in ("reward_model",
+                                                                                       "reward_adapter")},
+                        "lora_merge_delta": merge, "runtime_overhead": RUNTIME_OVERHEAD_BYTES}, "rollout merge"))
     if adapter:
         phases.append(({**{k: v for k, v in generation.items() if k in (*static_keys, "reward_adapter")},
                         "scoring_forward": scoring_bytes(shape, s), "runtime_overhead": RUNTIME_OVERHEAD_BYTES},

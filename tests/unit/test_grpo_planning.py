@@ -11,7 +11,7 @@ import pytest
 from medgpt_ray.config import GRPOStageConfig, LoraConfig
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.estimator import GIB, TrainSetup
-from medgpt_ray.memory.generation import kv_cache_bytes
+from medgpt_ray.memory.generation import kv_cache_bytes, merge_delta_bytes
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
@@ -39,6 +39,17 @@ def test_the_peak_is_the_larger_phase_and_a_reward_network_adds_its_weights():
     assert small.moment.startswith("training")
     with_rm = estimate(Q7, replace(SETUP, reward_network=True))
     assert with_rm.peak_gib - e.peak_gib == pytest.approx(2 * (Q7.params - Q7.head_params + Q7.hidden) / GIB)
+
+
+def test_the_merged_rollout_moment_is_priced_for_lora_only():
+    # PEFT's merge of the widest adapted layer (down/up/gate: 18944 x 3584) holds B @ A and its scaled copy in fp32.
+    assert merge_delta_bytes(Q7, SETUP) == 2 * 4 * 18944 * 3584
+    assert merge_delta_bytes(Q7, replace(SETUP, method="qlora")) == 0  # QLoRA and ZeRO-3 generate unmerged
+    assert merge_delta_bytes(Q7, replace(SETUP, zero=3)) == 0
+    # One completion of 16 tokens a call: the merge moment (0.5 GiB of deltas) is above the generate call itself.
+    tiny_call = replace(SETUP, grad_accum=1, generations=1, completion_len=16, seq_len=64)
+    e = estimate(Q7, tiny_call)
+    assert e.moment == "rollout merge" and e.breakdown_gib()["lora_merge_delta"] == pytest.approx(0.506, abs=0.001)
 
 
 def test_7b_lora_grpo_at_24_gib_samples_in_smaller_generate_calls_when_one_call_does_not_fit():
