@@ -1,0 +1,208 @@
+"""Generation throughput of each engine path (issue 35 item 5): new tokens/s, ms per decode step, the decode floor
+(bytes a decode step reads, weights + KV cache, over the HBM bandwidth measured here) and the ratio to it, and the
+peak memory, for one random-init model at each generation batch, under a memory cap (the 24 GiB of a 4090 on the
+H200). Every sequence runs to --new-tokens (min_new_tokens: random weights rarely stop, this makes sure).
+
+Paths (--paths, all by default):
+  unmerged        PEFT LoRA (r8, all linear layers, as the grpo stage) unmerged, HF generate, dynamic cache: what the
+                  rollouts did before issue 35
+  merged          the same adapter merged for the call (trainer_kit/merged_rollouts.py: what the rollouts do now)
+  merged-static   merged, HF generate with a static cache and transformers' own compiled decoding
+                  (cache_implementation="static": generate compiles the forward itself; CUDA graphs)
+  continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
+                  (generation/continuous.py's sizing: the engine `serve` uses)
+
+    python bench/generation_throughput.py --shape qwen2.5-1.5b --batches 16,64 --out $OUT/generation_1.5b.json
+    python bench/generation_throughput.py --model-dir ~/.cache/medgpt-ray/tiny-... --device cpu --batches 2 \\
+        --new-tokens 8 --paths unmerged,merged     # a smoke run of the code paths on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+PATHS = ("unmerged", "merged", "merged-static", "continuous")
+
+
+def hbm_bandwidth(device: str) -> float | None:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write), the best of five; None on a CPU."""
+    import torch
+
+    if device != "cuda":
+        return None
+    a = torch.empty(2**30, dtype=torch.int16, device="cuda")
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del a, b
+    return 2 * 2**31 / best
+
+
+def random_model(shape: str, dest: Path) -> Path:
+    from bench.memory_calibration import prepare_model
+    from medgpt_ray.tiny import ensure_tiny
+
+    return prepare_model(shape, dest, ensure_tiny())
+
+
+def with_lora(model: Any) -> Any:
+    """The grpo stage's adapter (models.lora_config: rank 8, all linear layers) with a non-zero B, as a trained
+    adapter has (PEFT starts B at zero, which would make merged and unmerged the same model)."""
+    import torch
+    from peft import get_peft_model
+
+    from medgpt_ray import models
+    from medgpt_ray.config import LoraConfig
+
+    peft_model = get_peft_model(model, models.lora_config(LoraConfig(rank=8, alpha=16, dropout=0.0), "CAUSAL_LM",
+                                                          model))
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.01)
+    return peft_model.eval()
+
+
+def decode_bytes(model: Any, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """What a decode step reads on average: every weight once, and the KV cache at its mean length."""
+    text = model.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 2
+    return weights + kv_per_token * batch * (prompt_len + new_tokens / 2)
+
+
+def timed(fn: Any, device: str) -> tuple[float, float]:
+    """(seconds, peak GiB) of fn(), after one untimed call (warm-up: allocation, compilation, CUDA graphs)."""
+    import torch
+
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
+    return time.perf_counter() - t0, peak
+
+
+def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> tuple[float, float]:
+    """Seconds and peak GiB of one timed generate call of `path` over the prompts `ids` ([batch, prompt_len])."""
+    import torch
+
+    from medgpt_ray.trainer_kit.merged_rollouts import host_copy, lora_layers, merged_adapters
+
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0,
+              pad_token_id=0, attention_mask=torch.ones_like(ids))
+    layers = lora_layers(model)
+    base = host_copy(layers)
+
+    def hf(extra: dict) -> Any:
+        def call() -> Any:
+            with torch.no_grad():
+                return model.generate(ids, **kw, **extra)
+        return call
+
+    if path == "unmerged":
+        return timed(hf({}), device)
+    with merged_adapters(layers, base):
+        if path == "merged":
+            return timed(hf({}), device)
+        if path == "merged-static":
+            return timed(hf({"cache_implementation": "static"}), device)
+        try:
+            return timed(continuous_call(model, ids, new_tokens), device)
+        finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
+            model.destroy_cached_continuous_batching_manager()
+
+
+def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
+    """transformers' generate_batch with its page pool sized for this batch (not its default share of the GPU)."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    from medgpt_ray.generation.continuous import PAGE_TOKENS, PoolLimits, pool_pages
+
+    batch, prompt_len = ids.shape
+    limits = PoolLimits(batch, prompt_len + new_tokens)
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=0.999, top_p=1.0,
+                              eos_token_id=-1, pad_token_id=0)
+    pool = ContinuousBatchingConfig(num_blocks=pool_pages(model, limits), page_size=PAGE_TOKENS,
+                                    max_requests_per_batch=batch, allow_block_sharing=False)
+    inputs = ids.tolist()
+    return lambda: model.generate_batch(inputs, generation_config=config, continuous_batching_config=pool,
+                                        persistent_manager=True)
+
+
+def measure(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = a.device
+    if device == "cuda" and a.cap_gib:
+        torch.cuda.set_per_process_memory_fraction(a.cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    model_dir = Path(a.model_dir) if a.model_dir else random_model(a.shape, Path(a.work))
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = with_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device))
+    bandwidth = hbm_bandwidth(device)
+    rows = []
+    for batch in a.batches:
+        ids = torch.randint(100, min(20_000, model.config.vocab_size), (batch, a.prompt_len), device=device)
+        for path in a.paths:
+            row: dict[str, Any] = {"path": path, "batch": batch}
+            try:
+                seconds, peak = run_path(path, model, ids, a.new_tokens, device)
+            except Exception as e:  # a path that cannot run here (no kernel, OOM under the cap) is a result too
+                rows.append({**row, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                torch.cuda.empty_cache() if device == "cuda" else None
+                continue
+            step_ms = 1000 * seconds / a.new_tokens
+            floor_ms = 1000 * decode_bytes(model, batch, a.prompt_len, a.new_tokens) / bandwidth if bandwidth else None
+            rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),
+                         "ms_per_decode_step": round(step_ms, 2), "peak_gib": round(peak, 3),
+                         "decode_floor_ms": round(floor_ms, 3) if floor_ms else None,
+                         "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None})
+            print(json.dumps(rows[-1]), flush=True)
+    return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "hbm_bytes_per_s": bandwidth, "model": a.shape or str(model_dir), "cap_gib": a.cap_gib,
+            "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default=None, help="a preset shape built with random weights (e.g. qwen2.5-1.5b)")
+    ap.add_argument("--model-dir", default=None, help="a model directory instead of --shape")
+    ap.add_argument("--work", default="/tmp/medgpt-gen-bench", help="where --shape's model is built")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--cap-gib", type=float, default=24.0, help="per-process GPU memory cap (0: none)")
+    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    if not (a.shape or a.model_dir) or any(p not in PATHS for p in a.paths):
+        ap.error(f"--shape or --model-dir; --paths among {', '.join(PATHS)}")
+    result = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+              **measure(a)}
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
