@@ -70,8 +70,10 @@ def test_the_pipeline_writes_a_report_that_a_browser_shows_whole(tiny_run):
         gpu = browser.execute_script("return document.getElementById('gpu-sft').innerText")
         assert "CPU run" in gpu
         plan = browser.execute_script("return document.getElementById('plan-sft').innerText")
-        # The device it ran on beside the planning target, and no empty budget cell on CPU (issue 36).
-        assert "CPU run: no GPU budget" in plan and "x CPU (1 host)" in plan and "planned for (speed model)" in plan
+        # The device it ran on beside the planning target (issue 36); this CPU run was planned for a GPU budget
+        # (resources.gpu_memory_gib), which its budget cell shows (a CPU run without one: tests/unit/test_report.py).
+        assert "x CPU (1 host)" in plan and "planned for (speed model)" in plan
+        assert f"budget GiB\t{tiny_run.budget_gib:g}" in plan
         sweep = browser.execute_script("return document.getElementById('sweep').innerText")
         assert "not run" in sweep
         curves = {alt for alt, *_ in images}
