@@ -59,6 +59,9 @@ def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConf
             raise ConfigError(f"{p}: space.{key}: exactly one of choice, grid, uniform, loguniform, randint")
     if sweep.searcher == "grid" and any("grid" not in s and "choice" not in s for s in sweep.space.values()):
         raise ConfigError(f"{p}: searcher grid needs every space entry to be a list (grid or choice)")
+    if cfg is not None and (cfg.passes_on(sweep.stage) or _may_be_zero(sweep.space.get("max_steps"))):
+        raise ConfigError(f"{p}: the sweep trains stages.{sweep.stage}, but max_steps 0 trains nothing (the stage "
+                          "passes its input model on): give max_steps -1 (run `epochs`) or a positive count")
     if cfg is not None and sweep.scheduler == "asha" and "eval_steps" not in sweep.space \
             and cfg.stages.get(sweep.stage).eval_steps is None:
         # Without evaluations during training a trial reports once, at its end: ASHA could stop nothing.
@@ -66,6 +69,16 @@ def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConf
                           f"is not set (the stage evaluates once, at the end): set stages.{sweep.stage}.eval_steps "
                           f"or use scheduler: none")
     return sweep
+
+
+def _may_be_zero(spec: dict[str, list[Any]] | None) -> bool:
+    """Whether a space entry can draw 0: a listed 0, or a range that holds it."""
+    if not spec:
+        return False
+    (kind, values), = spec.items()
+    if kind in ("choice", "grid"):
+        return 0 in values
+    return len(values) >= 2 and values[0] <= 0 < values[1] + (1 if kind == "randint" else 0)
 
 
 def param_space(sweep: SweepConfig) -> dict[str, Any]:

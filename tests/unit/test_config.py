@@ -102,6 +102,20 @@ def test_shipped_sweep_loads_with_its_config_and_plans_its_trials(sweep):
             assert r["predicted_peak_gib"] > 22.0
 
 
+def test_a_sweep_of_a_stage_that_trains_nothing_is_refused(tmp_path):
+    from medgpt_ray.tune.sweep import load_sweep
+
+    cfg = load_config(write(tmp_path, MINIMAL), ["stages.sft.max_steps=0"])
+    sweep = write(tmp_path, "stage: sft\nscheduler: none\nspace: {lr: {choice: [0.1, 0.2]}}\n", "s.yaml")
+    with pytest.raises(ConfigError, match="max_steps 0 trains nothing"):
+        load_sweep(sweep, cfg)
+    zero_in_space = write(tmp_path, "stage: sft\nscheduler: none\nspace: {max_steps: {choice: [0, 4]}}\n", "z.yaml")
+    with pytest.raises(ConfigError, match=r"z.yaml: the sweep trains stages.sft"):
+        load_sweep(zero_in_space, load_config(write(tmp_path, MINIMAL)))
+    fine = write(tmp_path, "stage: sft\nscheduler: none\nspace: {max_steps: {randint: [1, 4]}}\n", "f.yaml")
+    assert load_sweep(fine, load_config(write(tmp_path, MINIMAL))).stage == "sft"
+
+
 def test_asha_without_evaluations_is_refused_naming_the_key(tmp_path):
     from medgpt_ray.tune.sweep import load_sweep
 
