@@ -149,8 +149,24 @@ def _parse_turns(conv: object, style: str) -> list[dict]:
                 raise RecordError(f"turn {i}: {source_role} is not a JSON {{name, arguments}} object")
         else:
             content = _content(t.get(text_key), f"turn {i} {text_key}")
-        turns.append(_turn(role, content))
+        turns.append(_turn(role, _with_reasoning(t, role, content, i)))
     return turns
+
+
+def _with_reasoning(turn: dict, role: str, content: str, i: int) -> str:
+    """An assistant turn's `reasoning_content` (the field HF chat templates and reasoning datasets use) written into
+    its content as a `<think>` block, the form Qwen3's template renders and parses back: one text, so cleaning, PII
+    redaction and dedup see the reasoning as they see the answer, and a template without reasoning support trains it
+    as text instead of dropping it (templates/jinja_messages.py: a thinking template finds the block)."""
+    value = turn.get("reasoning_content")
+    if value is None:
+        return content
+    if role != "assistant":
+        raise RecordError(f"turn {i}: reasoning_content on a {role} turn (only an assistant turn reasons)")
+    reasoning = _content(value, f"turn {i} reasoning_content")
+    if "<think>" in content:
+        raise RecordError(f"turn {i}: both reasoning_content and a <think> block in the content")
+    return f"<think>\n{reasoning}\n</think>\n\n{content}"
 
 
 def _conversation(row: dict, style: str) -> tuple[list[dict], list[dict]]:

@@ -11,7 +11,8 @@ resolved_suffix, check_template, apply_to_tokenizer), by name (catalog.get_templ
 An assistant turn may also carry ``reasoning_content`` (a string): the qwen3/qwen3_5 names (and ``auto`` on a
 template that reads it) render it in the ``<think>`` block and train it, with Qwen3's ``enable_thinking`` on for that
 record; a record without reasoning renders with it off (the empty ``<think>\n\n</think>\n\n`` is the prompt's, as
-at inference). The readers produce no reasoning yet (MedicalGPT's data has none). Prompts (preference, prompt and
+at inference). The readers write a source turn's ``reasoning_content`` into its content as a ``<think>`` block
+(data/fields.py), which these templates find again. Prompts (preference, prompt and
 generation) render with thinking off.
 
 What follows is the segment templates' contract; the Jinja templates keep the same rule for what is trained.

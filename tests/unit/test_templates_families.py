@@ -132,6 +132,20 @@ def test_qwen3_thinking_follows_the_record() -> None:
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def test_a_read_records_reasoning_encodes_as_the_templates_own_reasoning() -> None:
+    """The readers write an assistant turn's reasoning_content into its content as a <think> block
+    (data/fields.py): under Qwen3's and Qwen3.5's templates that encodes token for token as the field itself."""
+    from medgpt_ray.data.readers import to_canonical
+
+    tok = _tok("qwen")
+    turns = [*CONV[:2], {**CONV[2], "reasoning_content": "血压需要先测。"}]
+    [record] = to_canonical({"conversations": turns}, "sft")
+    assert "reasoning_content" not in record["conversations"][2]
+    for name in ("qwen3", "qwen3_5"):
+        assert encode_sft(tok, get_template(name), record["conversations"]) == \
+            encode_sft(tok, get_template(name), turns)
+
+
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "glm4", "mistral"])
 def test_preference_and_prompt_agree_with_the_sft_mask(name: str) -> None:
     family = {"glm4": "glm", "mistral": "mistral"}.get(name, "qwen")
