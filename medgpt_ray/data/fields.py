@@ -153,7 +153,7 @@ def _parse_turns(conv: object, style: str) -> list[dict]:
     return turns
 
 
-def _with_reasoning(turn: dict, role: str, content: str, i: int) -> str:
+def _with_reasoning(turn: dict, role: str, content: str, i: int | str) -> str:
     """An assistant turn's `reasoning_content` (the field HF chat templates and reasoning datasets use) written into
     its content as a `<think>` block, the form Qwen3's template renders and parses back: one text, so cleaning, PII
     redaction and dedup see the reasoning as they see the answer, and a template without reasoning support trains it
@@ -163,9 +163,10 @@ def _with_reasoning(turn: dict, role: str, content: str, i: int) -> str:
         return content
     if role != "assistant":
         raise RecordError(f"turn {i}: reasoning_content on a {role} turn (only an assistant turn reasons)")
-    reasoning = _content(value, f"turn {i} reasoning_content")
+    where = f"turn {i}" if isinstance(i, int) else f"field '{i}'"
+    reasoning = _content(value, f"{where} reasoning_content")
     if "<think>" in content:
-        raise RecordError(f"turn {i}: both reasoning_content and a <think> block in the content")
+        raise RecordError(f"{where}: both reasoning_content and a <think> block in the content")
     return f"<think>\n{reasoning}\n</think>\n\n{content}"
 
 
@@ -193,7 +194,8 @@ def _response(row: dict, key: str) -> str:
             source_role = value[role_key]
             if (roles.get(source_role) if isinstance(source_role, str) else None) != "assistant":
                 raise RecordError(f"field '{key}': role {safe_name(source_role)} is not an assistant turn")
-            return _content(value.get(text_key), f"field '{key}' {text_key}")
+            return _with_reasoning(value, "assistant", _content(value.get(text_key), f"field '{key}' {text_key}"),
+                                   key)
     raise RecordError(f"field '{key}' is an object with neither from/value nor role/content")
 
 

@@ -110,6 +110,10 @@ def test_an_assistant_turns_reasoning_becomes_its_think_block_and_is_redacted_wi
                         ({**turns[1], "reasoning_content": 3}, "turn 2 reasoning_content is a int")):
         with pytest.raises(RecordError, match=reason):
             to_canonical({"conversations": [turns[0], bad]}, "sft")
+    pair = {"conversations": turns[:1], "chosen": turns[1], "rejected": {"role": "assistant", "content": "忍着。"}}
+    assert to_canonical(pair, "preference")[0]["chosen"] == answer  # a response given as a turn object too
+    with pytest.raises(RecordError, match="field 'chosen': both"):
+        to_canonical({**pair, "chosen": {**turns[1], "content": "<think>x</think>答"}}, "preference")
     with pytest.raises(RecordError, match="reasoning_content on a user turn"):
         to_canonical({"conversations": [{**turns[0], "reasoning_content": "r"}, turns[1]]}, "sft")
 
