@@ -35,7 +35,9 @@ class NativeStderrRouter:
         sys.stderr.flush()
         self.terminal = os.dup(2)
         read_end, write_end = os.pipe()
-        os.dup2(write_end, 2)  # fd 2 is the pipe's write end; dup2 leaves it non-inheritable like the original
+        # fd 2 becomes the pipe's write end, inheritable (dup2's default) as the original was: the raylet and GCS
+        # that ray.init starts write their lines into it too, and are shut down before the pipe is closed.
+        os.dup2(write_end, 2)
         os.close(write_end)
         self.thread = threading.Thread(target=self._pump, args=(read_end,), name="native-stderr", daemon=True)
         self.thread.start()
