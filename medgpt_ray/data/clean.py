@@ -51,7 +51,7 @@ from medgpt_ray.data.clean_stage1 import (
     stage1_rows,
 )
 from medgpt_ray.data.dedup_marks import PAIR_SCHEMA, decide_marks, near_candidates
-from medgpt_ray.data.output_dir import OWN_SUBDIRS, claim_output_dir
+from medgpt_ray.data.output_dir import MARKER, OWN_SUBDIRS, claim_output_dir
 from medgpt_ray.data.private import private_dir
 from medgpt_ray.metrics import record_clean_report
 
@@ -158,8 +158,10 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     """Clean `inputs` into `out_dir` (output_dir.claim_output_dir's rules: a directory that is not ours is
     refused unless `overwrite`). `live_progress(chunks, t0, echo, files=, total_bytes=)` makes the progress
     line's context manager; its `address` names the actor the cleaning tasks push their counts to
-    (run.progress.LiveProgress). A failed or interrupted run leaves no _work/, data/ or quarantine/ behind."""
+    (run.progress.LiveProgress). A failed or interrupted run leaves no _work/, data/ or quarantine/ behind, nor the
+    report.json of an earlier run into the same directory."""
     t0 = time.monotonic()
+    ours = (Path(out_dir) / MARKER).is_file()  # before claim_output_dir marks it
     out = claim_output_dir(out_dir, inputs, overwrite)
     remote = {"num_cpus": cfg.num_cpus_per_task}
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -167,6 +169,8 @@ def clean_corpus(inputs: list[str], out_dir: str | Path, kind: str, cfg: CleanCo
     chunks = plan_inputs(inputs, kind, echo, cpus, cfg.chunks_per_cpu)  # bad inputs fail before anything goes
     for sub in OWN_SUBDIRS:
         shutil.rmtree(out / sub, ignore_errors=True)
+    if ours:  # the last run's report describes the data/ just removed; a foreign directory's files are not ours
+        (out / "report.json").unlink(missing_ok=True)
     try:
         return _clean_chunks(chunks, out, cfg, t0, echo, live_progress, remote, cpus, warm)
     except BaseException:  # failed or interrupted (Ctrl-C): part of data/ must not pass for a cleaned corpus

@@ -169,6 +169,28 @@ def test_an_output_directory_that_is_not_ours_is_refused_with_nothing_deleted(ra
     assert (tmp_path / "data" / "keep.txt").read_text() == "precious"
 
 
+def test_an_interrupted_re_run_leaves_neither_data_nor_the_last_runs_report(ray_cluster, repo, tmp_path):
+    src, out = [source(repo, "dialogues_sharegpt.jsonl")], tmp_path / "out"
+    clean_corpus(src, out, "sft", CleanConfig(), echo=lambda _: None)
+    assert (out / "report.json").is_file() and (out / "data").is_dir()
+
+    class CtrlC:  # the progress line of a re-run whose user presses Ctrl-C as its chunks start
+        address = None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            raise KeyboardInterrupt
+
+        def __exit__(self, *exc):
+            return False
+
+    with pytest.raises(KeyboardInterrupt):
+        clean_corpus(src, out, "sft", CleanConfig(), echo=lambda _: None, live_progress=CtrlC)
+    assert not (out / "report.json").exists() and not (out / "data").exists()
+
+
 def test_same_input_same_output(cleaned, repo, tmp_path):
     out, _, _ = cleaned
     again = clean_corpus([str(repo / "data/sample/raw")], tmp_path / "again", "auto", CleanConfig(batch_size=16),
