@@ -124,8 +124,9 @@ class ContinuousEngine:
         self.manager.stop(block=True)
 
     def prompt_ids(self, turns: list[dict], tools: list[dict] | None) -> list[int]:
-        text = self.gen.render(turns, tools or [])
-        return self.gen.tok(text, add_special_tokens=False)["input_ids"]
+        from medgpt_ray.generation.stream import prompt_ids
+
+        return prompt_ids(self.gen, turns, tools)
 
     async def stream(self, prompt_ids: list[int], params: GenerationParams, answer: Answer,
                      deadline_s: float | None = None) -> AsyncIterator[str]:
@@ -188,13 +189,9 @@ class ContinuousAnswer:
 
     def __init__(self, engine: ContinuousEngine, turns: list[dict], tools: list[dict] | None,
                  params: GenerationParams, deadline: float | None = None, max_prompt_tokens: int | None = None):
-        from medgpt_ray.generation.stream import PromptTooLong, check_prompt_length
+        from medgpt_ray.generation.stream import prompt_ids
 
-        text = engine.gen.render(turns, tools or [])
-        check_prompt_length(engine.gen.tok, text, max_prompt_tokens)
-        ids = engine.gen.tok(text, add_special_tokens=False)["input_ids"]
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            raise PromptTooLong(len(ids), max_prompt_tokens)
+        ids = prompt_ids(engine.gen, turns, tools, max_prompt_tokens)
         self.engine, self.params, self.deadline, self._ids = engine, params, deadline, ids
         self.answer = engine.new_answer(ids)
         self.stopped, self._over = False, False

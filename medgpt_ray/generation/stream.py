@@ -25,7 +25,7 @@ class PromptTooLong(ValueError):
         self.tokens, self.limit, self.at_least = tokens, limit, at_least
 
 
-def check_prompt_length(tok: Any, text: str, limit: int | None) -> None:
+def _check_length(tok: Any, text: str, limit: int | None) -> None:
     """PromptTooLong if `text` is over `limit` tokens, known from its start where that suffices (the tokens at the cut
     may differ from the whole text's, hence the margin); otherwise the caller counts the whole."""
     probe = (limit or 0) * PROBE_CHARS_PER_TOKEN
@@ -52,25 +52,35 @@ def _stop_criterion(cancelled: threading.Event, deadline: float | None, stopped:
     return CancelOrDeadline()
 
 
+def prompt_ids(gen: Generator, turns: list[dict], tools: list[dict] | None,
+               max_prompt_tokens: int | None = None) -> list[int]:
+    """The conversation rendered as the model's prompt and tokenized; PromptTooLong past `max_prompt_tokens` (a
+    prompt far past it is refused from its start, without tokenizing it whole)."""
+    text = gen.render(turns, tools or [])
+    _check_length(gen.tok, text, max_prompt_tokens)
+    ids = gen.tok(text, add_special_tokens=False)["input_ids"]
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        raise PromptTooLong(len(ids), max_prompt_tokens)
+    return ids
+
+
 class StreamedAnswer:
     """After the pieces: prompt_tokens, new_tokens (up to the stop token), finished (it stopped on its own, not at
     the limit) and stopped (cancelled, or its deadline passed, before it finished)."""
 
     def __init__(self, gen: Generator, turns: list[dict], tools: list[dict] | None, params: GenerationParams,
                  deadline: float | None = None, max_prompt_tokens: int | None = None):
+        import torch
         from transformers import StoppingCriteriaList, TextIteratorStreamer
 
-        text = gen.render(turns, tools or [])
-        check_prompt_length(gen.tok, text, max_prompt_tokens)
-        enc = gen.tok(text, add_special_tokens=False, return_tensors="pt")
-        self.prompt_tokens = int(enc["input_ids"].shape[1])
-        if max_prompt_tokens is not None and self.prompt_tokens > max_prompt_tokens:
-            raise PromptTooLong(self.prompt_tokens, max_prompt_tokens)
+        ids = torch.tensor([prompt_ids(gen, turns, tools, max_prompt_tokens)], device=gen.device)
+        self.prompt_tokens = int(ids.shape[1])
         self._gen, self._ids, self._error = gen, [], None
         self._cancelled, self._stopped = threading.Event(), threading.Event()
         self._streamer = TextIteratorStreamer(gen.tok, skip_prompt=True, skip_special_tokens=True)
         stop = _stop_criterion(self._cancelled, deadline, self._stopped)
-        kwargs = {**enc.to(gen.device), "max_new_tokens": params.max_new_tokens, "eos_token_id": gen.stops,
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": params.max_new_tokens,
+                  "eos_token_id": gen.stops,
                   "pad_token_id": gen.tok.pad_token_id, "streamer": self._streamer,
                   "stopping_criteria": StoppingCriteriaList([stop]), **params.sampling()}
         self._thread = threading.Thread(target=self._run, args=(kwargs,), daemon=True)
