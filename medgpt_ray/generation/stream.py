@@ -102,6 +102,15 @@ class StreamedAnswer:
         if self._error is not None:
             raise self._error
 
+    async def pieces(self):
+        """The pieces on an event loop (serving; ContinuousAnswer's interface): each awaited in a worker thread,
+        since the streamer blocks until the next token."""
+        import asyncio
+
+        it = iter(self)
+        while (piece := await asyncio.to_thread(next, it, None)) is not None:
+            yield piece
+
     def cancel(self) -> None:
         """Stop generating at the next token (harmless once finished)."""
         self._cancelled.set()

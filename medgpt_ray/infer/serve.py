@@ -106,18 +106,6 @@ class _Answers:
             answer.cancel()
 
 
-async def _pieces(answer: StreamedAnswer | ContinuousAnswer):
-    """The answer's pieces: the engine's on this event loop, or a thread's, each awaited in a worker thread (the
-    streamer blocks until the next token)."""
-    if isinstance(answer, ContinuousAnswer):
-        async for piece in answer.pieces():
-            yield piece
-        return
-    it = iter(answer)
-    while (piece := await asyncio.to_thread(next, it, None)) is not None:
-        yield piece
-
-
 async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]):
     def chunk(index: int, delta: dict[str, str], finish: str | None = None) -> str:
         body = {**head, "object": "chat.completion.chunk",
@@ -128,7 +116,7 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
     for i in range(answers.req.n):
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
-        async for piece in _pieces(answer):
+        async for piece in answer.pieces():
             if piece:
                 yield chunk(i, {"content": piece})
         if answer.stopped:  # the deadline: say so in the stream (OpenAI's clients raise on an error event)
@@ -165,7 +153,7 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
     try:
         for i in range(answers.req.n):
             answer = first if i == 0 else await answers.next()
-            text = "".join([piece async for piece in _pieces(answer)])
+            text = "".join([piece async for piece in answer.pieces()])
             if answer.stopped:
                 return JSONResponse({"error": _deadline_error(answers.model.limits)}, status_code=504)
             new += answer.new_tokens
