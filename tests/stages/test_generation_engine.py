@@ -28,6 +28,19 @@ def test_a_batch_answer_is_the_streamed_answer(tiny_model):
         [rows["response"][0], rows["prompt_tokens"][0], rows["new_tokens"][0], rows["finished"][0]]
 
 
+def test_the_streamed_answer_reads_the_same_on_an_event_loop(tiny_model):
+    """pieces(): how `serve` reads it where the model cannot batch continuously (infer/serve.py)."""
+    import asyncio
+
+    gen = Generator(str(tiny_model), "chatml", {"max_new_tokens": 10})
+    params = GenerationParams(max_new_tokens=10)
+
+    async def read() -> str:
+        return "".join([p async for p in StreamedAnswer(gen, TURNS, None, params).pieces()])
+
+    assert asyncio.run(read()) == "".join(StreamedAnswer(gen, TURNS, None, params))
+
+
 def test_sampled_answers_follow_the_seed(tiny_model):
     def answers(seed: int) -> dict[str, list]:
         params = GenerationParams(max_new_tokens=8, temperature=1.0, num_samples=2, seed=seed)
