@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from medgpt_ray.config.lora_targets import resolve_lora_targets
+from medgpt_ray.config.lora_targets import expert_parameters, resolve_lora_targets
 
 
 class ModelPathError(FileNotFoundError):
@@ -120,7 +120,7 @@ def load_reward_model(path: Path, precision: str, method: str, pad_token_id: int
 def lora_config(lora, task_type: str, model):
     """PEFT LoraConfig from our LoraConfig for the loaded `model`; SEQ_CLS keeps the fresh reward head trainable and
     saved. `all-linear` on a mixture-of-experts family becomes its explicit targets (config/lora_targets.py): the
-    planner counts the same ones (memory/shape_model.py)."""
+    planner counts the same ones (memory/shape_model.py); `lora.experts` adds the routed experts' fused tensors."""
     from peft import LoraConfig as PeftLoraConfig
 
     text = model.config.get_text_config()  # a composite (vision-language) model's decoder
@@ -129,6 +129,7 @@ def lora_config(lora, task_type: str, model):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=resolve_lora_targets(lora.targets, getattr(text, "model_type", None)),
+        target_parameters=expert_parameters(lora.experts, getattr(text, "model_type", None)),
         task_type=task_type,
         modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
     )

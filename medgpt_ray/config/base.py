@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Auto = Literal["auto"]
 
@@ -56,3 +56,15 @@ class LoraConfig(_Strict):
     """Modules to adapt; "all-linear": every linear layer except the output head (PEFT's selector); on a MoE
     (qwen2_moe, qwen3_moe, qwen3_5_moe) the attention, dense-MLP and shared-expert projections, never the router or
     the routed experts (config/lora_targets.py)."""
+    experts: bool = False
+    """Also adapt a MoE's routed experts (qwen2_moe, qwen3_moe, qwen3_5_moe), through PEFT's `target_parameters`: a
+    rank-r adapter per expert on each fused expert tensor; the router stays frozen. Needs `dropout: 0` (PEFT's expert
+    adapters take none) and is refused on a model without routed experts and with `zero_stage: 3`."""
+
+    @model_validator(mode="after")
+    def _experts_without_dropout(self) -> LoraConfig:
+        # PEFT's ParamWrapper raises on any lora_dropout: say so at load time, naming both keys.
+        if self.experts and self.dropout:
+            raise ValueError(f"lora.experts needs lora.dropout 0 (PEFT cannot apply dropout inside an adapter on the "
+                             f"fused expert weights); it is {self.dropout}")
+        return self

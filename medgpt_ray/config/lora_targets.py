@@ -31,3 +31,20 @@ def resolve_lora_targets(targets: str | list[str], model_type: str | None) -> st
     if isinstance(targets, str) and targets.lower() == ALL_LINEAR and model_type in MOE_LORA_TARGETS:
         return list(MOE_LORA_TARGETS[model_type])
     return targets
+
+
+# `lora.experts`: the routed experts' fused 3-D parameters, adapted by PEFT's ParamWrapper (`target_parameters`,
+# matched on the end of a parameter's name). PEFT gives each of the E experts its own rank-r pair: lora_A is
+# (r*E x in), lora_B (out x r*E) on each tensor (memory/shape_model.py counts it). The router (`mlp.gate.weight`)
+# is never listed: it stays frozen.
+EXPERT_PARAMETERS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def expert_parameters(experts: bool, model_type: str | None) -> list[str] | None:
+    """PEFT's `target_parameters` for `lora.experts` (None: off); a model without routed experts is refused."""
+    if not experts:
+        return None
+    if model_type not in MOE_LORA_TARGETS:
+        raise ValueError(f"lora.experts: the model ({model_type}) has no routed experts; it applies to "
+                         f"{', '.join(MOE_LORA_TARGETS)}")
+    return list(EXPERT_PARAMETERS)

@@ -74,8 +74,8 @@ def setups(stage: str, cfg: StageConfig, shape: ModelShape, opts: dict[str, list
         yield from generation_choices(replace(TrainSetup(
             stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
             seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
-            optim=optim, lora_rank=cfg.lora.rank, grad_accum=per_worker // micro, fused_kernels=kernels,
-            compiled=compiled, packed=packed), **setup_fields(stage, cfg, use_gpu)))
+            optim=optim, lora_rank=cfg.lora.rank, lora_experts=cfg.lora.experts, grad_accum=per_worker // micro,
+            fused_kernels=kernels, compiled=compiled, packed=packed), **setup_fields(stage, cfg, use_gpu)))
 
 
 def candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:

@@ -21,6 +21,7 @@ per-token terms are memory/activations.py's, the setup and its checks memory/set
 from __future__ import annotations
 
 from medgpt_ray.memory.activations import PACKED_MASK_BYTES_PER_ELEMENT, activation_terms, loss_bytes
+from medgpt_ray.memory.expert_lora import expert_lora_terms
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.setup import GIB, Estimate, SetupError, TrainSetup, check_setup
 from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape
@@ -47,7 +48,7 @@ def _params(shape: ModelShape, s: TrainSetup) -> tuple[float, float]:
         total = total - shape.head_params + shape.hidden
     if s.method == "full":
         return total, total
-    trainable = shape.lora_params(s.lora_rank) + (shape.hidden if score_head else 0)
+    trainable = shape.lora_params(s.lora_rank, s.lora_experts) + (shape.hidden if score_head else 0)
     return total, trainable
 
 
@@ -124,6 +125,7 @@ def estimate(shape: ModelShape, s: TrainSetup) -> Estimate:
     b.update({"gathered_parameters": gathered} if gathered else {})
 
     b.update(activation_terms(shape, s))
+    b.update(expert_lora_terms(shape, s))  # lora.experts: PEFT's folded expert weights
     trainable_head = full
     b["loss"] = loss_bytes(shape, s, trainable_head)
     b.update(own.training if own else {})

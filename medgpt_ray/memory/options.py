@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig
+from medgpt_ray.memory.expert_lora import check_expert_lora
 from medgpt_ray.memory.kind_memory import MemoryProfile
 from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, rows_per_step
 from medgpt_ray.memory.profiles import stage_profile
@@ -161,6 +162,7 @@ def options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, u
     profile = stage_profile(stage)  # the built-in kind whose trainer and memory model it follows
     note = _noter(reasons)
     methods = _method_options(where, cfg, use_gpu, note)
+    check_expert_lora(where, cfg, shape)
     per_worker = _per_worker_batch(where, cfg, num_workers)
     micro, per_worker = _micro_options(stage, cfg, per_worker, lengths, reasons, note)
     ckpt = _ckpt_options(cfg, shape, note)
@@ -172,6 +174,8 @@ def options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, u
         raise ConfigError(f"{where}.optim: 'adamw-8bit' needs a GPU (bitsandbytes)")
 
     zero_pairs = zero_options(stage, cfg, methods, num_workers, use_gpu)
+    if cfg.lora.experts:  # refused with zero_stage 3 (check_expert_lora); not searched either
+        zero_pairs = [p for p in zero_pairs if p[0] != 3]
     reasons.append(f"zero_stage/offload: {'searched ' if len(zero_pairs) > 1 else ''}"
                    f"{[f'{z}/{o}' for z, o in zero_pairs]}")
     return {"method": methods, "micro": micro, "ckpt": ckpt, "fused": fused, "kernels": kernels, "optim": optim,

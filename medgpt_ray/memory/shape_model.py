@@ -175,10 +175,25 @@ class ModelShape:
         idle = self.experts - self.experts_per_token
         return self.params - len(self.moe_layers) * idle * 3 * self.hidden * self.moe_intermediate
 
-    def lora_params(self, rank: int) -> int:
+    def lora_params(self, rank: int, experts: bool = False) -> int:
         """LoRA's trainable weights: A (r x in) and B (out x r) on every adapted nn.Linear of every layer (PEFT's
-        `all-linear`, or the MoE family's explicit targets: config/lora_targets.py)."""
-        return sum(n * sum(rank * (a + b) for _, a, b in self.lora_adapted(lins)) for n, lins in self._layer_linears())
+        `all-linear`, or the MoE family's explicit targets: config/lora_targets.py); with `experts` (lora.experts)
+        the routed experts' adapters too."""
+        linears = sum(n * sum(rank * (a + b) for _, a, b in self.lora_adapted(lins))
+                      for n, lins in self._layer_linears())
+        return linears + (self.expert_lora_params(rank) if experts else 0)
+
+    def expert_lora_params(self, rank: int) -> int:
+        """`lora.experts`' adapters: PEFT's ParamWrapper gives each expert its own rank-r pair on each fused tensor,
+        gate_up (h -> 2 x moe_intermediate) and down (moe_intermediate -> h): r x E x (in + out) per tensor."""
+        h, mi = self.hidden, self.moe_intermediate
+        return len(self.moe_layers) * rank * self.experts * ((h + 2 * mi) + (mi + h))
+
+    @property
+    def expert_layer_params(self) -> int:
+        """One routed layer's expert weights (the fused gate_up and down tensors): what PEFT's expert adapter folds
+        its update into on every forward (memory/expert_lora.py)."""
+        return self.experts * 3 * self.hidden * self.moe_intermediate
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "params": self.params, "active_params": self.active_params}

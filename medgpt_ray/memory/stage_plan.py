@@ -112,6 +112,7 @@ class StagePlan:
             micro_batch=self.micro_batch, seq_len=self.seq_len_planned or cfg.seq_len,
             ckpt_fraction=self.ckpt_fraction, fused_ce=self.fused_ce, zero=self.zero_stage,
             offload=self.offload, gpus=self.num_workers, optim=self.optim, lora_rank=cfg.lora.rank,
+            lora_experts=cfg.lora.experts,
             grad_accum=self.grad_accum, fused_kernels=self.fused_kernels, compiled=self.compile,
             packed=self.packing is not None, gen_steps=self.steps_per_generation or 0),
             **setup_fields(self.stage, cfg, self.use_gpu))

@@ -118,7 +118,7 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     if not (profile.score_head or profile.chunked_head) and not s.fused_ce:  # a loss over the full logits
         seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)
     seconds /= profile.loss_path_efficiency
-    trainable = shape.params if s.method == "full" else shape.lora_params(s.lora_rank)
+    trainable = shape.params if s.method == "full" else shape.lora_params(s.lora_rank, s.lora_experts)
     n = max(s.gpus, 1)
     per_step = 0.0
     if s.offload in ("optimizer", "all"):
