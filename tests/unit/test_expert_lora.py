@@ -1,0 +1,77 @@
+"""Issue 34 item 2, `lora.experts`: the routed experts adapted through PEFT's `target_parameters`, counted exactly (a
+rank-r pair per expert on each fused tensor) against PEFT on the meta-device model, the router left frozen, and
+refused with the key named where it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import transformers as tf
+from tests.unit.test_shape_families import CONFIGS, count, meta_model, peft_on, shape_of
+
+from medgpt_ray.config import ConfigError, LoraConfig, StageConfig
+from medgpt_ray.memory.budget import make_budget
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.memory.shapes import PRESETS
+from medgpt_ray.models import lora_config
+
+MOE_FAMILIES = ["qwen2_moe", "qwen3_moe", "qwen3_5_moe_text"]
+EXPERTS = LoraConfig(rank=4, dropout=0.0, experts=True)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_expert_adapters_count_exactly_what_peft_trains(family, tmp_path):
+    cfg = CONFIGS[family]()
+    shape = shape_of(cfg, tmp_path)
+    peft = peft_on(cfg, EXPERTS)
+    experts = sum(p.numel() for n, p in peft.named_parameters() if p.requires_grad and ".mlp.experts." in n)
+    assert experts == shape.expert_lora_params(4) > 0
+    assert shape.lora_params(4, experts=True) == count(peft, trainable=True)
+    assert shape.lora_params(4) == count(peft_on(cfg, LoraConfig(rank=4, dropout=0.0)), trainable=True)
+
+
+def test_each_expert_has_its_own_rank_r_pair_and_the_router_stays_frozen():
+    peft = peft_on(CONFIGS["qwen3_moe"](), EXPERTS)  # 6 experts, hidden 64, moe_intermediate 40
+    shapes = {n.split("layers.1.")[1]: tuple(p.shape) for n, p in peft.named_parameters()
+              if p.requires_grad and "layers.1.mlp" in n}
+    # gate_up_proj (6, 80, 64): A is (r*E, 64), B (80, r*E); down_proj (6, 64, 40): A (r*E, 40), B (64, r*E).
+    assert sorted(shapes.values()) == sorted([(24, 64), (80, 24), (24, 40), (64, 24)])
+    frozen = [n for n, p in peft.named_parameters() if "mlp.gate." in n or n.endswith("mlp.gate.weight")]
+    assert frozen and not any(p.requires_grad for n, p in peft.named_parameters() if n in frozen)
+
+
+def test_the_composite_qwen3_5_moe_counts_its_expert_adapters(tmp_path):
+    cfg = tf.Qwen3_5MoeConfig(text_config=CONFIGS["qwen3_5_moe_text"]().to_dict())
+    assert shape_of(cfg, tmp_path).lora_params(4, experts=True) == count(peft_on(cfg, EXPERTS), trainable=True)
+
+
+def test_the_loader_refuses_experts_on_a_dense_model_and_pefts_dropout():
+    with pytest.raises(ValueError, match=r"lora.experts: the model \(qwen3\) has no routed experts"):
+        lora_config(EXPERTS, "CAUSAL_LM", meta_model(CONFIGS["qwen3"]()))
+    with pytest.raises(ValueError, match="lora.experts needs lora.dropout 0"):
+        LoraConfig(experts=True)  # our default dropout, 0.05: PEFT's expert adapters raise on any
+    off = lora_config(LoraConfig(rank=4), "CAUSAL_LM", meta_model(CONFIGS["qwen3_moe"]()))
+    assert off.target_parameters is None  # the key off: exactly the targets as before
+
+
+def stage(**kw) -> StageConfig:
+    return StageConfig(**{"lora": {"rank": 8, "dropout": 0.0, "experts": True}, "seq_len": 512, **kw})
+
+
+def test_the_planner_refuses_experts_where_they_cannot_run():
+    with pytest.raises(ConfigError, match="stages.sft.lora.experts: qwen2.5-0.5b has no routed experts"):
+        plan_stage("sft", stage(), 1, False, shape=PRESETS["qwen2.5-0.5b"])
+    with pytest.raises(ConfigError, match="stages.sft.lora.experts: not with zero_stage 3"):
+        plan_stage("sft", stage(zero_stage=3), 2, False, shape=PRESETS["qwen3-30b-a3b"])
+    with pytest.raises(ConfigError, match="stages.sft.lora.experts: method 'full'"):
+        plan_stage("sft", stage(method="full"), 1, False, shape=PRESETS["qwen3-30b-a3b"])
+
+
+def test_the_planner_counts_the_expert_adapters_and_never_searches_zero3_with_them():
+    moe = PRESETS["qwen3-30b-a3b"]
+    budget = make_budget(140, 2, "rtx4090", True, "test")  # room for the whole model on each of 4 workers
+    off = plan_stage("sft", stage(lora={"rank": 8, "dropout": 0.0}), 4, True, shape=moe, budget=budget)
+    on = plan_stage("sft", stage(), 4, True, shape=moe, budget=budget)
+    assert on.zero_stage != 3 and "expert_lora_fold" in on.prediction.breakdown_gib
+    assert "expert_lora_fold" not in off.prediction.breakdown_gib
+    # 48 layers x 128 experts x 8 x (2 x 2048 + 3 x 768) adapter weights: 0.315 B more trained in fp32
+    assert moe.expert_lora_params(8) == 48 * 128 * 8 * (2 * 2048 + 3 * 768)
