@@ -66,6 +66,8 @@ def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
     if not (rollout_path(s) or "").startswith("merged"):
         return 0.0
     widest = max(shape.mlp_width, shape.heads * max(shape.head_dim, shape.hidden // shape.heads)) * shape.hidden
+    if s.lora_experts:  # lora.experts: a routed layer's whole fused gate_up tensor (every expert) at once
+        widest = max(widest, shape.experts * 2 * shape.moe_intermediate * shape.hidden)
     return 2 * 4 * widest
 
 

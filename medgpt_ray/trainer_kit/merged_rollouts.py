@@ -28,8 +28,11 @@ def lora_layers(model: Any) -> dict[str, Any]:
 
 
 def base_tensors(layer: Any) -> dict[str, Any]:
-    """What a merge writes: the base layer's weight, and its bias where it has one."""
+    """What a merge writes: the base layer's weight, and its bias where it has one; for an adapter on a parameter
+    (PEFT's ParamWrapper: lora.experts' fused expert tensors) that parameter."""
     base = layer.get_base_layer()
+    if getattr(layer, "parameter_name", None):
+        return {layer.parameter_name: getattr(base, layer.parameter_name)}
     return {"weight": base.weight} | ({"bias": base.bias} if getattr(base, "bias", None) is not None else {})
 
 

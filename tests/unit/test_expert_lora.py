@@ -75,3 +75,27 @@ def test_the_planner_counts_the_expert_adapters_and_never_searches_zero3_with_th
     assert "expert_lora_fold" not in off.prediction.breakdown_gib
     # 48 layers x 128 experts x 8 x (2 x 2048 + 3 x 768) adapter weights: 0.315 B more trained in fp32
     assert moe.expert_lora_params(8) == 48 * 128 * 8 * (2 * 2048 + 3 * 768)
+
+
+def test_rollouts_merge_the_expert_adapters_and_restore_the_experts_bit_identical():
+    """trainer_kit/merged_rollouts.py (grpo, rloo, opd generate on merged weights): PEFT's merge folds the expert
+    adapters into the fused tensors for the rollout, and the bf16 experts are written back exactly after it."""
+    import torch
+    from peft import get_peft_model
+
+    from medgpt_ray.trainer_kit.merged_rollouts import host_copy, lora_layers, merged_adapters
+    from tests.unit.test_moe_lora_training import tiny_qwen3_moe
+
+    model = tiny_qwen3_moe().to(torch.bfloat16)
+    peft = get_peft_model(model, lora_config(LoraConfig(rank=4, dropout=0.0, experts=True), "CAUSAL_LM", model))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if ".lora_B." in n:
+                p.normal_()  # a trained adapter (PEFT starts B at zero: a merge would change nothing)
+    experts = {n: p for n, p in peft.named_parameters() if n.endswith(("base_layer.gate_up_proj", "base_layer.down_proj"))}
+    before = {n: p.detach().clone() for n, p in experts.items()}
+    layers = lora_layers(peft)
+    assert sum(".mlp.experts" in name for name in layers) == 2 * 2  # two wrappers (gate_up, down) a layer
+    with merged_adapters(layers, host_copy(layers)):
+        assert all(not torch.equal(p, before[n]) for n, p in experts.items())
+    assert all(torch.equal(p, before[n]) for n, p in experts.items())
