@@ -55,5 +55,6 @@ def check_expert_lora(where: str, cfg: StageConfig, shape: ModelShape) -> None:
         raise ConfigError(f"{where}.lora.experts: method 'full' trains the experts already; it applies to lora and "
                           f"qlora")
     if cfg.zero_stage == 3 or cfg.offload == "all":
-        raise ConfigError(f"{where}.lora.experts: not with zero_stage 3 or offload 'all' (PEFT's expert adapters fold into the "
-                          f"partitioned expert weights, unvalidated under ZeRO-3); use zero_stage 0, 1 or 2")
+        raise ConfigError(f"{where}.lora.experts: not with zero_stage 3 or offload 'all' (PEFT's expert adapters "
+                          f"fold into the partitioned expert weights, unvalidated under ZeRO-3); use zero_stage 0, 1 "
+                          f"or 2")

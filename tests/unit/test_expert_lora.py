@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import transformers as tf
-from tests.unit.test_shape_families import CONFIGS, count, meta_model, peft_on, shape_of
 
 from medgpt_ray.config import ConfigError, LoraConfig, StageConfig
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.memory.shapes import PRESETS
 from medgpt_ray.models import lora_config
+from tests.unit.test_shape_families import CONFIGS, count, meta_model, peft_on, shape_of
 
 MOE_FAMILIES = ["qwen2_moe", "qwen3_moe", "qwen3_5_moe_text"]
 EXPERTS = LoraConfig(rank=4, dropout=0.0, experts=True)
@@ -92,7 +92,8 @@ def test_rollouts_merge_the_expert_adapters_and_restore_the_experts_bit_identica
         for n, p in peft.named_parameters():
             if ".lora_B." in n:
                 p.normal_()  # a trained adapter (PEFT starts B at zero: a merge would change nothing)
-    experts = {n: p for n, p in peft.named_parameters() if n.endswith(("base_layer.gate_up_proj", "base_layer.down_proj"))}
+    fused = ("base_layer.gate_up_proj", "base_layer.down_proj")
+    experts = {n: p for n, p in peft.named_parameters() if n.endswith(fused)}
     before = {n: p.detach().clone() for n, p in experts.items()}
     layers = lora_layers(peft)
     assert sum(".mlp.experts" in name for name in layers) == 2 * 2  # two wrappers (gate_up, down) a layer
