@@ -55,11 +55,13 @@ class LoraConfig(_Strict):
     targets: str | list[str] = "all-linear"
     """Modules to adapt; "all-linear": every linear layer except the output head (PEFT's selector); on a MoE
     (qwen2_moe, qwen3_moe, qwen3_5_moe) the attention, dense-MLP and shared-expert projections, never the router or
-    the routed experts (config/lora_targets.py)."""
+    the routed experts (config/lora_targets.py; those with `lora.experts`)."""
     experts: bool = False
-    """Also adapt a MoE's routed experts (qwen2_moe, qwen3_moe, qwen3_5_moe), through PEFT's `target_parameters`: a
-    rank-r adapter per expert on each fused expert tensor; the router stays frozen. Needs `dropout: 0` (PEFT's expert
-    adapters take none) and is refused on a model without routed experts and with `zero_stage: 3`."""
+    """Also adapt a MoE's routed experts (qwen2_moe, qwen3_moe, qwen3_5_moe) through PEFT's `target_parameters`: a
+    rank-r pair per expert on each fused expert tensor (r x experts x (in + out) weights); the router stays frozen.
+    PEFT folds the update into a copy of a routed layer's whole expert weights on every forward: the plan counts it
+    (`expert_lora_fold`). Needs `dropout: 0` (PEFT's expert adapters take none); refused on a model without routed
+    experts, with method full, and with zero_stage 3 or offload all (unvalidated there)."""
 
     @model_validator(mode="after")
     def _experts_without_dropout(self) -> LoraConfig:
