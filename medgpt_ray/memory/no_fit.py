@@ -60,10 +60,13 @@ def zero3_hints(shape: ModelShape, s0: TrainSetup, usable: float,
                 option: Callable[[str, TrainSetup], str]) -> list[str]:
     """ZeRO-3 over the fewest GPUs whose share of the weights (and what DeepSpeed gathers) fits, and ZeRO-3 with
     the parameters offloaded to the CPU on the stage's own GPUs. 4-bit weights cannot be sharded: a QLoRA setup is
-    priced as bf16 LoRA (a MoE's fused experts are 16-bit under QLoRA anyway)."""
+    priced as bf16 LoRA (a MoE's fused experts are 16-bit under QLoRA anyway). With `lora.experts` (refused under
+    ZeRO-3: memory/expert_lora.py) they are priced without the expert adapters and say so."""
     base, switch = s0, ""
+    if s0.lora_experts:
+        base, switch = replace(s0, lora_experts=False), "lora.experts false, "
     if s0.method == "qlora":
-        base, switch = replace(s0, method="lora", precision="bf16"), "method lora (bf16), "
+        base, switch = replace(base, method="lora", precision="bf16"), f"{switch}method lora (bf16), "
     hints = []
     for n in (2, 4, 8, 16):
         sharded = replace(base, zero=3, offload="none", gpus=n)

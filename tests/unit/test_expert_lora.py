@@ -4,6 +4,8 @@ refused with the key named where it cannot run."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import transformers as tf
 
@@ -100,3 +102,14 @@ def test_rollouts_merge_the_expert_adapters_and_restore_the_experts_bit_identica
     with merged_adapters(layers, host_copy(layers)):
         assert all(not torch.equal(p, before[n]) for n, p in experts.items())
     assert all(torch.equal(p, before[n]) for n, p in experts.items())
+
+
+def test_a_moe_that_needs_zero3_is_refused_with_experts_and_the_hint_drops_them():
+    """Qwen3-30B-A3B on 4 x 24 GB fits only with ZeRO-3 (configs/qwen3-30b-a3b-4x4090.yaml), which lora.experts is
+    refused with: nothing fits, and the ZeRO-3 hints say they are without the expert adapters."""
+    from medgpt_ray.memory.candidates import PlanError
+
+    with pytest.raises(PlanError, match="nothing fits") as refused:
+        plan_stage("sft", stage(seq_len=2048), 4, True, shape=PRESETS["qwen3-30b-a3b"],
+                   budget=make_budget(24, 2, "rtx4090", True, "test"))
+    assert re.search(r"lora.experts false, (method lora \(bf16\), )?ZeRO-3", str(refused.value))
