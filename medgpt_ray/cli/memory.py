@@ -27,6 +27,8 @@ def add_estimate_args(p: argparse.ArgumentParser) -> None:
                    help="the memory model: a training stage kind's own, or the one it follows (simpo: orpo)")
     p.add_argument("--method", required=True, choices=["full", "lora", "qlora"])
     p.add_argument("--lora-rank", type=positive_int, default=8)
+    p.add_argument("--lora-experts", action="store_true",
+                   help="a MoE's routed experts adapted too (the lora.experts key; not with --zero 3)")
     p.add_argument("--precision", required=True, choices=["bf16", "amp-bf16", "fp32"],
                    help="bf16: weights in bf16; amp-bf16: fp32 master weights, bf16 autocast")
     p.add_argument("--micro-batch", type=positive_int, required=True)
@@ -59,7 +61,8 @@ def run_estimate(args: argparse.Namespace) -> int:
                            micro_batch=args.micro_batch, seq_len=args.seq_len,
                            ckpt_fraction=args.ckpt_layers if args.grad_ckpt else 0.0, fused_ce=args.fused_ce,
                            zero=args.zero, offload=args.offload, gpus=args.gpus, optim=args.optim,
-                           lora_rank=args.lora_rank, grad_accum=args.grad_accum, fused_kernels=args.fused_kernels)
+                           lora_rank=args.lora_rank, lora_experts=args.lora_experts, grad_accum=args.grad_accum,
+                           fused_kernels=args.fused_kernels)
         est = estimate(shape, setup)
     except (ShapeError, SetupError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -97,6 +97,8 @@ def check_setup(s: TrainSetup) -> None:
         raise SetupError("offload 'all' (parameters too) needs ZeRO-3")
     if s.method == "qlora" and s.zero == 3:
         raise SetupError("ZeRO-3 cannot shard 4-bit QLoRA weights")
+    if s.lora_experts and (s.method == "full" or s.zero == 3):
+        raise SetupError("LoRA on the routed experts (lora.experts) needs method lora or qlora, without ZeRO-3")
     if s.fused_kernels and not profile.fused_kernels:
         raise SetupError("fused kernels (Liger) are applied to the causal-LM stages: pt, sft, dpo, orpo, kto")
     if s.fused_ce and profile.fused_ce_setup_error:

@@ -113,3 +113,14 @@ def test_a_moe_that_needs_zero3_is_refused_with_experts_and_the_hint_drops_them(
         plan_stage("sft", stage(seq_len=2048), 4, True, shape=PRESETS["qwen3-30b-a3b"],
                    budget=make_budget(24, 2, "rtx4090", True, "test"))
     assert re.search(r"lora.experts false, (method lora \(bf16\), )?ZeRO-3", str(refused.value))
+
+
+def test_the_estimate_command_takes_lora_experts_and_refuses_it_with_zero3(capsys):
+    from medgpt_ray.cli import main
+
+    args = ["estimate", "--model", "qwen3-30b-a3b", "--stage", "sft", "--method", "lora", "--precision", "bf16",
+            "--micro-batch", "1", "--seq-len", "2048", "--grad-ckpt", "--fused-ce", "--json"]
+    assert main(args) == 0 and "expert_lora_fold" not in capsys.readouterr().out
+    assert main([*args, "--lora-experts"]) == 0 and "expert_lora_fold" in capsys.readouterr().out
+    assert main([*args, "--lora-experts", "--zero", "3", "--gpus", "4"]) == 2
+    assert "lora.experts) needs method lora or qlora, without ZeRO-3" in capsys.readouterr().err
