@@ -31,11 +31,14 @@ def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int, shape: Mod
     GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager. A
     stage capped below COMPILE_MIN_STEPS steps stays eager too: compiling costs each worker 20-60 s first. A
     hybrid model's linear-attention layers stay eager: compiling transformers' PyTorch delta rule (its chunk loop
-    unrolled) had not finished the first step of a 0.8B Qwen3.5 after 4 minutes on the H200 (issue 34)."""
+    unrolled) had not finished the first step of a 0.8B Qwen3.5 after 4 minutes on the H200 (issue 34). With
+    `lora.experts` neither: PEFT registers and removes a parametrization on the experts in every forward, where
+    dynamo breaks the graph (six breaks a layer on CPU, torch 2.13; it trains, uncompiled there)."""
     if cfg.compile != "auto":
         return bool(cfg.compile)
     short = 0 < cfg.max_steps < COMPILE_MIN_STEPS
-    return use_gpu and method != "qlora" and zero != 3 and not short and not shape.linear_layers
+    return (use_gpu and method != "qlora" and zero != 3 and not short and not shape.linear_layers
+            and not cfg.lora.experts)
 
 
 def liger_for(shape: ModelShape, part: str) -> bool:

@@ -124,3 +124,12 @@ def test_the_estimate_command_takes_lora_experts_and_refuses_it_with_zero3(capsy
     assert main([*args, "--lora-experts"]) == 0 and "expert_lora_fold" in capsys.readouterr().out
     assert main([*args, "--lora-experts", "--zero", "3", "--gpus", "4"]) == 2
     assert "lora.experts) needs method lora or qlora, without ZeRO-3" in capsys.readouterr().err
+
+
+def test_layers_with_expert_adapters_are_not_compiled_on_auto():
+    from medgpt_ray.memory.options import compiles
+
+    moe = PRESETS["qwen3-30b-a3b"]
+    assert compiles(stage(lora={"rank": 8}), True, "lora", 0, moe)
+    assert not compiles(stage(), True, "lora", 0, moe)
+    assert compiles(stage(compile=True), True, "lora", 0, moe)  # asked for: it runs, with graph breaks
