@@ -107,9 +107,11 @@ class StaticDecoder:
             self.cache.reset()  # in place: the compiled step keeps reading the same tensors
         return self.cache
 
-    def generate(self, model: Any, input_ids: Any, generation_config: Any, **kwargs: Any) -> Any:
-        """`model.generate` on the run's static cache; `generation_config` is copied, not changed."""
-        config = copy.deepcopy(generation_config)
+    def generate(self, model: Any, input_ids: Any, generation_config: Any = None, **kwargs: Any) -> Any:
+        """`model.generate` on the run's static cache. `generation_config` (the model's when None) is copied, not
+        changed; generation keys among `kwargs` go into the copy, the rest (attention_mask) to generate."""
+        config = copy.deepcopy(generation_config or model.generation_config)
+        kwargs = config.update(**kwargs)
         need = input_ids.shape[1] + config.max_new_tokens
         if need > self.max_len:
             raise ValueError(f"a prompt of {input_ids.shape[1]} tokens + {config.max_new_tokens} new ones exceeds the "

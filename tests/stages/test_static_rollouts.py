@@ -14,6 +14,7 @@ import torch
 
 from medgpt_ray.stages import build_stage
 from tests.stages.test_grpo_stage import grpo_inputs, prompts  # noqa: F401  (the prompts fixture)
+from tests.stages.test_static_generator import scramble
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 PROMPTS = ([[11, 12, 13, 14, 15], [21, 22, 23]], [[31, 32, 33, 34, 35, 36, 37, 38, 39], [41, 42]])
@@ -36,6 +37,8 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     assert static_inp.plan.generation_path == "static" and "decode: static" in static_inp.plan.rollout
     assert dynamic.trainer.__class__.__name__.count("Static") == 0
     trainer = build_stage(static_inp).trainer
+    for t in (trainer, dynamic.trainer):  # before the first rollout: the merge keeps a copy of the frozen base then
+        scramble(t.model)
     decoder = trainer.static_decoder
     compile_eager = CompileConfig(backend="eager", mode=None)
     compile_eager._compile_all_devices = True  # transformers compiles the decode step on the CPU too
@@ -45,6 +48,8 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     first = trainer._generate_single_turn(PROMPTS[0], None, {}, 2)  # sampled, compiled: one graph
     cache, graphs = decoder.cache, counters["stats"]["unique_graphs"]
     assert graphs == 1 and first[1] is None and len(first[0]) == 2
-    assert greedy_rollouts(trainer) == greedy_rollouts(dynamic.trainer)
+    greedy = greedy_rollouts(trainer)
+    assert greedy == greedy_rollouts(dynamic.trainer)
+    assert len({tuple(c) for rollout in greedy for c in rollout}) == 4  # four prompts, four completions
     assert decoder.builds == 1 and decoder.cache is cache and decoder.max_len == static_inp.cfg.seq_len
     assert counters["stats"]["unique_graphs"] == graphs  # prompts of 5 and 9 tokens: no recompilation
