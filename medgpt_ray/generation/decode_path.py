@@ -46,7 +46,7 @@ def blocker(hybrid: bool = False, quantized: bool = False, zero3: bool = False) 
     if quantized:
         return "a 4-bit QLoRA base: bitsandbytes' layers do not compile"
     if hybrid:
-        return "linear-attention layers (a hybrid such as Qwen3.5): their recurrent state is not tested in the static cache"
+        return "linear-attention layers (a hybrid such as Qwen3.5): their state in a static cache is untested"
     return None
 
 

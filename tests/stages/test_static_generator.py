@@ -36,10 +36,9 @@ def batch(turns: list[list[dict]]) -> dict[str, list]:
 
 
 def test_the_static_path_answers_as_the_dynamic_one_on_one_cache(tiny_model):
+    import torch
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
-
-    import torch
 
     dynamic = Generator(str(tiny_model), "chatml", {"max_new_tokens": 8})
     static = Generator(str(tiny_model), "chatml", {"max_new_tokens": 8}, generation_path="static")

@@ -53,3 +53,26 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     assert len({tuple(c) for rollout in greedy for c in rollout}) == 4  # four prompts, four completions
     assert decoder.builds == 1 and decoder.cache is cache and decoder.max_len == static_inp.cfg.seq_len
     assert counters["stats"]["unique_graphs"] == graphs  # prompts of 5 and 9 tokens: no recompilation
+
+
+def test_the_opd_student_samples_on_the_static_path(repo, tiny_model, tmp_path):
+    """GKD's own sampling function, handed the student behind the static decoder (trainer_kit/static_rollouts.py),
+    through one real opd step on the merged adapter: the student's samples ran on the one static cache."""
+    from medgpt_ray.data.prepare import prepare_kind
+    from medgpt_ray.kinds.opd.config import OPDStageConfig
+    from medgpt_ray.memory.planner import plan_stage
+    from medgpt_ray.stages.inputs import StageInputs
+
+    torch.manual_seed(0)
+    data = prepare_kind("sft", [str(repo / "data/sample/rl/department_sft.jsonl")], tmp_path / "sft", 0.2,
+                        max_records=16)
+    cfg = OPDStageConfig(enabled=True, teacher=str(tiny_model), method="lora", lr=1e-3, max_steps=2, seq_len=128,
+                         effective_batch=2, lmbda=1.0, max_new_tokens=6, warmup_ratio=0.0, save_steps=100,
+                         logging_steps=1, generation_path="static")
+    inp = StageInputs("opd", cfg, plan_stage("opd", cfg, 1, False), str(tiny_model), "chatml", data.train_file,
+                      data.eval_file, str(tmp_path / "opd"))
+    assert inp.plan.generation_path == "static" and inp.plan.rollout.startswith("merged")
+    trainer = build_stage(inp).trainer
+    trainer.train()
+    decoder = trainer.static_decoder
+    assert decoder.builds == 1 and decoder.cache is not None and decoder.max_len == 128

@@ -26,8 +26,8 @@ from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples
-from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples
 from medgpt_ray.trainer_kit.sharding import ShardLoader
+from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples
 
 
 def load_teacher(inp: StageInputs):
