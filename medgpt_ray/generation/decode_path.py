@@ -75,8 +75,8 @@ def choose(requested: str = "auto", *, cuda: bool, hybrid: bool = False, quantiz
 
 def is_hybrid(config: Any) -> bool:
     """A model config (config.json's) with layers other than full or sliding-window attention (linear attention)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return bool(set(getattr(text, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
+    layer_types = config.get_text_config().to_dict().get("layer_types") or ()  # absent: every layer full attention
+    return bool(set(layer_types) - {"full_attention", "sliding_attention"})
 
 
 def cache_kwarg(model: Any) -> str:

@@ -7,7 +7,9 @@
               instead), + the sampling logits of the batch (fp32) and the prefill's one-layer working set; the
               KV cache is priced at its full length for the whole batch, which is what the static decode path
               (generation/decode_path.py) allocates up front and the dynamic one reaches at the last token; on the
-              static path compiled on a GPU, + the CUDA-graph pool of the compiled decode step (cuda_graph_pool_bytes)
+              static path compiled on a GPU, + the CUDA-graph pool of the compiled decode step (cuda_graph_pool_bytes).
+              That path's KV cache and CUDA-graph pool are made once and kept for the run (a new cache would make
+              the graphs re-record), so both are resident in every phase below as well
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
   merge       a LoRA policy's rollouts run on the merged adapter: the resident terms and PEFT's merge of the widest
@@ -180,6 +182,9 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
         "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
     })
+    if cuda_graph_pool_bytes(shape, s):  # compiled static path: its cache and graphs stay between rollouts
+        static_keys = (*static_keys, "kv_cache", "cuda_graph_pool")
+        training.update({k: generation[k] for k in ("kv_cache", "cuda_graph_pool")})
     phases = [(training, f"training ({train.moment})"), (generation, "generation")]
     if merge := merge_delta_bytes(shape, s):  # before generation's cache exists: the static terms and the delta
         phases.append(({**{k: v for k, v in generation.items() if k in static_keys or k in ("reward_model",

@@ -58,5 +58,5 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
         lengths=None if lengths is None else lengths.to_dict(),
         packing=_packing(cfg, num_workers, layout["rows_per_step"], lengths) if layout["packed"] else None,
         steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on, rollout=rollout_line(shape, s),
-        generation_path=getattr(decode_path(shape, s), "name", None), reward_clip=cfg.reward_clip)
+        generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip)
     return replace(plan, deepspeed=deepspeed_config(plan, cfg))
