@@ -85,11 +85,20 @@ def cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def static_compile_config() -> Any:
+    """transformers' own compile settings (inductor, "reduce-overhead": CUDA graphs) with static shapes: its default
+    (dynamic None) lets dynamo turn a dimension dynamic after one recompilation, where a larger cache (the Generator's
+    growth) should get a graph of its own shapes instead."""
+    from transformers import CompileConfig
+
+    return CompileConfig(dynamic=False)
+
+
 class StaticDecoder:
     """One static cache for every generate call of a run: built at the first call for that call's batch and
     `max_len` tokens (prompt + new tokens), reset and reused by every later call of the same batch (`builds` counts
     the caches made: 1 for a run whose batch stays fixed). `compile_config`: transformers' CompileConfig for the
-    decode step (None: its default, CUDA graphs on CUDA; the tests compile on the CPU through it)."""
+    decode step (None: static_compile_config, CUDA graphs on CUDA; the tests compile on the CPU through it)."""
 
     def __init__(self, max_len: int, compile_config: Any = None):
         self.max_len, self.compile_config = max_len, compile_config
@@ -118,8 +127,8 @@ class StaticDecoder:
                              f"static cache's {self.max_len}")
         # The cache is ours: generate refuses cache_implementation beside one; TRL's configs say disable_compile.
         config.cache_implementation, config.use_cache, config.disable_compile = None, True, False
-        if self.compile_config is not None:
-            config.compile_config = self.compile_config
+        if self.compile_config is not None or model.device.type == "cuda":  # elsewhere transformers would warn
+            config.compile_config = self.compile_config or static_compile_config()
         batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
         cache = self.cache_for(model, batch)
         return model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache}, **kwargs)
