@@ -16,8 +16,9 @@ Paths (--paths, all by default):
                   (generation/continuous.py's sizing: the engine `serve` uses)
 
     python bench/generation_throughput.py --shape qwen2.5-1.5b --batches 16,64 --out $OUT/generation_1.5b.json
+    python bench/generation_throughput.py --shape qwen2.5-7b --batches 16,64 --out $OUT/generation_7b.json
     python bench/generation_throughput.py --model-dir ~/.cache/medgpt-ray/tiny-... --device cpu --batches 2 \\
-        --new-tokens 8 --paths unmerged,merged     # a smoke run of the code paths on CPU
+        --new-tokens 8 --prompt-len 32     # a smoke run of the code paths on CPU (no compilation there)
 """
 
 from __future__ import annotations
