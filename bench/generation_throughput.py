@@ -7,14 +7,18 @@ Paths (--paths, all by default):
   unmerged        PEFT LoRA (r8, all linear layers, as the grpo stage) unmerged, HF generate, dynamic cache: what the
                   rollouts did before issue 35
   merged          the same adapter merged for the call (trainer_kit/merged_rollouts.py: what the rollouts do now)
-  merged-static   merged, HF generate with a static cache and transformers' own compiled decoding
-                  (cache_implementation="static": generate compiles the forward itself; CUDA graphs)
+  merged-static   merged, the product's static decode path (generation/decode_path.py StaticDecoder: what grpo, rloo,
+                  opd and `generate` run on a GPU): one static cache for the run, transformers compiles the decode
+                  step itself (CUDA graphs). The untimed warm-up call compiles and captures; the timed call of another
+                  prompt length must replay: `graphs_compiled_in_timed_call` (dynamo graphs compiled during it) and
+                  `cudagraph_skips` (inductor's count of graphs it ran without CUDA graphs) must both be 0
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
 
     python bench/generation_throughput.py --shape qwen2.5-1.5b --batches 16,64 --out $OUT/generation_1.5b.json
+    python bench/generation_throughput.py --shape qwen2.5-7b --batches 16,64 --out $OUT/generation_7b.json
     python bench/generation_throughput.py --model-dir ~/.cache/medgpt-ray/tiny-... --device cpu --batches 2 \\
-        --new-tokens 8 --paths unmerged,merged     # a smoke run of the code paths on CPU
+        --new-tokens 8 --prompt-len 32     # a smoke run of the code paths on CPU (no compilation there)
 """
 
 from __future__ import annotations
@@ -84,11 +88,32 @@ def decode_bytes(model: Any, batch: int, prompt_len: int, new_tokens: int) -> fl
     return weights + kv_per_token * batch * (prompt_len + new_tokens / 2)
 
 
-def timed(fn: Any, device: str) -> tuple[float, float]:
-    """(seconds, peak GiB) of fn(), after one untimed call (warm-up: allocation, compilation, CUDA graphs)."""
+def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_tokens: int, path: str,
+                  device: str) -> float:
+    """The plan's generation-phase terms for this call (memory/generation.py, the decode path as the product
+    chooses it): the weights (as loaded, adapters too), the KV cache at full length, the static path's CUDA-graph
+    pool, the sampling logits and the prefill's one-layer working set. No runtime overhead: the measured peak is
+    the allocator's (max_memory_allocated), without the CUDA context."""
+    from medgpt_ray.memory.generation import cuda_graph_pool_bytes, kv_cache_bytes
+    from medgpt_ray.memory.setup import TrainSetup
+
+    s = TrainSetup(stage="grpo", method="lora", precision="bf16" if device == "cuda" else "fp32", micro_batch=batch,
+                   seq_len=prompt_len + new_tokens, generations=1, completion_len=new_tokens,
+                   generation_path="static" if path == "merged-static" else "dynamic",
+                   generation_on_gpu=device == "cuda")
+    e = 2 if device == "cuda" else 4
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    prefill = e * batch * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width)
+    total = weights + kv_cache_bytes(shape, s) + cuda_graph_pool_bytes(shape, s) + 2 * 4 * batch * shape.vocab
+    return (total + prefill) / 2**30
+
+
+def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
+    """(seconds, peak GiB) of fn(), after one untimed call of `warm` (fn when None; warm-up: allocation,
+    compilation, CUDA graphs)."""
     import torch
 
-    fn()
+    (warm or fn)()
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -123,11 +148,43 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
         if path == "merged":
             return timed(hf({}), device)
         if path == "merged-static":
-            return timed(hf({"cache_implementation": "static"}), device)
+            return static_call(model, ids, kw, new_tokens, device)
         try:
             return timed(continuous_call(model, ids, new_tokens), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
             model.destroy_cached_continuous_batching_manager()
+
+
+def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str) -> tuple[float, float]:
+    """The product's static path (StaticDecoder, one cache for both calls): warmed up on prompts 16 tokens shorter
+    (left-padded), so the timed call shows whether another prompt length replays the compiled step."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from medgpt_ray.generation.decode_path import StaticDecoder
+
+    decoder = StaticDecoder(ids.shape[1] + new_tokens)
+    rest = {k: v for k, v in kw.items() if k != "attention_mask"}
+    short = ids.clone()
+    short_mask = torch.ones_like(ids)
+    short_mask[:, :16] = 0
+
+    def call(prompts: Any, mask: Any) -> Any:
+        with torch.no_grad():
+            return decoder.generate(model, prompts, attention_mask=mask, **rest)
+
+    warm = lambda: call(short, short_mask)  # noqa: E731
+    graphs = []
+    def timed_call() -> Any:
+        graphs.append(counters["stats"]["unique_graphs"])
+        return call(ids, torch.ones_like(ids))
+    seconds, peak = timed(timed_call, device, warm)
+    STATIC_CHECKS.update(graphs_compiled_in_timed_call=counters["stats"]["unique_graphs"] - graphs[-1],
+                         cudagraph_skips=counters["inductor"]["cudagraph_skips"], cache_builds=decoder.builds)
+    return seconds, peak
+
+
+STATIC_CHECKS: dict[str, int] = {}  # the last static_call's compile checks, added to its row
 
 
 def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
@@ -151,6 +208,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from medgpt_ray.memory.shapes import load_shape
+
     device = a.device
     if device == "cuda" and a.cap_gib:
         torch.cuda.set_per_process_memory_fraction(a.cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory)
@@ -158,6 +217,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = with_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device))
     bandwidth = hbm_bandwidth(device)
+    shape = load_shape(a.shape or str(model_dir))
     rows = []
     for batch in a.batches:
         ids = torch.randint(100, min(20_000, model.config.vocab_size), (batch, a.prompt_len), device=device)
@@ -171,6 +231,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                 continue
             step_ms = 1000 * seconds / a.new_tokens
             floor_ms = 1000 * decode_bytes(model, batch, a.prompt_len, a.new_tokens) / bandwidth if bandwidth else None
+            if path == "merged-static":
+                row.update(STATIC_CHECKS)
+            if path in ("merged", "merged-static"):  # the product's rollout paths: the plan's terms for them
+                row["predicted_peak_gib"] = round(predicted_gib(shape, model, batch, a.prompt_len, a.new_tokens,
+                                                                path, device), 3)
             rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),
                          "ms_per_decode_step": round(step_ms, 2), "peak_gib": round(peak, 3),
                          "decode_floor_ms": round(floor_ms, 3) if floor_ms else None,

@@ -26,6 +26,10 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-workers", type=positive_int, default=1, help="actors, one model each")
     p.add_argument("--gpus-per-worker", type=non_negative_float, default=None,
                    help="default: 1 where the cluster has GPUs, else 0 (CPU)")
+    p.add_argument("--generation-path", choices=("auto", "dynamic", "static"), default="auto",
+                   help="decode path: static (one static KV cache, the decode step compiled with CUDA graphs), "
+                        "dynamic (HF generate's growing cache), auto (static on a GPU unless the model has "
+                        "linear-attention layers, else dynamic)")
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--verbose", action="store_true", help="Ray's own log lines here (default: OUT/generate.log)")
 
@@ -47,7 +51,7 @@ def run_generate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     connect_ray(args.num_cpus, log_file=out / "generate.log", verbose=args.verbose, worker_logs=args.verbose)
     opts = GenerateOptions(args.model, args.inputs, out, params, args.template, args.batch_size, args.num_workers,
-                           args.gpus_per_worker)
+                           args.gpus_per_worker, args.generation_path)
     try:
         generate(opts, echo)
     except (ModelSourceError, FileNotFoundError) as e:

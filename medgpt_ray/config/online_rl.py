@@ -6,7 +6,7 @@ OnlineRLStageConfig; each kind adds its trainer's own in kinds/<kind>/config.py,
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -15,6 +15,8 @@ from medgpt_ray.config.registry import reward_model_kind
 from medgpt_ray.config.stage import OverlongStageConfig, StageConfig
 
 BUILTIN_REWARDS = ("accuracy", "format", "length", "reward_model")
+# How a generating stage decodes (generation/decode_path.py); shared with opd's config.
+GenerationPath = Literal["auto", "dynamic", "static"]
 
 
 class OnlineRLStageConfig(OverlongStageConfig):
@@ -43,6 +45,10 @@ class OnlineRLStageConfig(OverlongStageConfig):
     """The `length` reward's free length in tokens; null: half of max_completion_length."""
     compile: Auto | bool = False
     """Compile each decoder layer in place. Off by default here: generation changes the input shape every token."""
+    generation_path: GenerationPath = "auto"
+    """How the rollouts decode: static (one static KV cache for the run, the decode step compiled by transformers
+    with CUDA graphs), dynamic (HF generate's growing cache, eager), or auto: static on a GPU unless QLoRA, ZeRO-3 or
+    linear-attention layers, dynamic on the CPU. plan.json's generation_path and `rollout` say which and why."""
     reward_model_gpu: bool = False
     """Hold the reward model (the reward_model reward) in one Ray actor of its own, on a GPU of its own that the
     placement picks beside the stage's GPUs (plan.json's reward_model_gpu; a CPU run: a process of its own),

@@ -4,7 +4,15 @@ generate.
 
 A batch in: prompt_id, conversations and tools (JSON text). A batch out: one row per sample (prompt_id, sample,
 response, prompt_tokens, new_tokens, finished: the sample ended on its own stop token rather than at the limit;
-batch_seconds: the generate call's time on the batch's first row, 0 on the others)."""
+batch_seconds: the generate call's time on the batch's first row, 0 on the others).
+
+The decode path (generation/decode_path.py) is chosen once, when the model is loaded: static on a GPU (one static
+cache for every batch, the decode step compiled by transformers with CUDA graphs), dynamic on the CPU or for a
+hybrid model, unless `generation_path` says. On the static path the cache is sized by the first batch: its longest
+prompt rounded up to a power of two (PROMPT_BUCKET at least) + max_new_tokens, for the first batch's prompts; a
+shorter batch is filled up with copies of its last prompt (their answers dropped) so every batch replays the one
+compiled step, and only a batch with a longer prompt or more prompts makes a larger cache (and compiles again).
+Prompts are not padded to the bucket: the prefill runs eagerly, and the decode step's shapes are the cache's."""
 
 from __future__ import annotations
 
@@ -17,16 +25,23 @@ from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.prompts import answer_until_stop, render_prompt, stop_token_ids
 
 ROW_COLUMNS = ("prompt_id", "sample", "response", "prompt_tokens", "new_tokens", "finished", "batch_seconds")
+PROMPT_BUCKET = 128  # the static cache's least prompt room (tokens)
+
+
+def prompt_room(longest: int) -> int:
+    """The static cache's prompt room for a batch whose longest prompt has `longest` tokens: a power of two."""
+    return max(PROMPT_BUCKET, 1 << max(longest - 1, 0).bit_length())
 
 
 class Generator:
     """A model ready to answer: built once (Ray Data builds one per actor from its constructor arguments), called on
     every batch. `params` is the decoding of the next calls; a caller may replace it between batches."""
 
-    def __init__(self, model_path: str, template: str | None, params: dict[str, Any]):
+    def __init__(self, model_path: str, template: str | None, params: dict[str, Any], generation_path: str = "auto"):
         import torch
 
         from medgpt_ray import templates
+        from medgpt_ray.generation.decode_path import choose, is_hybrid
 
         self.params = GenerationParams(**params)
         self.device = generation_device()
@@ -34,6 +49,10 @@ class Generator:
         self.template = templates.get_template(template) if template else None
         self.model = load_model(model_path, self.device)
         self.stops = stop_token_ids(self.tok, self.template)
+        self.path = choose(generation_path, cuda=self.device == "cuda", hybrid=is_hybrid(self.model.config))
+        self.decoder: Any = None  # the static path's StaticDecoder, made by the first batch
+        self.rows = 0  # prompts per generate call on the static path (the cache's batch / num_samples)
+        self.compile_config: Any = None  # transformers' CompileConfig for the decode step (None: its default)
         torch.manual_seed(self.params.seed)  # after loading: sampled answers depend on the seed alone
 
     def render(self, turns: list[dict], tools: list[dict]) -> str:
@@ -47,12 +66,33 @@ class Generator:
                                                                             strict=True)]
         enc = self.tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(self.device)
         t0 = time.monotonic()
+        kw = dict(max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples, eos_token_id=self.stops,
+                  pad_token_id=self.tok.pad_token_id, **p.sampling())
         with torch.no_grad():
-            out = self.model.generate(**enc, max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples,
-                                      eos_token_id=self.stops, pad_token_id=self.tok.pad_token_id, **p.sampling())
+            out = self.model.generate(**enc, **kw) if self.path.name == "dynamic" else self._static(enc, kw)
         seconds = time.monotonic() - t0
         new = out[:, enc["input_ids"].shape[1]:].tolist()
         return self._rows(batch["prompt_id"], new, enc["attention_mask"].sum(-1).tolist(), seconds)
+
+    def _static(self, enc: Any, kw: dict[str, Any]) -> Any:
+        """generate on the static path: the batch filled up to the cache's prompts (copies of its last prompt),
+        the answers of the fill dropped."""
+        import torch
+
+        from medgpt_ray.generation.decode_path import StaticDecoder
+
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        rows, width = ids.shape
+        d, new = self.decoder, kw["max_new_tokens"]
+        if d is None or rows > self.rows or width + new > d.max_len:  # a larger cache: the first, or grown
+            room = max(prompt_room(width), d.max_len - new if d else 0)
+            self.decoder, self.rows = StaticDecoder(room + new, self.compile_config), max(rows, self.rows)
+        fill = self.rows - rows
+        if fill:
+            ids = torch.cat([ids, ids[-1:].expand(fill, -1)])
+            mask = torch.cat([mask, mask[-1:].expand(fill, -1)])
+        out = self.decoder.generate(self.model, ids, attention_mask=mask, **kw)
+        return out[:rows * self.params.num_samples]
 
     def _rows(self, prompt_ids: list, new: list[list[int]], prompt_tokens: list[int], seconds: float) -> dict:
         """One row per sample, the samples of a prompt together in order (generate's num_return_sequences order)."""

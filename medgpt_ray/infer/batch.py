@@ -41,6 +41,8 @@ class GenerateOptions:
     batch_size: int = 16
     num_workers: int = 1
     gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0 (CPU)
+    generation_path: str = "auto"  # the decode path (generation/decode_path.py); not an answer setting: greedy
+    # answers are the same on both paths, so a re-run may change it
 
 
 def _settings(opts: GenerateOptions) -> dict[str, Any]:
@@ -148,12 +150,14 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
     resources = _pool_resources(opts)
     where = f"{opts.num_workers} GPU actor(s)" if resources["num_gpus"] else f"{opts.num_workers} CPU actor(s)"
     echo(f"[generate] model {settings['model']}, template {settings['template'] or 'the tokenizer own'}, {where}, "
-         f"batches of {opts.batch_size}")
+         f"batches of {opts.batch_size}, decode path {opts.generation_path}"
+         + (" (static on a GPU, dynamic on the CPU and for linear-attention models)"
+            if opts.generation_path == "auto" else ""))
     # Ray prints one "constructor arguments in the object store" line per actor (ray-project/ray#53727): Ray Data's
     # own map worker has such arguments, with or without ours.
     ds = ray.data.from_items(pending).map_batches(
         Generator, fn_constructor_kwargs={"model_path": settings["model"], "template": settings["template"],
-                                          "params": settings["params"]},
+                                          "params": settings["params"], "generation_path": opts.generation_path},
         batch_size=opts.batch_size, compute=ray.data.ActorPoolStrategy(size=opts.num_workers), **resources)
     t0, last = time.monotonic(), 0.0
     for n, table in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):

@@ -4,7 +4,12 @@
               model when it is a network (rloo: always) + the KV cache of one generate call: 2 (K, V) x full-attention
               layers x kv_heads x head_dim x bytes x generation batch (completions: prompts x num_generations) x
               (prompt + completion) tokens (a hybrid's linear-attention layers: a fixed state per sequence
-              instead), + the sampling logits of the batch (fp32) and the prefill's one-layer working set
+              instead), + the sampling logits of the batch (fp32) and the prefill's one-layer working set; the
+              KV cache is priced at its full length for the whole batch, which is what the static decode path
+              (generation/decode_path.py) allocates up front and the dynamic one reaches at the last token; on the
+              static path compiled on a GPU, + the CUDA-graph pool of the compiled decode step (cuda_graph_pool_bytes).
+              That path's KV cache and CUDA-graph pool are made once and kept for the run (a new cache would make
+              the graphs re-record), so both are resident in every phase below as well
   training    the training pass over the generated sequences (prompt + completion, micro-batch sequences), as
               SFT's with TRL's chunked LM head (estimator.estimate), + the reward model's weights
   merge       a LoRA policy's rollouts run on the merged adapter: the resident terms and PEFT's merge of the widest
@@ -25,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from medgpt_ray.generation.decode_path import DecodePath, choose
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.shapes import ModelShape
 
@@ -57,6 +63,41 @@ def rollout_path(s: TrainSetup) -> str | None:
     if s.zero == 3:
         return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
     return "merged LoRA (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
+
+
+def decode_path(shape: ModelShape, s: TrainSetup) -> DecodePath | None:
+    """How a generating stage's rollouts decode (the `generation_path` key, the policy and its device); None for a
+    stage that does not generate."""
+    if not s.generations:
+        return None
+    return choose(s.generation_path, cuda=s.generation_on_gpu, hybrid=bool(shape.linear_layers),
+                  quantized=s.method == "qlora", zero3=s.zero == 3)
+
+
+def rollout_line(shape: ModelShape, s: TrainSetup) -> str | None:
+    """plan.json's `rollout` and the plan line's: the weights the rollouts decode (rollout_path) and the decode
+    path with its reason."""
+    path = decode_path(shape, s)
+    return None if path is None else f"{rollout_path(s)}; decode: {path.describe()}"
+
+
+def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """The CUDA-graph pool of the compiled decode step (the static path on a GPU; 0 elsewhere): a graph's memory
+    stays reserved between replays, sized by the step's largest live set at the generation batch B with one token
+    per sequence: one decoder layer's activations (hidden in and out, norm, q/k/v, attention output, gate, up and
+    their product: (4 hidden + q + 2 kv + 3 mlp_width) x B elements), attention scores and probabilities over the
+    cache's full length in fp32 where SDPA takes its math path (2 x 4 x B x heads x seq_len), the 4-D mask
+    (B x seq_len, fp32 at most) and the logits the graph outputs (B x vocab). Doubled: inductor's buffers and the
+    graphs captured for a second batch shape are not modelled. Uncalibrated until measured on a GPU
+    (bench/generation_throughput.py reports the static path's peak)."""
+    path = decode_path(shape, s)
+    if path is None or not path.compiled:
+        return 0.0
+    e = 4 if s.precision == "fp32" else 2
+    b = s.generation_batch()
+    layer = e * b * (4 * shape.hidden + shape.q_dim + 2 * shape.kv_dim + 3 * shape.mlp_width)
+    scores = 2 * 4 * b * shape.heads * s.seq_len
+    return 2 * (layer + scores + 4 * b * s.seq_len + e * b * shape.vocab)
 
 
 def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -137,11 +178,15 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
         "reward_model": rm,
         "reward_adapter": adapter,
         "kv_cache": kv_cache_bytes(shape, s),
+        "cuda_graph_pool": cuda_graph_pool_bytes(shape, s),
         "linear_attention_state": linear_state_bytes(shape, s),
         "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
         "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
     })
+    if cuda_graph_pool_bytes(shape, s):  # compiled static path: its cache and graphs stay between rollouts
+        static_keys = (*static_keys, "kv_cache", "cuda_graph_pool")
+        training.update({k: generation[k] for k in ("kv_cache", "cuda_graph_pool")})
     phases = [(training, f"training ({train.moment})"), (generation, "generation")]
     if merge := merge_delta_bytes(shape, s):  # before generation's cache exists: the static terms and the delta
         phases.append(({**{k: v for k, v in generation.items() if k in static_keys or k in ("reward_model",

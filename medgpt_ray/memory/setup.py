@@ -40,6 +40,8 @@ class TrainSetup:
     reference: bool = False  # GRPO: a KL term (beta > 0): a reference pass; a frozen copy for full training
     reward_model_gpu: bool = False  # GRPO: the reward model in an actor on a device of its own (reward_model_gpu)
     gen_steps: int = 0  # GRPO: micro-batches per generate call (TRL's steps_per_generation); 0: grad_accum
+    generation_path: str = "auto"  # GRPO/opd: the decode path asked for (auto | dynamic | static, the config key)
+    generation_on_gpu: bool = False  # GRPO/opd: the rollouts run on a GPU (where a static path compiles)
     kind_terms: Any = None  # (shape, setup) -> KindTerms: a kind's own networks (memory/kind_memory.py)
 
     def generation_batch(self) -> int:

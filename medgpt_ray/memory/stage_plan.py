@@ -74,6 +74,9 @@ class StagePlan:
     reward_model_gpu: int | None = None
     # A stage that generates: what its rollouts decode with (memory/generation.py rollout_path). None: no rollouts.
     rollout: str | None = None
+    # A stage that generates: its decode path, dynamic or static (memory/generation.py decode_path; the reason is in
+    # `rollout`). None: no rollouts.
+    generation_path: str | None = None
     # Online-RL stages with reward_clip_range: {min, max, applied_to} (config/online_rl.py reward_clip); None: none.
     reward_clip: dict[str, Any] | None = None
 

@@ -16,4 +16,5 @@ keywords.
 - cached_rollouts.py: opd's student samples with the KV cache (CachedRollouts)
 - merged_rollouts.py: rollouts on the LoRA adapter merged into the base, the base restored bit-exact afterwards
   (MergedRollouts for grpo/rloo, MergedStudentSamples for opd)
+- static_rollouts.py: rollouts on the static decode path (StaticRollouts, StaticStudentSamples)
 """

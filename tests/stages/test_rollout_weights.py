@@ -64,12 +64,14 @@ def merge_watch(model: Any) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize(("method", "precision", "beta"), [("lora", "bf16", 0.04), ("full", "amp-bf16", 0.0)])
+@pytest.mark.parametrize(("method", "precision", "beta", "path"), [
+    ("lora", "bf16", 0.04, "dynamic"), ("full", "amp-bf16", 0.0, "dynamic"),
+    ("lora", "bf16", 0.04, "static")])  # the static decode path (trainer_kit/static_rollouts.py) on merged weights
 def test_a_grpo_rollout_keeps_every_weight_and_its_dtype(prompts, tiny_model, tmp_path, method, precision,  # noqa: F811
-                                                         beta):
+                                                         beta, path):
     torch.manual_seed(0)
     inp = grpo_inputs(prompts, tiny_model, tmp_path, method=method, max_steps=1, effective_batch=4,
-                      max_completion_length=6, reward_funcs=["format", "length"], beta=beta)
+                      max_completion_length=6, reward_funcs=["format", "length"], beta=beta, generation_path=path)
     inp = replace(inp, plan=replace(inp.plan, precision=precision))  # the GPU's precision, on CPU
     trainer = build_stage(inp).trainer
     assert trainer.args.bf16  # the Trainer's bf16 autocast
@@ -82,8 +84,10 @@ def test_a_grpo_rollout_keeps_every_weight_and_its_dtype(prompts, tiny_model, tm
                 p.normal_(0.0, 0.5)
     trainer.train()
     assert inp.plan.rollout.startswith("merged" if method == "lora" else "the trained weights")
+    assert inp.plan.generation_path == path and (path == "static") == hasattr(trainer, "static_decoder")
     assert bool(merged_forwards) == (method == "lora")  # the rollout decoded on merged weights
     assert len(recorder.seen) == 1
+    assert path == "dynamic" or trainer.static_decoder.builds == 1  # the rollout ran on the static path
     begin, before_step, after_step = recorder.seen[0]
     dtypes = {dtype for dtype, trainable, _ in begin.values() if trainable}
     assert dtypes == {torch.float32}  # what trains is fp32: PEFT's adapters, amp's master weights

@@ -17,8 +17,9 @@ from medgpt_ray.memory.planner import PlanError, plan_stage
 from medgpt_ray.memory.shapes import PRESETS
 
 Q7 = PRESETS["qwen2.5-7b"]
+# The dynamic decode path's phases: the static path also holds its cache in training (tests/unit/test_decode_path.py).
 KW = dict(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, max_completion_length=512,
-          effective_batch=64, num_generations=8, grad_ckpt=True)
+          effective_batch=64, num_generations=8, grad_ckpt=True, generation_path="dynamic")
 SETUP = TrainSetup(stage="grpo", method="lora", precision="bf16", micro_batch=1, grad_accum=64, seq_len=1024,
                    fused_ce=True, generations=8, completion_len=512)
 

@@ -10,11 +10,11 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 
 # Lower layers first. A module may import its own layer or a lower one; within a layer, a package may import only
 # the packages listed before it in the same layer (no sideways cycles).
-# generation/ (the Ray-free engine) sits below trainer_kit, stages and the kinds' stage modules, which may generate
-# with it; infer/ puts it on Ray from above.
+# generation/ (the Ray-free engine) sits below memory (which plans its decode path: generation/decode_path.py),
+# trainer_kit, stages and the kinds' stage modules, which may generate with it; infer/ puts it on Ray from above.
 LAYERS: list[list[str]] = [
     ["config", "templates", "tiny", "models", "metrics", "progress"],
-    ["data", "placement", "memory", "generation", "trainer_kit", "stages", "kinds", "report"],
+    ["data", "placement", "generation", "memory", "trainer_kit", "stages", "kinds", "report"],
     ["infer", "run"],
     ["tune"],
     ["cli"],

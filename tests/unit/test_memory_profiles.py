@@ -111,7 +111,8 @@ def test_a_kinds_own_keys_reach_its_train_setup():
     assert _fields("pt") == _fields("sft") == _fields("rm") == _fields("eval") == {}
     grpo = _fields("grpo", num_generations=4, max_completion_length=64, reward_funcs=["reward_model"])
     assert grpo == {"generations": 4, "completion_len": 64, "reward_network": False, "reward_adapter": True,
-                    "reward_lora_rank": 8, "reward_model_gpu": False, "reference": False}  # rm's adapter (auto)
+                    "reward_lora_rank": 8, "reward_model_gpu": False, "reference": False,  # rm's adapter (auto)
+                    "generation_path": "auto", "generation_on_gpu": False}  # the decode path's request, the device
     merged = _fields("grpo", reward_funcs=["reward_model"], reward_shared_base=False)
     assert (merged["reward_network"], merged["reward_adapter"], merged["reward_lora_rank"]) == (True, False, 0)
     rloo = _fields("rloo", num_generations=4, reward_model_gpu=True)

@@ -98,7 +98,8 @@ def test_the_plan_holds_the_teacher_and_the_students_generation():
     short, long = planned(16), planned(768)
     assert long.tokens_per_s_per_gpu < 0.5 * short.tokens_per_s_per_gpu
     s = replace(TrainSetup(stage="sft", method="lora", precision="bf16", micro_batch=2, seq_len=1024),
-                **setup_fields("opd", make(seq_len=1024, max_new_tokens=768).stages.get("opd"), True))
+                **setup_fields("opd", make(seq_len=1024, max_new_tokens=768, generation_path="dynamic")
+                               .stages.get("opd"), True))  # the static path also holds its cache in training
     training = estimate(shape, replace(s, generations=0))
     assert generation.peak(shape, s).peak_bytes == training.peak_bytes  # GKD's full-vocabulary loss is the peak
     assert training.breakdown["teacher_weights"] == pytest.approx(2 * shape.params)

@@ -16,7 +16,8 @@ from medgpt_ray.memory.shapes import PRESETS
 
 Q7 = PRESETS["qwen2.5-7b"]
 KW = dict(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, max_completion_length=512,
-          effective_batch=16, num_generations=8, grad_ckpt=True, beta=0.05)
+          effective_batch=16, num_generations=8, grad_ckpt=True, beta=0.05,
+          generation_path="dynamic")  # the dynamic path's numbers (the static one keeps its cache: test_decode_path)
 RM_GIB = 2 * (Q7.params - Q7.head_params + Q7.hidden) / GIB  # the merged 7B score model in bf16: 13.17 GiB
 
 

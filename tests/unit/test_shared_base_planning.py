@@ -15,7 +15,8 @@ from medgpt_ray.memory.shapes import PRESETS
 
 Q7 = PRESETS["qwen2.5-7b"]
 KW = dict(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, max_completion_length=512,
-          effective_batch=16, num_generations=8, grad_ckpt=True, beta=0.05)
+          effective_batch=16, num_generations=8, grad_ckpt=True, beta=0.05,
+          generation_path="dynamic")  # the dynamic path's numbers (the static one keeps its cache: test_decode_path)
 LORA = ["stages.rm.method=lora", "stages.rloo.method=lora"]
 
 

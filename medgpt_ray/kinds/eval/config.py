@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from medgpt_ray.config.online_rl import GenerationPath
 from medgpt_ray.config.registry import StageKind, register_stage_kind
 from medgpt_ray.config.stage import StageConfig
 
@@ -39,6 +40,10 @@ class EvalStageConfig(StageConfig):
     """Tokens generated per exam question for the generated-letter accuracy."""
     loss_model: Literal["response", "all"] = "response"
     """response: the loss of the assistant turns only (as SFT trains); all: every token of the conversation."""
+    generation_path: GenerationPath = "auto"
+    """How the answers decode: static (one static KV cache per model, the decode step compiled by transformers with
+    CUDA graphs: a compilation per model, paid back over many answers), dynamic, or auto: static on a GPU unless the
+    model has linear-attention layers (generation/decode_path.py)."""
 
 
 # Off unless enabled (the shipped tiny configs enable it): compares the run's models on the held-out split; registered

@@ -118,7 +118,8 @@ def _exam(gen: Generator, template: Any, data: EvalData, cfg: Any) -> list[dict]
 def evaluate_model(name: str, path: str, inp: StageInputs, data: EvalData) -> ModelEval:
     """Everything measured on one model, loaded once (the engine's Generator: its model and tokenizer serve all)."""
     cfg = inp.cfg
-    gen = Generator(path, inp.template, GenerationParams(max_new_tokens=cfg.max_new_tokens).as_dict())
+    gen = Generator(path, inp.template, GenerationParams(max_new_tokens=cfg.max_new_tokens).as_dict(),
+                    cfg.generation_path)
     template = templates.get_template(inp.template)
     response_only = cfg.loss_model == "response"
     res = ModelEval(scores.conversation_loss(gen.model, gen.tok, template, data.conversations, cfg.seq_len,
@@ -129,8 +130,9 @@ def evaluate_model(name: str, path: str, inp: StageInputs, data: EvalData) -> Mo
         res.answers, res.generate_seconds = _answers(gen, data.prompts, cfg.batch_size)
     if data.exam:
         res.exam = _exam(gen, template, data, cfg)
+    compiled = gen.path.compiled
     del gen
-    _free()
+    _free(compiled)
     return res
 
 
@@ -139,9 +141,13 @@ def generates(name: str) -> bool:
     return name == BASE or stage_kind(name).data_kind != "pretrain"
 
 
-def _free() -> None:
+def _free(compiled: bool = False) -> None:
+    """The last model's memory back; after a compiled decode step also dynamo's compiled code and its CUDA graphs,
+    which hold on to that model (the next model compiles its own)."""
     import torch
 
+    if compiled:
+        torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

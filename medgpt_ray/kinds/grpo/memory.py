@@ -12,7 +12,7 @@ from medgpt_ray.kinds.grpo.config import GRPOStageConfig
 from medgpt_ray.memory.kind_memory import KindMemory, MemoryProfile
 
 
-def online_rl_fields(cfg: OnlineRLStageConfig, reference: bool) -> dict[str, Any]:
+def online_rl_fields(cfg: OnlineRLStageConfig, reference: bool, use_gpu: bool) -> dict[str, Any]:
     """An online-RL stage's generation phase, its reward model and its reference (a KL term: `reference`). A reward
     model in an actor of its own (reward_model_gpu) is not on the policy's device; with a shared base
     (reward_shared_base, resolved by the pipeline config) it is an adapter on the policy's base, no network."""
@@ -20,7 +20,8 @@ def online_rl_fields(cfg: OnlineRLStageConfig, reference: bool) -> dict[str, Any
     return {"generations": cfg.num_generations, "completion_len": cfg.max_completion_length,
             "reward_network": "reward_model" in cfg.reward_funcs and not cfg.reward_model_gpu and not shared,
             "reward_adapter": shared, "reward_lora_rank": cfg.reward_lora_rank if shared else 0,
-            "reward_model_gpu": cfg.reward_model_gpu, "reference": reference}
+            "reward_model_gpu": cfg.reward_model_gpu, "reference": reference,
+            "generation_path": cfg.generation_path, "generation_on_gpu": use_gpu}
 
 
 def online_rl_hints(cfg: OnlineRLStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -30,7 +31,7 @@ def online_rl_hints(cfg: OnlineRLStageConfig, s: Any) -> list[tuple[str, dict[st
 
 
 def setup_fields(cfg: GRPOStageConfig, use_gpu: bool) -> dict[str, Any]:
-    return online_rl_fields(cfg, reference=cfg.beta > 0)
+    return online_rl_fields(cfg, reference=cfg.beta > 0, use_gpu=use_gpu)
 
 
 MEMORY = KindMemory(MemoryProfile("grpo", chunked_head=True), setup_fields=setup_fields, hints=online_rl_hints)

@@ -43,6 +43,7 @@ from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.generation_rate import GenerationRate
 from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts
 from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
+from medgpt_ray.trainer_kit.static_rollouts import StaticRollouts
 
 
 def prompt_rows(records: list[dict], tokenizer, template, seq_len: int, completion_len: int,
@@ -131,9 +132,13 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
                                remote=shared or inp.reward_scorer, clip=clip)
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
     merged = (MergedRollouts,) if (inp.plan.rollout or "").startswith("merged") else ()
-    trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged)(
+    # StaticRollouts (after the merge: it decodes the merged weights): the plan's static decode path, one static
+    # cache of seq_len tokens (prompt room + completions) for the run.
+    static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None
+    trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged,
+                            *((StaticRollouts,) if static else ()))(
         model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds, processing_class=tok,
-        peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=data.shard)
+        peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=data.shard, **(static or {}))
     if shared is not None:
         shared.attach(trainer.model)  # the reward adapter beside the policy's, before any wrapping or optimizer
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from medgpt_ray.config.base import Auto
+from medgpt_ray.config.online_rl import GenerationPath
 from medgpt_ray.config.registry import STAGE_KINDS, StageKind, register_stage_kind
 from medgpt_ray.config.stage import OverlongStageConfig
 
@@ -40,6 +41,8 @@ class OPDStageConfig(OverlongStageConfig):
     """Tokens the student generates per answer at most."""
     compile: Auto | bool = False
     """Compile each decoder layer in place. Off by default here: generation changes the input shape every token."""
+    generation_path: GenerationPath = "auto"
+    """How the student's samples decode: static, dynamic or auto, as grpo's `generation_path`."""
 
     @model_validator(mode="before")
     @classmethod

@@ -39,6 +39,7 @@ def setup_fields(cfg: OPDStageConfig, use_gpu: bool) -> dict[str, Any]:
         raise ConfigError("stages.opd.teacher_quantization: '4bit' needs GPUs (bitsandbytes NF4, QLoRA's loader); "
                           "resources.use_gpu is false: use 'none' on CPU")
     return {"generations": 1, "completion_len": cfg.max_new_tokens, "gen_steps": 1, "seq_len": cfg.seq_len,
+            "generation_path": cfg.generation_path, "generation_on_gpu": use_gpu,
             "kind_terms": partial(teacher_terms, teacher_shape(cfg), cfg.teacher_quantization)}
 
 

@@ -27,6 +27,7 @@ from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples
 from medgpt_ray.trainer_kit.sharding import ShardLoader
+from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples
 
 
 def load_teacher(inp: StageInputs):
@@ -73,10 +74,12 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
     merged = (MergedStudentSamples,) if (inp.plan.rollout or "").startswith("merged") else ()
-    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged)(
+    static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None  # as grpo's
+    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
+                            *((StaticStudentSamples,) if static else ()))(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
         train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
-        shard=data.shard)
+        shard=data.shard, **(static or {}))
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_prompt_too_long": skipped["prompt_too_long"],
                               "overlong": skipped["overlong"],

@@ -11,7 +11,7 @@ from medgpt_ray.memory.kind_memory import KindMemory
 
 
 def setup_fields(cfg: RLOOStageConfig, use_gpu: bool) -> dict[str, Any]:
-    return online_rl_fields(cfg, reference=cfg.beta > 0)
+    return online_rl_fields(cfg, reference=cfg.beta > 0, use_gpu=use_gpu)
 
 
 MEMORY = KindMemory(setup_fields=setup_fields, hints=online_rl_hints)

@@ -1,0 +1,134 @@
+"""How generate decodes, one rule for every generating caller (grpo/rloo rollouts, opd's student samples, the eval
+stage and `generate` through the Generator): the decode path, chosen once per run and named with its reason.
+
+  dynamic  HF generate with a dynamic cache (it grows by concatenation every token), the decode step run eagerly:
+           every token pays Python and one kernel launch per op (28-37 ms a step for a 1.5B model on the H200,
+           issue 35, where reading the weights takes under 1 ms)
+  static   a static cache (StaticCache: K and V at their full length, written in place) that generate's own
+           auto-compilation accepts: on CUDA transformers compiles the decode step itself (`get_compiled_call`, mode
+           "reduce-overhead": CUDA graphs) and copies the logits out of the graph's pool every step. Not a hand-made
+           torch.compile of the forward (that failed: the graphs' outputs were overwritten, issue 35).
+
+StaticDecoder holds ONE cache for the whole run, at a length fixed up front, reset before every call: a new cache
+per call (what generate does with `cache_implementation="static"`) gives the compiled step new tensors to read, and
+CUDA graph trees re-record for every new address (torch's mark_static_address) and give up after a limit. The
+prefill runs eagerly in transformers 5.17 and 5.24 alike, so prompts of any length up to the cache's room share the
+one compiled decode step: its inputs ([batch, 1] ids and positions, the 4-D mask over the cache's full length) keep
+their shapes. The batch is fixed with the cache: a caller pads a short batch (engine.py) or has a fixed one (TRL's
+generation batch). transformers 5.17 names generate's cache argument `past_key_values`, 5.24 `cache` (the old name
+deprecated): `cache_kwarg` asks the model which."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+DYNAMIC, STATIC = "dynamic", "static"
+REQUESTS = ("auto", DYNAMIC, STATIC)
+
+
+@dataclass(frozen=True)
+class DecodePath:
+    name: str  # dynamic | static
+    reason: str
+    compiled: bool = False  # transformers compiles the decode step (CUDA graphs): static on CUDA
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def blocker(hybrid: bool = False, quantized: bool = False, zero3: bool = False) -> str | None:
+    """Why a compiled static decode does not suit this policy (None: it does)."""
+    if zero3:
+        return "ZeRO-3: the weights are partitions gathered per forward, outside any graph"
+    if quantized:
+        return "a 4-bit QLoRA base: bitsandbytes' layers do not compile"
+    if hybrid:
+        return "linear-attention layers (a hybrid such as Qwen3.5): their state in a static cache is untested"
+    return None
+
+
+def choose(requested: str = "auto", *, cuda: bool, hybrid: bool = False, quantized: bool = False,
+           zero3: bool = False) -> DecodePath:
+    """The decode path for `requested` (the `generation_path` key: auto, dynamic or static). auto: static on CUDA for
+    a compilable policy, else dynamic (on the CPU compilation gains nothing: no kernel launches to save). A forced
+    static is kept except under ZeRO-3, which cannot run it; its reason says what it gives up."""
+    if requested not in REQUESTS:
+        raise ValueError(f"generation_path {requested!r}: one of {', '.join(REQUESTS)}")
+    why_not = blocker(hybrid, quantized, zero3)
+    if requested == DYNAMIC:
+        return DecodePath(DYNAMIC, "generation_path: dynamic")
+    if requested == STATIC:
+        if zero3:
+            return DecodePath(DYNAMIC, f"generation_path: static refused: {why_not}")
+        compiled = cuda and not quantized
+        note = "" if compiled else "; no compilation " + ("on the CPU" if not cuda else "(bitsandbytes)")
+        return DecodePath(STATIC, f"generation_path: static{note}" + (f"; {why_not}" if hybrid else ""), compiled)
+    if why_not:
+        return DecodePath(DYNAMIC, f"auto: {why_not}")
+    if not cuda:
+        return DecodePath(DYNAMIC, "auto: on the CPU a compiled decode step saves nothing")
+    return DecodePath(STATIC, "auto: static cache, the decode step compiled by transformers with CUDA graphs", True)
+
+
+def is_hybrid(config: Any) -> bool:
+    """A model config (config.json's) with layers other than full or sliding-window attention (linear attention)."""
+    layer_types = config.get_text_config().to_dict().get("layer_types") or ()  # absent: every layer full attention
+    return bool(set(layer_types) - {"full_attention", "sliding_attention"})
+
+
+def cache_kwarg(model: Any) -> str:
+    """generate's name for a cache passed in: `cache` (transformers 5.24) or `past_key_values` (5.17)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel's forward is *args
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def static_compile_config() -> Any:
+    """transformers' own compile settings (inductor, "reduce-overhead": CUDA graphs) with static shapes: its default
+    (dynamic None) lets dynamo turn a dimension dynamic after one recompilation, where a larger cache (the Generator's
+    growth) should get a graph of its own shapes instead."""
+    from transformers import CompileConfig
+
+    return CompileConfig(dynamic=False)
+
+
+class StaticDecoder:
+    """One static cache for every generate call of a run: built at the first call for that call's batch and
+    `max_len` tokens (prompt + new tokens), reset and reused by every later call of the same batch (`builds` counts
+    the caches made: 1 for a run whose batch stays fixed). `compile_config`: transformers' CompileConfig for the
+    decode step (None: static_compile_config, CUDA graphs on CUDA; the tests compile on the CPU through it)."""
+
+    def __init__(self, max_len: int, compile_config: Any = None):
+        self.max_len, self.compile_config = max_len, compile_config
+        self.cache: Any = None
+        self.batch = 0
+        self.builds = 0
+
+    def cache_for(self, model: Any, batch: int) -> Any:
+        from transformers import StaticCache
+
+        if self.cache is None or batch != self.batch:
+            self.cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=self.max_len)
+            self.batch, self.builds = batch, self.builds + 1
+        else:
+            self.cache.reset()  # in place: the compiled step keeps reading the same tensors
+        return self.cache
+
+    def generate(self, model: Any, input_ids: Any, generation_config: Any = None, **kwargs: Any) -> Any:
+        """`model.generate` on the run's static cache. `generation_config` (the model's when None) is copied, not
+        changed; generation keys among `kwargs` go into the copy, the rest (attention_mask) to generate."""
+        config = copy.deepcopy(generation_config or model.generation_config)
+        kwargs = config.update(**kwargs)
+        need = input_ids.shape[1] + config.max_new_tokens
+        if need > self.max_len:
+            raise ValueError(f"a prompt of {input_ids.shape[1]} tokens + {config.max_new_tokens} new ones exceeds the "
+                             f"static cache's {self.max_len}")
+        # The cache is ours: generate refuses cache_implementation beside one; TRL's configs say disable_compile.
+        config.cache_implementation, config.use_cache, config.disable_compile = None, True, False
+        if self.compile_config is not None or model.device.type == "cuda":  # elsewhere transformers would warn
+            config.compile_config = self.compile_config or static_compile_config()
+        batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
+        cache = self.cache_for(model, batch)
+        return model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache}, **kwargs)

@@ -1,0 +1,78 @@
+"""The static decode path in a rollout (generation/decode_path.py, trainer_kit/static_rollouts.py) on the tiny model
+and CPU, forced by `generation_path: static`: greedy rollouts give the tokens of the dynamic path, TRL's regular
+generation; two rollouts of different prompt lengths share ONE static cache (built once, reset in place) and, with
+transformers' compilation forced onto the CPU (CompileConfig._compile_all_devices, dynamo's eager backend: the
+guards without inductor's compile time), one compiled decode step: no recompilation. That CUDA graphs are captured
+and replayed takes a GPU (bench/generation_throughput.py --paths merged-static)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from medgpt_ray.stages import build_stage
+from tests.stages.test_grpo_stage import grpo_inputs, prompts  # noqa: F401  (the prompts fixture)
+from tests.stages.test_static_generator import scramble
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
+PROMPTS = ([[11, 12, 13, 14, 15], [21, 22, 23]], [[31, 32, 33, 34, 35, 36, 37, 38, 39], [41, 42]])
+
+
+def greedy_rollouts(trainer: Any) -> list[list[list[int]]]:
+    """Completions of two GRPO rollouts (TRL's _generate_single_turn) of PROMPTS' two batches, greedy."""
+    trainer.generation_config.do_sample = False
+    trainer.generation_config.temperature = None
+    return [trainer._generate_single_turn(batch, None, {}, 2)[0] for batch in PROMPTS]
+
+
+def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_model, tmp_path):  # noqa: F811
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    keys = dict(max_completion_length=6, effective_batch=4, reward_funcs=["length"], beta=0.0)
+    dynamic = build_stage(grpo_inputs(prompts, tiny_model, tmp_path / "dynamic", **keys))
+    static_inp = grpo_inputs(prompts, tiny_model, tmp_path / "static", generation_path="static", **keys)
+    assert static_inp.plan.generation_path == "static" and "decode: static" in static_inp.plan.rollout
+    assert dynamic.trainer.__class__.__name__.count("Static") == 0
+    trainer = build_stage(static_inp).trainer
+    for t in (trainer, dynamic.trainer):  # before the first rollout: the merge keeps a copy of the frozen base then
+        scramble(t.model)
+    decoder = trainer.static_decoder
+    compile_eager = CompileConfig(backend="eager", mode=None)
+    compile_eager._compile_all_devices = True  # transformers compiles the decode step on the CPU too
+    decoder.compile_config = compile_eager
+    torch._dynamo.reset()
+    counters.clear()
+    first = trainer._generate_single_turn(PROMPTS[0], None, {}, 2)  # sampled, compiled: one graph
+    cache, graphs = decoder.cache, counters["stats"]["unique_graphs"]
+    assert graphs == 1 and first[1] is None and len(first[0]) == 2
+    greedy = greedy_rollouts(trainer)
+    assert greedy == greedy_rollouts(dynamic.trainer)
+    assert len({tuple(c) for rollout in greedy for c in rollout}) == 4  # four prompts, four completions
+    assert decoder.builds == 1 and decoder.cache is cache and decoder.max_len == static_inp.cfg.seq_len
+    assert counters["stats"]["unique_graphs"] == graphs  # prompts of 5 and 9 tokens: no recompilation
+
+
+def test_the_opd_student_samples_on_the_static_path(repo, tiny_model, tmp_path):
+    """GKD's own sampling function, handed the student behind the static decoder (trainer_kit/static_rollouts.py),
+    through one real opd step on the merged adapter: the student's samples ran on the one static cache."""
+    from medgpt_ray.data.prepare import prepare_kind
+    from medgpt_ray.kinds.opd.config import OPDStageConfig
+    from medgpt_ray.memory.planner import plan_stage
+    from medgpt_ray.stages.inputs import StageInputs
+
+    torch.manual_seed(0)
+    data = prepare_kind("sft", [str(repo / "data/sample/rl/department_sft.jsonl")], tmp_path / "sft", 0.2,
+                        max_records=16)
+    cfg = OPDStageConfig(enabled=True, teacher=str(tiny_model), method="lora", lr=1e-3, max_steps=2, seq_len=128,
+                         effective_batch=2, lmbda=1.0, max_new_tokens=6, warmup_ratio=0.0, save_steps=100,
+                         logging_steps=1, generation_path="static")
+    inp = StageInputs("opd", cfg, plan_stage("opd", cfg, 1, False), str(tiny_model), "chatml", data.train_file,
+                      data.eval_file, str(tmp_path / "opd"))
+    assert inp.plan.generation_path == "static" and inp.plan.rollout.startswith("merged")
+    trainer = build_stage(inp).trainer
+    trainer.train()
+    decoder = trainer.static_decoder
+    assert decoder.builds == 1 and decoder.cache is not None and decoder.max_len == 128

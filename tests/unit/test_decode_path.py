@@ -1,0 +1,86 @@
+"""The decode path (generation/decode_path.py) each generating stage gets, and what the plan prices for it
+(memory/generation.py): the static path's KV cache at full length and the CUDA-graph pool of its compiled step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from medgpt_ray.config import GRPOStageConfig, LoraConfig
+from medgpt_ray.generation.decode_path import choose
+from medgpt_ray.memory.budget import make_budget
+from medgpt_ray.memory.estimator import TrainSetup
+from medgpt_ray.memory.format import plan_line
+from medgpt_ray.memory.generation import cuda_graph_pool_bytes, decode_path, kv_cache_bytes
+from medgpt_ray.memory.generation import peak as estimate
+from medgpt_ray.memory.planner import plan_stage
+from medgpt_ray.memory.shapes import PRESETS
+
+Q7 = PRESETS["qwen2.5-7b"]
+GPU = TrainSetup(stage="grpo", method="lora", precision="bf16", micro_batch=8, grad_accum=8, seq_len=1024,
+                 fused_ce=True, generations=8, completion_len=512, generation_on_gpu=True)
+
+
+@pytest.mark.parametrize(("requested", "kw", "name", "compiled", "reason"), [
+    ("auto", dict(cuda=True), "static", True, "CUDA graphs"),
+    ("auto", dict(cuda=False), "dynamic", False, "CPU"),
+    ("auto", dict(cuda=True, hybrid=True), "dynamic", False, "linear-attention"),
+    ("auto", dict(cuda=True, quantized=True), "dynamic", False, "QLoRA"),
+    ("auto", dict(cuda=True, zero3=True), "dynamic", False, "ZeRO-3"),
+    ("dynamic", dict(cuda=True), "dynamic", False, "generation_path: dynamic"),
+    ("static", dict(cuda=False), "static", False, "no compilation on the CPU"),
+    ("static", dict(cuda=True, quantized=True), "static", False, "bitsandbytes"),
+    ("static", dict(cuda=True, zero3=True), "dynamic", False, "refused: ZeRO-3"),
+])
+def test_the_decode_path_and_why(requested, kw, name, compiled, reason):
+    path = choose(requested, **kw)
+    assert (path.name, path.compiled) == (name, compiled) and reason in path.reason
+
+
+def test_an_unknown_request_is_refused():
+    with pytest.raises(ValueError, match="generation_path 'fast': one of auto, dynamic, static"):
+        choose("fast", cuda=True)
+
+
+def test_the_cuda_graph_pool_of_the_compiled_decode_step():
+    # 64 completions a call, bf16: one layer's activations for one token each, fp32 scores over 1024 positions in
+    # 28 heads, the mask and the logits; doubled.
+    layer = 2 * 64 * (4 * 3584 + 3584 + 2 * 512 + 3 * 18944)
+    scores = 2 * 4 * 64 * 28 * 1024
+    assert cuda_graph_pool_bytes(Q7, GPU) == 2 * (layer + scores + 4 * 64 * 1024 + 2 * 64 * 152064)
+    assert cuda_graph_pool_bytes(Q7, GPU) / 2**20 == pytest.approx(84.1, abs=0.1)
+    for dynamic in (replace(GPU, generation_on_gpu=False), replace(GPU, generation_path="dynamic"),
+                    replace(GPU, method="qlora"), replace(GPU, generations=0)):
+        assert cuda_graph_pool_bytes(Q7, dynamic) == 0
+
+
+def test_the_static_path_peaks_above_the_dynamic_one_by_its_pool_and_keeps_both_for_training():
+    static, dynamic = estimate(Q7, GPU), estimate(Q7, replace(GPU, generation_path="dynamic"))
+    assert dynamic.moment == "generation"
+    # The KV cache is priced at its full length for the whole call on both paths: a static cache's size.
+    assert static.breakdown["kv_cache"] == dynamic.breakdown["kv_cache"] == kv_cache_bytes(Q7, GPU)
+    assert static.breakdown["cuda_graph_pool"] == cuda_graph_pool_bytes(Q7, GPU) > 0
+    assert static.peak_bytes >= dynamic.peak_bytes + cuda_graph_pool_bytes(Q7, GPU)
+    # The static cache and the graphs' pool outlive the rollout: the training pass holds them too.
+    one_call = replace(GPU, gen_steps=1)  # a generate call of one micro-batch: training peaks
+    static, dynamic = estimate(Q7, one_call), estimate(Q7, replace(one_call, generation_path="dynamic"))
+    assert static.moment.startswith("training") and dynamic.moment.startswith("training")
+    held = kv_cache_bytes(Q7, one_call) + cuda_graph_pool_bytes(Q7, one_call)
+    assert static.peak_bytes - dynamic.peak_bytes == pytest.approx(held) and held > 0
+
+
+def test_the_plan_names_the_path_and_why():
+    kw = dict(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, max_completion_length=512,
+              effective_batch=32, num_generations=8, grad_ckpt=True)
+    budget = make_budget(48.0, 2.0, "t", True, "t")
+    plan = plan_stage("grpo", GRPOStageConfig(**kw), 1, True, Q7, budget)
+    assert plan.generation_path == "static" and "decode: static (auto: static cache" in plan.rollout
+    assert cuda_graph_pool_bytes(Q7, plan.train_setup(GRPOStageConfig(**kw))) > 0  # priced in its generation phase
+    assert "rollouts: merged LoRA" in plan_line(plan) and "decode: static" in plan_line(plan)  # the progress line
+    forced = plan_stage("grpo", GRPOStageConfig(**kw, generation_path="dynamic"), 1, True, Q7, budget)
+    assert forced.generation_path == "dynamic" and "decode: dynamic (generation_path: dynamic)" in forced.rollout
+    cpu = plan_stage("grpo", GRPOStageConfig(**{**kw, "precision": "fp32"}), 1, False, Q7, budget)
+    assert cpu.generation_path == "dynamic"
+    hybrid = replace(Q7, linear_layers=tuple(range(0, 28, 4)))
+    assert decode_path(hybrid, GPU).name == "dynamic"
