@@ -30,6 +30,7 @@ def materialize(model: Any) -> None:
     import torch
 
     model.to_empty(device="cuda")
+    model.tie_weights()  # the LM head and the embedding stay one tensor, as loaded
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
