@@ -36,7 +36,7 @@ def materialize(model: Any) -> None:
             p.normal_(0.0, 0.02)
 
 
-def run(model: Any, steps: list[list[list[int]]], vocab: int) -> dict[str, Any]:
+def run(model: Any, steps: list[list[list[int]]], vocab: int, autocast: bool = False) -> dict[str, Any]:
     """Each phase's torch.cuda.max_memory_allocated (GiB), the overall peak and the phase it was in."""
     import torch
 
@@ -53,7 +53,8 @@ def run(model: Any, steps: list[list[list[int]]], vocab: int) -> dict[str, Any]:
     for k, micro_batches in enumerate(steps, 1):
         for j, rows in enumerate(micro_batches, 1):
             batch = {key: t.cuda() for key, t in fake_trace._batch(rows, vocab).items()}
-            out, loss = fake_trace._loss(model, batch, False)
+            with torch.autocast("cuda", torch.bfloat16, enabled=autocast):  # amp-bf16, as HF's bf16=True
+                out, loss = fake_trace._loss(model, batch, False)
             close(f"step {k} mb {j} forward")
             loss.backward()
             del out, loss
@@ -89,7 +90,8 @@ def main() -> None:
     if a.snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     t0 = time.monotonic()
-    result = run(model, fake_trace._steps(a.steps, a.micro_batch), config.get_text_config().vocab_size)
+    result = run(model, fake_trace._steps(a.steps, a.micro_batch), config.get_text_config().vocab_size,
+                 a.precision == "amp-bf16")
     if a.snapshot:
         torch.cuda.memory._dump_snapshot(a.snapshot)
     result = {"command": " ".join(["python", *sys.argv]), "device": torch.cuda.get_device_name(),

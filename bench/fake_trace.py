@@ -157,11 +157,12 @@ def _loss(model: Any, batch: dict[str, Any], backbone_only: bool) -> tuple[Any, 
     return out, (-out.log_probs).sum() / out.label_mask.sum().clamp(min=1)
 
 
-def run_steps(model: Any, steps: list[list[list[int]]], vocab: int, backbone_only: bool = False) -> dict[str, Any]:
+def run_steps(model: Any, steps: list[list[list[int]]], vocab: int, backbone_only: bool = False,
+              autocast: bool = False) -> dict[str, Any]:
     """Trace `steps` (each a list of micro-batches, each a list of row lengths) of forward, backward (gradients
     accumulating over the step's micro-batches), gradient clipping and fused AdamW; the peak, its categories, the
     phase it happened in and each phase's own peak, in GiB. Call inside FakeTensorMode, after to_fake. `backbone_only`:
-    see _loss."""
+    see _loss; `autocast`: the forward under bf16 autocast (amp-bf16; CPU autocast casts fewer ops than CUDA's)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -173,7 +174,8 @@ def run_steps(model: Any, steps: list[list[list[int]]], vocab: int, backbone_onl
             for j, rows in enumerate(micro_batches, 1):
                 batch = _batch(rows, vocab)
                 _phase(tracker, f"step {k} mb {j} forward")
-                out, loss = _loss(model, batch, backbone_only)
+                with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                    out, loss = _loss(model, batch, backbone_only)
                 _phase(tracker, f"step {k} mb {j} backward")
                 loss.backward()
                 del out, loss
@@ -198,7 +200,7 @@ def trace(config: Any, method: str, precision: str, ckpt_fraction: float, steps:
     model = build_model(config, method, precision, ckpt_fraction, lora_rank)
     with FakeTensorMode(allow_non_fake_inputs=True), (cuda_head() if head == "cuda" else contextlib.nullcontext()):
         to_fake(model)
-        return run_steps(model, steps, config.get_text_config().vocab_size, head == "none")
+        return run_steps(model, steps, config.get_text_config().vocab_size, head == "none", precision == "amp-bf16")
 
 
 def _steps(specs: list[str], micro_batch: int) -> list[list[list[int]]]:
