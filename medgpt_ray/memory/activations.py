@@ -21,17 +21,20 @@ QLORA_ACTIVATION_SCALE = 0.85
 LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
 
 
-# Gated DeltaNet (Qwen3.5's linear attention) through transformers' PyTorch chunked delta rule, read from its modeling
-# code, not measured: per chunk of DELTA_RULE_CHUNK tokens and value head it keeps a few [chunk x chunk] fp32 matrices
-# and the fp32 [key_head_dim x value_head_dim] state at the chunk's start.
+# Gated DeltaNet (Qwen3.5's linear attention) through transformers' PyTorch fallbacks (torch_chunk_gated_delta_rule and
+# the F.conv1d causal convolution; the GPU image has neither flash-linear-attention nor causal-conv1d): what one layer
+# keeps, per token, read tensor by tensor from the code (5.17 and 5.24 run the same chunked rule) and checked against
+# a fake-tensor trace of the layer (bench/fake_trace.py; tests/unit/test_fake_trace_memory.py). The rule works in fp32
+# on chunks of DELTA_RULE_CHUNK tokens: [chunk x chunk] matrices per value head, and one fp32 [key_head_dim x
+# value_head_dim] state per value head and chunk, saved for backward (so the states scale with tokens / chunk).
 DELTA_RULE_CHUNK = 64
-DELTA_RULE_CHUNK_MATRICES = 3
-# Measured on the H200 (transformers 5.17's PyTorch path, no flash-linear-attention; a 0.75B Qwen3.5 text model, LoRA,
-# micro-batch 1 of <= 2048 tokens, every layer checkpointed): 7.99 GiB against 2.20 predicted by the terms above
-# (full training: 9.47 against 6.31), ~2.9 MiB a token, about three fp32 [key_head_dim x value_head_dim] states per
-# value head and token in the layer being rebuilt. The cause is not isolated (issue 34; bench/results/
-# family_calibration_h200.json): counted in every linear-attention layer whose activations are live, so a hybrid
-# is never a fit on the strength of terms that were only read from code.
+DELTA_RULE_CHUNK_MATRICES = 5  # the pairwise decay, the two [chunk x chunk] products and their decayed copies
+# Measured on the H200, not derived: the H200's peak of a 0.75B Qwen3.5 LoRA SFT (transformers 5.17's PyTorch path,
+# micro-batch 1 of 2,048 tokens, every layer checkpointed) was 7.99 GiB where the fake-tensor trace of the same
+# steps on CPU gives 2.17 (bench/README.md, "fake_trace.py"): ~2.9 MiB a token that no CPU-visible tensor holds (the
+# full run shows the same excess). Until a GPU allocator trace names it (bench/cuda_trace.py), it is counted as
+# three fp32 [key_head_dim x value_head_dim] states per value head and token in every linear-attention layer whose
+# activations are live, so a hybrid is never a fit on the strength of what the CPU trace sees.
 DELTA_RULE_FALLBACK_STATES = 3
 
 
@@ -52,16 +55,19 @@ def _mixer_bytes(shape: ModelShape, e: int, linear: bool) -> float:
 
 
 def _linear_attention_bytes(shape: ModelShape, e: int) -> float:
-    """A Gated-DeltaNet layer's own terms instead of attention's: its projections' outputs (q, k, v in one of 2k + v,
-    z, b, a), the causal convolution's output (SiLU's input), the core output and its gated norm, and the delta
-    rule's fp32 copies, chunk matrices and per-chunk recurrent state."""
+    """A Gated-DeltaNet layer's own terms instead of attention's, per token (the DELTA_RULE_CHUNK comment says
+    where they come from): the causal convolution's input and SiLU's input (q, k, v in one of 2k + v); the fp32 copy
+    of the gate z SiLU keeps; in fp32 inside the rule, q and k before their L2 norm, q, k, v as the chunks read
+    them, beta * k, the two triangular solves' outputs, the decayed q and k the scan reads, each chunk's corrected
+    values; the chunk matrices; one recurrent state per chunk; the gated RMSNorm's fp32 input, gate and output."""
     k, v, nv = shape.linear_key_dim, shape.linear_value_dim, shape.linear_value_heads
-    qkv = 2 * k + v
-    projections = e * (2 * qkv + 3 * v + 2 * nv)
-    # q and k repeated to the value heads, v, beta and the decay, in fp32; the chunk's [chunk x chunk] matrices.
-    rule = 4 * (2 * nv * shape.linear_key_head_dim + v + 2 * nv) + 4 * nv * DELTA_RULE_CHUNK * DELTA_RULE_CHUNK_MATRICES
+    kr = nv * shape.linear_key_head_dim  # q and k repeated to the value heads
+    conv = 2 * e * (2 * k + v)
+    chunk_matrices = 4 * nv * DELTA_RULE_CHUNK * DELTA_RULE_CHUNK_MATRICES
+    rule = 4 * (2 * kr + (2 * kr + v) + kr + (v + kr) + 2 * kr + v) + chunk_matrices
     state = 4 * nv * shape.linear_key_head_dim * shape.linear_value_head_dim / DELTA_RULE_CHUNK
-    return projections + rule + state
+    gate_and_norm = 4 * v + (4 + 4 + e) * v + 32 * nv  # + beta, decay and their per-head fp32 exps
+    return conv + rule + state + gate_and_norm
 
 
 def _mlp_bytes(shape: ModelShape, s: TrainSetup, e: int, moe: bool) -> float:

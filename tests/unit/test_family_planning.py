@@ -73,8 +73,8 @@ def test_fused_kernels_on_a_hybrid_need_an_explicit_compile(tmp_path):
 
 
 def test_the_measured_delta_rule_excess_is_counted_in_every_live_linear_layer(tmp_path):
-    """The H200 measured ~3 fp32 recurrent states a token in the rebuilt layer beyond the terms read from code
-    (bench/results/family_calibration_h200.json): counted once under full checkpointing, per live linear layer
+    """The H200 measured ~3 fp32 recurrent states a token in the rebuilt layer beyond what a fake-tensor trace of the
+    same code holds (bench/README.md, "fake_trace.py"): counted once under full checkpointing, per live linear layer
     otherwise, never for a dense model."""
     from medgpt_ray.memory.estimator import TrainSetup, estimate
 
