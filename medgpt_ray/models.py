@@ -95,7 +95,8 @@ def load_causal_lm(path: Path, precision: str, method: str):
     if quant is not None:
         kwargs["quantization_config"] = quant
     # No peft.prepare_model_for_kbit_training under QLoRA: it would upcast the embeddings, the LM head
-    # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base.
+    # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base. TRL's
+    # ORPO and CPO trainers would call it themselves: orpo and simpo go through lora_without_kbit_prep.
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     # Every generate on this model (rollouts, held-out greedy answers, the engine) keeps the KV cache. The Trainer
     # writes `use_cache: false` into every checkpoint's config.json (transformers 5.24's TrainingArguments.use_cache
