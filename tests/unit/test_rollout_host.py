@@ -102,3 +102,34 @@ def test_the_merge_transient_and_the_trainer_behaviour_follow_the_plan():
     assert issubclass(kept, MergedRollouts) and kept.merge_experts is False
     assert merging_behaviour(plan(64).rollout, MergedRollouts) == (MergedRollouts,)
     assert merging_behaviour("unmerged adapters (a 4-bit QLoRA base takes no merge)", MergedRollouts) == ()
+
+
+def test_a_rollout_without_the_experts_merges_the_dense_layers_and_runs_the_experts_adapted():
+    """merge_experts False: inside the block the attention's base is merged and the fused experts are untouched
+    (PEFT's ParamWrapper folds their adapters on the fly), the logits equal the unmerged model's; after it, every
+    base tensor is as before."""
+    from peft import get_peft_model
+
+    from medgpt_ray.trainer_kit.merged_rollouts import merged_adapters
+    from tests.unit.test_moe_lora_training import tiny_qwen3_moe
+
+    model = tiny_qwen3_moe()
+    peft = get_peft_model(model, lora_config(LoraConfig(rank=4, dropout=0.0, experts=True), "CAUSAL_LM", model))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(std=0.1)  # a trained adapter (PEFT starts B at zero)
+    peft.eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        want = peft(input_ids=ids).logits
+    base = {n: p.detach().clone() for n, p in peft.named_parameters() if "lora_" not in n}
+    layers = lora_layers(peft, experts=False)
+    with merged_adapters(layers, host_copy(layers)), torch.no_grad():
+        now = dict(peft.named_parameters())
+        assert all(torch.equal(now[n], base[n]) for n in base if n.endswith(("gate_up_proj", "down_proj"))
+                   and ".experts." in n)
+        assert not torch.equal(now["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"],
+                               base["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+        torch.testing.assert_close(peft(input_ids=ids).logits, want, atol=1e-5, rtol=1e-4)
+    assert all(torch.equal(p, base[n]) for n, p in peft.named_parameters() if n in base)
