@@ -95,7 +95,8 @@ def load_causal_lm(path: Path, precision: str, method: str):
     if quant is not None:
         kwargs["quantization_config"] = quant
     # No peft.prepare_model_for_kbit_training under QLoRA: it would upcast the embeddings, the LM head
-    # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base.
+    # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base. TRL's
+    # ORPO and CPO trainers would call it themselves: orpo and simpo go through lora_without_kbit_prep.
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     # Every generate on this model (rollouts, held-out greedy answers, the engine) keeps the KV cache. The Trainer
     # writes `use_cache: false` into every checkpoint's config.json (transformers 5.24's TrainingArguments.use_cache
@@ -133,6 +134,28 @@ def lora_config(lora, task_type: str, model):
         task_type=task_type,
         modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
     )
+
+
+def is_kbit(model) -> bool:
+    """The flags TRL and PEFT read to tell a bitsandbytes 4/8-bit model (transformers sets them on a quantized load)."""
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def lora_without_kbit_prep(model, peft_config, seed: int):
+    """(model, peft_config) for a TRL trainer that, given a k-bit model and a `peft_config`, runs
+    peft.prepare_model_for_kbit_training itself (TRL 1.16's experimental ORPOTrainer and CPOTrainer): that casts every
+    bf16 parameter that is not 4-bit to fp32, the embeddings, LM head and norms, and a MoE's routed experts, which
+    bitsandbytes leaves bf16 (a 30B-A3B's ~54 GiB of experts would become ~108 GiB), all priced bf16 by the planner
+    (see load_causal_lm). On a k-bit model the PeftModel is built here and the trainer gets peft_config None, a path
+    TRL accepts (it then only enables input grads for checkpointing, as on the LoRA path). Seeded as TRL seeds it,
+    so the adapter starts where TRL's would. Any other model goes to the trainer as before, TRL's own path."""
+    if peft_config is None or not is_kbit(model):
+        return model, peft_config
+    from peft import get_peft_model
+    from transformers import set_seed
+
+    set_seed(seed)
+    return get_peft_model(model, peft_config), None
 
 
 def save_merged(model, tokenizer, out_dir: Path, dtype: torch.dtype) -> Path:

@@ -58,7 +58,8 @@ class OnlineRLStageConfig(OverlongStageConfig):
     """The reward_model reward as the rm stage's LoRA adapter + score head on this stage's own base (the policy's
     LoRA and the reward adapter on one frozen base, the reference all adapters off: no second network). auto: when
     rm trains with LoRA/QLoRA from the same stage as this one and neither this stage trains in full nor
-    reward_model_gpu is on; true: the same, refused when that does not hold; false: the rm's merged model."""
+    reward_model_gpu nor lora.experts (here or in rm: PEFT scores no mixed-adapter batch through them) is on;
+    true: the same, refused when that does not hold; false: the rm's merged model."""
     reward_clip_range: Annotated[list[float], Field(min_length=2, max_length=2)] | None = None
     """[min, max]: rewards clipped to this range (e.g. [-5, 5]); null: none (TRL's default). A reward model's scores
     are unbounded, and a policy that finds what it scores high drives them (and the advantages) up without end
@@ -129,7 +130,8 @@ class OnlineRLStageConfig(OverlongStageConfig):
 
     def shared_base_blocker(self, rm: StageConfig, rm_start: str | None, own_start: str | None) -> str | None:
         """Why the reward model cannot share this stage's base (None: it can): the rm stage's LoRA adapter only
-        applies to the model rm started from, and only a LoRA policy leaves that base frozen."""
+        applies to the model rm started from, only a LoRA policy leaves that base frozen, and PEFT runs no
+        mixed-adapter batch through expert adapters (lora.experts, on either side)."""
         if "reward_model" not in self.reward_funcs:
             return f"reward_funcs {self.reward_funcs} has no reward_model"
         if self.reward_model_gpu:
@@ -138,6 +140,9 @@ class OnlineRLStageConfig(OverlongStageConfig):
             return "this stage trains in full (method: full): no frozen base to share"
         if rm.method == "full":
             return "the rm stage trains in full (method: full): its reward is a merged network"
+        if rm.lora.experts or self.lora.experts:  # PEFT 0.21.2: ParamWrapper._check_forward_args raises on it
+            return (f"{'the rm stage' if rm.lora.experts else 'this stage'} sets lora.experts: PEFT's expert adapters "
+                    f"refuse the mixed-adapter batch that scoring on the shared base runs")
         if rm_start != own_start:
             return (f"the rm stage starts from {rm_start or 'the base model'}, this stage from "
                     f"{own_start or 'the base model'}")

@@ -32,6 +32,7 @@ from typing import Any
 
 from medgpt_ray.generation.decode_path import DecodePath, choose
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
+from medgpt_ray.memory.rollout_host import EXPERTS_UNMERGED, host_note
 from medgpt_ray.memory.shapes import ModelShape
 
 SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
@@ -62,7 +63,8 @@ def rollout_path(s: TrainSetup) -> str | None:
         return "unmerged adapters (a 4-bit QLoRA base takes no merge)"
     if s.zero == 3:
         return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
-    return "merged LoRA (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
+    kept = f", {EXPERTS_UNMERGED}" if s.lora_experts and not s.merge_experts else ""
+    return f"merged LoRA{kept} (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
 
 
 def decode_path(shape: ModelShape, s: TrainSetup) -> DecodePath | None:
@@ -74,11 +76,16 @@ def decode_path(shape: ModelShape, s: TrainSetup) -> DecodePath | None:
                   quantized=s.method == "qlora", zero3=s.zero == 3)
 
 
-def rollout_line(shape: ModelShape, s: TrainSetup) -> str | None:
-    """plan.json's `rollout` and the plan line's: the weights the rollouts decode (rollout_path) and the decode
-    path with its reason."""
+def rollout_line(shape: ModelShape, s: TrainSetup, host_room_gib: float | None = None) -> str | None:
+    """plan.json's `rollout` and the plan line's: the weights the rollouts decode (rollout_path), a merge's host RAM
+    per worker against `host_room_gib` (memory/rollout_host.py; None: not known) and the decode path with its
+    reason."""
     path = decode_path(shape, s)
-    return None if path is None else f"{rollout_path(s)}; decode: {path.describe()}"
+    if path is None:
+        return None
+    weights = rollout_path(s) or ""
+    host = host_note(shape, s, host_room_gib) if weights.startswith("merged") else ""
+    return f"{weights}{host}; decode: {path.describe()}"
 
 
 def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -107,7 +114,7 @@ def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
     if not (rollout_path(s) or "").startswith("merged"):
         return 0.0
     widest = max(shape.mlp_width, shape.heads * max(shape.head_dim, shape.hidden // shape.heads)) * shape.hidden
-    if s.lora_experts:  # lora.experts: a routed layer's whole fused gate_up tensor (every expert) at once
+    if s.lora_experts and s.merge_experts:  # lora.experts: a routed layer's whole fused gate_up tensor at once
         widest = max(widest, shape.experts * 2 * shape.moe_intermediate * shape.hidden)
     return 2 * 4 * widest
 

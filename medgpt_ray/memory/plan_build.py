@@ -12,6 +12,7 @@ from medgpt_ray.memory.candidates import Candidate, PlanError, alternatives
 from medgpt_ray.memory.generation import decode_path, reward_model_placement, rollout_line
 from medgpt_ray.memory.lengths import LengthProfile
 from medgpt_ray.memory.options import COMPILE_MIN_STEPS, compiles
+from medgpt_ray.memory.rollout_host import host_room_gib
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
 
@@ -57,6 +58,7 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
         fused_kernels=s.fused_kernels, compile=compiled, seq_len_planned=layout["seq_len"],
         lengths=None if lengths is None else lengths.to_dict(),
         packing=_packing(cfg, num_workers, layout["rows_per_step"], lengths) if layout["packed"] else None,
-        steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on, rollout=rollout_line(shape, s),
+        steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on,
+        rollout=rollout_line(shape, s, host_room_gib(budget, s, chosen.est)),
         generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip)
     return replace(plan, deepspeed=deepspeed_config(plan, cfg))

@@ -25,6 +25,7 @@ class TrainSetup:
     optim: str = "adamw"  # adamw | adamw-8bit
     lora_rank: int = 8
     lora_experts: bool = False  # lora.experts: the routed experts adapted too (memory/expert_lora.py)
+    merge_experts: bool = True  # rollouts merge the experts' adapters (False: no host RAM for their copy)
     grad_accum: int = 1
     dpo_reference: str = "auto"  # auto (adapter-off policy for LoRA, a copy for full) | precomputed
     kl_batch: bool = False  # KTO's KL term: a no-grad forward of mismatched completions by policy and reference

@@ -183,6 +183,16 @@ class ModelShape:
                       for n, lins in self._layer_linears())
         return linears + (self.expert_lora_params(rank) if experts else 0)
 
+    def lora_base_params(self) -> int:
+        """The weights and biases of the nn.Linears LoRA adapts: what merged rollouts copy to the host
+        (memory/rollout_host.py)."""
+        def bias(name: str) -> bool:
+            return ((self.qkv_bias and name in ("q_proj", "k_proj", "v_proj")) or (self.o_bias and name == "o_proj")
+                    or (self.mlp_bias and name in ("gate_proj", "up_proj", "down_proj")))
+
+        return sum(n * sum(a * b + (b if bias(name) else 0) for name, a, b in self.lora_adapted(lins))
+                   for n, lins in self._layer_linears())
+
     def expert_lora_params(self, rank: int) -> int:
         """`lora.experts`' adapters: PEFT's ParamWrapper gives each expert its own rank-r pair on each fused tensor,
         gate_up (h -> 2 x moe_intermediate) and down (moe_intermediate -> h): r x E x (in + out) per tensor."""

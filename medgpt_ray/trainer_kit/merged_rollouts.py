@@ -11,7 +11,9 @@ starts (the base is frozen, so it never goes stale); its host RAM is the adapted
 rollout_path says so in the plan). The GPU holds one layer's delta at a time beyond the model.
 
 Not merged (the plan names why): a QLoRA base (4-bit: a merge would dequantize and requantize it, changing it), a
-ZeRO-3 policy (its weights are partitions outside the generate call's gather), full training (no adapter)."""
+ZeRO-3 policy (its weights are partitions outside the generate call's gather), full training (no adapter). With
+lora.experts, the routed experts' adapters where the worker's host RAM cannot hold the experts' copy (the plan says
+so: memory/rollout_host.py); the dense layers' still merge."""
 
 from __future__ import annotations
 
@@ -19,12 +21,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from medgpt_ray.memory.rollout_host import EXPERTS_UNMERGED
 
-def lora_layers(model: Any) -> dict[str, Any]:
-    """PEFT's LoRA layers of `model` by module name, those with an adapter to merge."""
+
+def lora_layers(model: Any, experts: bool = True) -> dict[str, Any]:
+    """PEFT's LoRA layers of `model` by module name, those with an adapter to merge; without `experts`, not the
+    adapters on parameters (PEFT's ParamWrapper: lora.experts' fused expert tensors)."""
     from peft.tuners.lora import LoraLayer
 
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer) and m.active_adapters}
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer) and m.active_adapters
+            and (experts or not getattr(m, "parameter_name", None))}
 
 
 def base_tensors(layer: Any) -> dict[str, Any]:
@@ -68,7 +74,10 @@ def merged_adapters(layers: dict[str, Any], base: dict[tuple[str, str], Any]) ->
 
 
 class _MergedWhileGenerating:
-    """The adapted layers and their base's host copy, found and taken at the first generate call."""
+    """The adapted layers and their base's host copy, found and taken at the first generate call; `merge_experts`
+    False (merging_behaviour): lora.experts' adapters stay unmerged, their experts are not copied."""
+
+    merge_experts = True
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -77,7 +86,7 @@ class _MergedWhileGenerating:
 
     def _merged(self) -> Any:
         if self._merged_layers is None:
-            self._merged_layers = lora_layers(self.model)
+            self._merged_layers = lora_layers(self.model, self.merge_experts)
             self._base_copy = host_copy(self._merged_layers)
         return merged_adapters(self._merged_layers, self._base_copy)
 
@@ -96,3 +105,14 @@ class MergedStudentSamples(_MergedWhileGenerating):
     def generate_on_policy_outputs(self, *args: Any, **kwargs: Any) -> Any:
         with self._merged():
             return super().generate_on_policy_outputs(*args, **kwargs)
+
+
+def merging_behaviour(rollout: str | None, behaviour: type) -> tuple[type, ...]:
+    """The trainer behaviours that merge for the plan's `rollout` (memory/generation.py rollout_line): none where it
+    does not merge; `behaviour` without the experts where the plan keeps them unmerged (no host RAM for their copy:
+    memory/rollout_host.py)."""
+    if not (rollout or "").startswith("merged"):
+        return ()
+    if EXPERTS_UNMERGED in (rollout or ""):
+        return (type(f"{behaviour.__name__}WithoutExperts", (behaviour,), {"merge_experts": False}),)
+    return (behaviour,)

@@ -68,6 +68,40 @@ def test_the_trainers_get_the_methods_parameters(pairs, tiny_model, tmp_path):
     assert (t.loss_types, t.loss_weights, t.label_smoothing) == (["robust", "bco_pair"], [0.7, 0.3], 0.1)
 
 
+@pytest.mark.parametrize("stage", ["orpo", "simpo"])
+def test_a_qlora_model_keeps_its_base_weights_bf16_and_trains(stage, pairs, tiny_model, tmp_path, monkeypatch):
+    """TRL's ORPO/CPO call peft.prepare_model_for_kbit_training on a model whose `is_loaded_in_4bit` is set, which
+    casts every bf16 parameter that is not 4-bit to fp32 (a MoE's unquantized experts: twice the memory the planner
+    prices). bitsandbytes cannot load here: the tiny bf16 model with that flag, the one attribute TRL reads, takes
+    TRL's QLoRA branch. Every base parameter stays bf16, and one checkpointed step still moves the adapter."""
+    import dataclasses
+    import math
+
+    from medgpt_ray import models
+
+    load = models.load_causal_lm
+
+    def load_flagged(*args, **kwargs):
+        model = load(*args, **kwargs)
+        model.is_loaded_in_4bit = True
+        return model
+
+    monkeypatch.setattr(models, "load_causal_lm", load_flagged)
+    inp = inputs(stage, pairs, tiny_model, tmp_path, max_steps=1, effective_batch=2, warmup_ratio=0.0)
+    inp.plan = dataclasses.replace(inp.plan, precision="bf16", ckpt_fraction=1.0)
+    built = build_stage(inp)
+    model = built.trainer.model
+    named = dict(model.named_parameters())
+    base = {n: p.dtype for n, p in named.items() if "lora_" not in n}
+    assert base and set(base.values()) == {torch.bfloat16}, {n: d for n, d in base.items() if d != torch.bfloat16}
+    assert built.lora and all(not named[n].requires_grad for n in base)
+    adapter = {n: p.detach().clone() for n, p in named.items() if p.requires_grad}
+    assert adapter and all("lora_" in n for n in adapter)
+    out = built.trainer.train()
+    assert math.isfinite(out.training_loss)
+    assert any(not torch.equal(adapter[n], named[n].detach()) for n in adapter)
+
+
 def test_a_dpo_loss_of_the_family_trains(pairs, tiny_model, tmp_path):
     r = run_stage(inputs("dpo", pairs, tiny_model, tmp_path, loss_type="ipo", beta=0.5))
     assert r["steps"] == 4 and r["train_loss_last"] < r["train_loss_first"]

@@ -38,6 +38,9 @@ def test_auto_shares_the_base_when_rm_trains_with_lora_from_the_same_stage(repo)
     (["stages.rm.method=lora"], "this stage trains in full"),
     ([*LORA, "stages.rloo.from=pt", "stages.pt.enabled=true"], "the rm stage starts from sft, this stage from pt"),
     ([*LORA, "stages.rloo.reward_model_gpu=true"], "reward_model_gpu: true holds"),
+    # lora.experts (issue 34): PEFT's ParamWrapper raises on the adapter_names batch SharedBaseScore scores with
+    ([*LORA, "stages.rm.lora.experts=true", "stages.rm.lora.dropout=0"], "the rm stage sets lora.experts"),
+    ([*LORA, "stages.rloo.lora.experts=true", "stages.rloo.lora.dropout=0"], "this stage sets lora.experts"),
 ])
 def test_auto_keeps_the_merged_reward_model_otherwise_and_true_says_why_not(repo, sets, blocker):
     assert rl_config(repo, *sets).stages.get("rloo").reward_shared_base is False

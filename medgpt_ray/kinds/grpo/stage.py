@@ -41,7 +41,7 @@ from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.generation_rate import GenerationRate
-from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts
+from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts, merging_behaviour
 from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
 from medgpt_ray.trainer_kit.static_rollouts import StaticRollouts
 
@@ -131,7 +131,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
                                reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
                                remote=shared or inp.reward_scorer, clip=clip)
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
-    merged = (MergedRollouts,) if (inp.plan.rollout or "").startswith("merged") else ()
+    merged = merging_behaviour(inp.plan.rollout, MergedRollouts)
     # StaticRollouts (after the merge: it decodes the merged weights): the plan's static decode path, one static
     # cache of seq_len tokens (prompt room + completions) for the run.
     static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None

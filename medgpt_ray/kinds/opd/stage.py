@@ -25,7 +25,7 @@ from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
-from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples
+from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples, merging_behaviour
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples
 
@@ -73,7 +73,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     # Not peft's bf16 input cast: the student also generates outside the Trainer's autocast (as GRPO does).
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
-    merged = (MergedStudentSamples,) if (inp.plan.rollout or "").startswith("merged") else ()
+    merged = merging_behaviour(inp.plan.rollout, MergedStudentSamples)
     static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None  # as grpo's
     trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
                             *((StaticStudentSamples,) if static else ()))(

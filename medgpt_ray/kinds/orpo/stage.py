@@ -33,13 +33,15 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
+    lora = peft_config is not None
+    model, peft_config = models.lora_without_kbit_prep(model, peft_config, inp.seed)  # QLoRA: no fp32 upcast
     kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
     args = ORPOConfig(**kwargs, beta=inp.cfg.beta, max_length=inp.cfg.seq_len, dataset_num_proc=None)
     trainer = trainer_class(ORPOTrainer, PairTokenCount, ShardLoader)(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
         peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=shard,
         group_by_length=inp.cfg.group_by_length)
-    return built_pairs(trainer, tok, peft_config is not None, train_ds, eval_ds, skipped, template)
+    return built_pairs(trainer, tok, lora, train_ds, eval_ds, skipped, template)
 
 
 def run(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
