@@ -68,3 +68,21 @@ def test_a_static_chat_streams_the_dynamic_answers_on_one_cache(tiny_model):
     assert dynamic.decoding.decoder is None
     assert static.decoding.decoder is first and first.cache is cache and first.builds == 1  # reset, not made anew
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_conversation_that_outgrows_the_static_cache_gets_a_longer_one(tiny_model, monkeypatch):
+    from medgpt_ray.generation import session as decode_session
+
+    assert [decode_session.cache_length(n) for n in (1, 2048, 2049)] == [2048, 2048, 4096]
+    assert decode_session.cache_length(100, before=4096) == 8192  # grown: twice the last
+    monkeypatch.setattr(decode_session, "CACHE_FLOOR", 32)  # a few turns outgrow it
+    source, params = ModelSource(tiny_model, "chatml"), GenerationParams(max_new_tokens=8)
+    dynamic, static = (ChatSession(source, params, "你是医生", path) for path in ("dynamic", "static"))
+    for session in (dynamic, static):
+        scramble(session.generator.model)
+    lengths = []
+    for question in ("头痛怎么办？", "需要吃药吗？", "还有呢？", "谢谢"):
+        assert static.reply(question) == dynamic.reply(question)
+        lengths.append(static.decoding.decoder.max_len)
+    assert lengths == sorted(lengths) and all(n >= 32 and n & (n - 1) == 0 for n in lengths)  # powers of two
+    assert lengths[-1] > lengths[0] and static.decoding.decoder.builds == len(set(lengths))
