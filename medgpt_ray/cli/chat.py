@@ -15,6 +15,10 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system prompt (default: the template's)")
     p.add_argument("--max-new-tokens", type=positive_int, default=512)
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 (default) decodes greedily")
+    p.add_argument("--generation-path", choices=("auto", "dynamic", "static"), default="auto",
+                   help="decode path: static (one static KV cache for the conversation, the decode step compiled "
+                        "with CUDA graphs), dynamic (HF generate's growing cache), auto (static on a GPU unless the "
+                        "model has linear-attention layers, else dynamic)")
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -28,8 +32,9 @@ def run_chat(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     session = ChatSession(source, GenerationParams(max_new_tokens=args.max_new_tokens,
-                                                   temperature=args.temperature), args.system)
-    print(f"chat with {source.path} (template {source.template or 'the tokenizer own'}); {HELP}", flush=True)
+                                                   temperature=args.temperature), args.system, args.generation_path)
+    print(f"chat with {source.path} (template {source.template or 'the tokenizer own'}; decode path "
+          f"{session.generator.path.describe()}); {HELP}", flush=True)
     while True:
         try:
             line = input("you> ").strip()

@@ -8,6 +8,8 @@ the stage kinds call it in their own process (the eval stage).
 - loading.py   the model and tokenizer for generation (the GPU's when there is one, else the CPU)
 - engine.py    Generator: a batch of prompts in, one row per sample out
 - stream.py    StreamedAnswer: one answer generated in a thread, read piece by piece (chat, serving)
+- session.py   DecodeSession: a conversation's answers on one thread and its decode path (chat: one static cache
+               for the conversation on a GPU)
 - decode_path.py the decode path (dynamic, or static: one static cache per run, the decode step compiled by
                transformers with CUDA graphs) chosen with its reason; StaticDecoder
 - continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page

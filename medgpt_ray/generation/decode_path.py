@@ -106,6 +106,10 @@ class StaticDecoder:
         self.batch = 0
         self.builds = 0
 
+    def resize(self, max_len: int) -> None:
+        """A cache of `max_len` tokens from the next call on (a chat whose conversation outgrew the cache)."""
+        self.max_len, self.cache = max_len, None
+
     def cache_for(self, model: Any, batch: int) -> Any:
         from transformers import StaticCache
 

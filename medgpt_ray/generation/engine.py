@@ -4,7 +4,8 @@ generate.
 
 A batch in: prompt_id, conversations and tools (JSON text). A batch out: one row per sample (prompt_id, sample,
 response, prompt_tokens, new_tokens, finished: the sample ended on its own stop token rather than at the limit;
-batch_seconds: the generate call's time on the batch's first row, 0 on the others).
+batch_seconds: the generate call's time, and decode_path: the path and why (DecodePath.describe), on the batch's
+first row, 0 and "" on the others).
 
 The decode path (generation/decode_path.py) is chosen once, when the model is loaded: static on a GPU (one static
 cache for every batch, the decode step compiled by transformers with CUDA graphs), dynamic on the CPU or for a
@@ -24,7 +25,8 @@ from medgpt_ray.generation.loading import generation_device, load_model, load_to
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.prompts import answer_until_stop, render_prompt, stop_token_ids
 
-ROW_COLUMNS = ("prompt_id", "sample", "response", "prompt_tokens", "new_tokens", "finished", "batch_seconds")
+ROW_COLUMNS = ("prompt_id", "sample", "response", "prompt_tokens", "new_tokens", "finished", "batch_seconds",
+               "decode_path")
 PROMPT_BUCKET = 128  # the static cache's least prompt room (tokens)
 
 
@@ -108,4 +110,5 @@ class Generator:
             rows["new_tokens"].append(n)
             rows["finished"].append(finished)
             rows["batch_seconds"].append(seconds if i == 0 else 0.0)  # summed by the driver: once per batch
+            rows["decode_path"].append(self.path.describe() if i == 0 else "")  # the driver reports it
         return rows

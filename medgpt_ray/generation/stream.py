@@ -1,6 +1,10 @@
 """One answer generated in a thread and read piece by piece as it grows (chat, serving), with the engine's model.
 A reader may cancel it, or give it a deadline: generation itself stops at the next token (a stopping criterion
-checks both), so the thread and its compute are freed, not only the reader."""
+checks both), so the thread and its compute are freed, not only the reader.
+
+With a DecodeSession (chat: generation/session.py) the answer is generated on the session's one thread and decode
+path (static on a GPU: one cache for the conversation, the decode step compiled with CUDA graphs); without one
+(serve's fallback for linear-attention models, many requests at once) in a thread of its own on the dynamic path."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.session import DecodeSession
 
 # A prompt longer than this many characters per allowed token is first counted on its start alone: tokenizing a
 # whole 1 MiB prompt to learn that it is too long took 0.9 s and 143 MB of a serving replica on the tiny model.
@@ -69,36 +74,41 @@ class StreamedAnswer:
     the limit) and stopped (cancelled, or its deadline passed, before it finished)."""
 
     def __init__(self, gen: Generator, turns: list[dict], tools: list[dict] | None, params: GenerationParams,
-                 deadline: float | None = None, max_prompt_tokens: int | None = None):
+                 deadline: float | None = None, max_prompt_tokens: int | None = None,
+                 session: DecodeSession | None = None):
         import torch
         from transformers import StoppingCriteriaList, TextIteratorStreamer
 
         ids = torch.tensor([prompt_ids(gen, turns, tools, max_prompt_tokens)], device=gen.device)
         self.prompt_tokens = int(ids.shape[1])
         self._gen, self._ids, self._error = gen, [], None
-        self._cancelled, self._stopped = threading.Event(), threading.Event()
+        self._cancelled, self._stopped, self._done = threading.Event(), threading.Event(), threading.Event()
         self._streamer = TextIteratorStreamer(gen.tok, skip_prompt=True, skip_special_tokens=True)
         stop = _stop_criterion(self._cancelled, deadline, self._stopped)
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "max_new_tokens": params.max_new_tokens,
                   "eos_token_id": gen.stops,
                   "pad_token_id": gen.tok.pad_token_id, "streamer": self._streamer,
                   "stopping_criteria": StoppingCriteriaList([stop]), **params.sampling()}
-        self._thread = threading.Thread(target=self._run, args=(kwargs,), daemon=True)
-        self._thread.start()
+        if session is None:
+            threading.Thread(target=self._run, args=(kwargs, gen.model.generate), daemon=True).start()
+        else:
+            session.submit(lambda: self._run(kwargs, session.generate))
 
-    def _run(self, kwargs: dict[str, Any]) -> None:
+    def _run(self, kwargs: dict[str, Any], generate: Any) -> None:
         import torch
 
         try:
             with torch.no_grad():
-                self._ids = self._gen.model.generate(**kwargs)[0, self.prompt_tokens:].tolist()
+                self._ids = generate(**kwargs)[0, self.prompt_tokens:].tolist()
         except BaseException as e:  # raised again in the reader's thread, after the pieces so far
             self._error = e
             self._streamer.end()
+        finally:
+            self._done.set()
 
     def __iter__(self):
         yield from self._streamer
-        self._thread.join()
+        self._done.wait()
         if self._error is not None:
             raise self._error
 
@@ -116,9 +126,8 @@ class StreamedAnswer:
         self._cancelled.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the generating thread to end; True when it has."""
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        """Wait for the generation to end; True when it has."""
+        return self._done.wait(timeout)
 
     @property
     def new_tokens(self) -> int:

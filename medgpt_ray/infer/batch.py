@@ -3,9 +3,10 @@ actor: a GPU each where the cluster has GPUs, else CPU), written as Parquet part
 
 OUT/ holds generate.json (the model, template and sampling settings), generations/part-*.parquet (one row per
 sample: prompt_id, sample, response, prompt_tokens, new_tokens, finished), quarantine.jsonl (rows that are no
-prompt: file, line, reason; never the text) and summary.json. A part is renamed into place only once written, so
-a run that stops keeps every finished part, and the next run with the same settings generates only the prompts
-with no part yet. Prompts go out sorted by length, so a batch pads little."""
+prompt: file, line, reason; never the text) and summary.json (decode_path: the path the actors decoded on and why,
+generation/decode_path.py, also printed once the first batch is back). A part is renamed into place only once
+written, so a run that stops keeps every finished part, and the next run with the same settings generates only the
+prompts with no part yet. Prompts go out sorted by length, so a batch pads little."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def _load(inputs: list[str], out: Path) -> tuple[list[dict], int]:
 def _write_part(out: Path, n: int, table: pa.Table) -> None:
     final = out / PARTS / f"part-{n:05d}.parquet"
     tmp = final.with_suffix(".parquet.tmp")
-    pq.write_table(table.drop_columns(["batch_seconds"]), tmp)
+    pq.write_table(table.drop_columns(["batch_seconds", "decode_path"]), tmp)
     os.replace(tmp, final)
 
 
@@ -126,7 +127,7 @@ def generate(opts: GenerateOptions, echo: Callable[[str], None] = print) -> dict
          f"{len(prompts) - len(pending)} already generated, {len(pending)} to go")
     summary = {"prompts": len(prompts), "quarantined": quarantined, "already_done": len(prompts) - len(pending),
                "generated": 0, "samples": 0, "new_tokens": 0, "unfinished_samples": 0, "generate_seconds": 0.0,
-               **settings}
+               "decode_path": None, **settings}
     t0 = time.monotonic()
     if pending:
         _run(opts, settings, pending, summary, echo)
@@ -150,7 +151,7 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
     resources = _pool_resources(opts)
     where = f"{opts.num_workers} GPU actor(s)" if resources["num_gpus"] else f"{opts.num_workers} CPU actor(s)"
     echo(f"[generate] model {settings['model']}, template {settings['template'] or 'the tokenizer own'}, {where}, "
-         f"batches of {opts.batch_size}, decode path {opts.generation_path}"
+         f"batches of {opts.batch_size}, generation path {opts.generation_path}"
          + (" (static on a GPU, dynamic on the CPU and for linear-attention models)"
             if opts.generation_path == "auto" else ""))
     # Ray prints one "constructor arguments in the object store" line per actor (ray-project/ray#53727): Ray Data's
@@ -159,9 +160,13 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
         Generator, fn_constructor_kwargs={"model_path": settings["model"], "template": settings["template"],
                                           "params": settings["params"], "generation_path": opts.generation_path},
         batch_size=opts.batch_size, compute=ray.data.ActorPoolStrategy(size=opts.num_workers), **resources)
-    t0, last = time.monotonic(), 0.0
+    t0, last, paths = time.monotonic(), 0.0, set()
     for n, table in enumerate(ds.iter_batches(batch_size=None, batch_format="pyarrow")):
         _write_part(out, first_part + n, table)
+        for path in sorted(set(table.column("decode_path").to_pylist()) - {"", *paths}):  # each actor's, once
+            echo(f"[generate] decode path: {path}")
+            paths.add(path)
+            summary["decode_path"] = " | ".join(sorted(paths))
         summary["generated"] += len(set(table.column("prompt_id").to_pylist()))
         summary["samples"] += table.num_rows
         summary["new_tokens"] += sum(table.column("new_tokens").to_pylist())

@@ -66,7 +66,8 @@ def serving_path(gen: Generator, limits: ServeLimits, context: int | None) -> tu
     per request in a thread of its own; and that choice in words (the responses' system_fingerprint)."""
     reason = unsupported_reason(gen.model.config)
     if reason is not None:
-        return None, f"one generate call per request: {reason}"
+        # each on the dynamic path (stream.py, no DecodeSession): concurrent requests cannot share a batch-1 cache
+        return None, f"one generate call per request, dynamic decode: {reason}"
     per_request = (limits.max_prompt_tokens or context or 2048) + limits.max_tokens_limit
     per_request = min(per_request, context) if context else per_request
     engine = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))

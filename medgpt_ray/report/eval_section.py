@@ -1,6 +1,6 @@
 """The report's eval section: the eval stage's results.json (held-out loss per model, answers judged by the reward
-model and the win rates over the reference, exam accuracy). Numbers only: the answers themselves stay in
-runs/<name>/eval/generations.jsonl (owner-only)."""
+model and the win rates over the reference, exam accuracy; each model's decode path). Numbers only: the answers
+themselves stay in runs/<name>/eval/generations.jsonl (owner-only)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ def _models(ev: dict[str, Any]) -> str:
                   "exam: generated letter"), rows)
 
 
+def _decode_paths(ev: dict[str, Any]) -> str:
+    """How each model's answers decoded and why (results.json's models.<name>.decode_path), one note per path."""
+    by_path: dict[str, list[str]] = {}
+    for name in _ordered(list(ev["models"])):
+        if ev["models"][name].get("decode_path"):
+            by_path.setdefault(ev["models"][name]["decode_path"], []).append(name)
+    return "".join(note(f"decode path of {', '.join(names)}: {path}") for path, names in by_path.items())
+
+
 def _win_rates(ev: dict[str, Any]) -> str:
     wins = ev.get("win_rates") or {}
     if not wins:
@@ -59,7 +68,7 @@ def eval_section(ev: dict[str, Any] | None) -> str:
     body = note(f"held-out: {d['heldout_conversations']} SFT conversations (loss), {d['prompts']} prompts answered "
                 f"greedily by each model, {d['exam_questions']} exam questions (data.exam); judge: "
                 f"{ev.get('judge') or 'none'}; reference: {ev['reference']}")
-    body += _models(ev) + section("eval-wins", "Win rates", _win_rates(ev), level=3)
+    body += _models(ev) + _decode_paths(ev) + section("eval-wins", "Win rates", _win_rates(ev), level=3)
     names = [n for n in _ordered(list(ev["models"])) if ev["models"][n].get("exam")]
     if names:
         body += figure(plots.bars("exam accuracy", names, {

@@ -29,7 +29,8 @@ def _num(v: float | None, digits: int = 3) -> str:
 
 
 def format_eval_lines(summary: dict[str, Any]) -> list[str]:
-    """The eval section under the summary table: one line per model, then one per win rate."""
+    """The eval section under the summary table: one line per model, one per decode path (the models on it and
+    why), then one per win rate."""
     evaluator = run_evaluator()
     ev = summary.get(evaluator) if evaluator else None
     if not ev:
@@ -42,6 +43,11 @@ def format_eval_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"{name:<6}{_num(m['heldout']['loss']):>8}{_num(m['heldout']['perplexity'], 2):>9}"
                      f"{_num(ans.get('mean_reward')):>9}{_num(ans.get('mean_new_tokens'), 1):>8}"
                      f"{_num(exam.get('loglik_accuracy')):>9}{_num(exam.get('generated_accuracy')):>10}")
+    by_path: dict[str, list[str]] = {}
+    for name, m in ev["models"].items():
+        if m.get("decode_path"):
+            by_path.setdefault(m["decode_path"], []).append(name)
+    lines += [f"decode path of {', '.join(names)}: {path}" for path, names in by_path.items()]
     for name, w in ev["win_rates"].items():
         lines.append(f"win rate {name} over {ev['reference']}: {_num(w['win_rate'])} "
                      f"[{_num(w['ci95'][0])}, {_num(w['ci95'][1])}] 95% CI ({w['wins']} wins, {w['ties']} ties, "

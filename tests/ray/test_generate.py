@@ -47,6 +47,10 @@ def test_every_prompt_gets_its_samples_and_a_stopped_run_resumes(ray_cluster, ti
     assert [(b["line"], b["reason"].startswith("invalid JSON")) for b in bad] == [(5, True)]
     assert not any(q in "\n".join(lines) for q in QUESTIONS)  # progress lines count, they never quote
     assert any("8/8 prompts" in line for line in lines)
+    cpu = "dynamic (auto: on the CPU a compiled decode step saves nothing)"  # the path each actor decoded on, and why
+    assert summary["decode_path"] == cpu and f"[generate] decode path: {cpu}" in lines
+    assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))["decode_path"] == cpu
+    assert "decode_path" not in rows[0]  # the parts hold answers only
 
     # A run stopped after some parts: only the prompts of the lost part are generated again.
     parts = sorted((tmp_path / "generations").glob("part-*.parquet"))

@@ -83,6 +83,7 @@ def test_a_model_judged_against_itself_ties_on_every_prompt(data, tiny_model, re
     base, dpo = ev["models"]["base"], ev["models"]["dpo"]
     assert base == {**dpo, "answers": {**dpo["answers"], "generate_seconds": base["answers"]["generate_seconds"]}}
     assert base["heldout"]["tokens"] > 0 and base["heldout"]["perplexity"] > 1
+    assert base["decode_path"] == "dynamic (auto: on the CPU a compiled decode step saves nothing)"  # and why
     assert base["exam"]["questions"] == ev["data"]["exam_questions"] == 52
     assert r["output_model"] == str(tmp_path)
     assert json.loads((tmp_path / "results.json").read_text()) == ev

@@ -88,14 +88,17 @@ def test_the_eval_fingerprint_follows_the_exam_and_prompt_data():
     assert dag.stage_data_fingerprint(stage_kind("sft"), {**fps, "exam": "e2"}) == "s"
 
 
+STATIC = "static (auto: static cache, the decode step compiled by transformers with CUDA graphs)"
+
+
 def test_the_eval_section_of_the_summary():
     ev = {"reference": "sft", "judge": "rm",
           "data": {"heldout_conversations": 12, "prompts": 16, "exam_questions": 52},
-          "models": {"sft": {"heldout": {"loss": 2.5, "perplexity": 12.18},
+          "models": {"sft": {"heldout": {"loss": 2.5, "perplexity": 12.18}, "decode_path": STATIC,
                              "answers": {"mean_reward": 0.1, "mean_new_tokens": 20.5},
                              "exam": {"loglik_accuracy": 0.3, "loglik_sum_accuracy": 0.3,
                                       "generated_accuracy": 0.25}},
-                     "dpo": {"heldout": {"loss": 2.6, "perplexity": 13.46},
+                     "dpo": {"heldout": {"loss": 2.6, "perplexity": 13.46}, "decode_path": STATIC,
                              "answers": {"mean_reward": 0.4, "mean_new_tokens": 18.0},
                              "exam": {"loglik_accuracy": 0.31, "loglik_sum_accuracy": 0.29,
                                       "generated_accuracy": 0.2}}},
@@ -107,7 +110,11 @@ def test_the_eval_section_of_the_summary():
     assert 'id="eval"' in html and "win rate over sft" in html and "0.6875" in html and "data:image/png" in html
     assert 'alt="win rates: each model&#x27;s win rate as a point, its bootstrap 95% CI as an error bar"' in html
     assert "not run: no eval stage" in eval_section(None)
+    assert html.count("decode path of") == 1 and f"decode path of sft, dpo: {STATIC}" in html
+    ev["models"]["dpo"]["decode_path"] = "dynamic (generation_path: dynamic)"
     lines = format_eval_lines({"eval": ev})
+    assert f"decode path of sft: {STATIC}" in lines
+    assert "decode path of dpo: dynamic (generation_path: dynamic)" in lines
     assert lines[0].startswith("eval (held-out: 12 conversations, 16 prompts, 52 exam questions; judge: rm)")
     assert any(line.startswith("dpo") and "2.600" in line and "0.400" in line for line in lines)
     assert lines[-1] == ("win rate dpo over sft: 0.688 [0.470, 0.880] 95% CI (10 wins, 2 ties, 4 losses of 16)")

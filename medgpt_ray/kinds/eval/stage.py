@@ -9,8 +9,9 @@ log-likelihood and the letter it generates (kinds/eval/scores.py). Then the rm s
 each model's answers are compared with the reference model's (the stage's `from`, SFT by default) prompt by prompt:
 wins, ties, losses, the win rate (ties half) with a bootstrap 95 % interval (kinds/eval/stats.py).
 
-runs/<name>/eval/: results.json (the numbers, no record text), generations.jsonl and exam.jsonl (per item: the
-answers and their scores; owner-only, they hold medical text), result.json (the stage's receipt)."""
+runs/<name>/eval/: results.json (the numbers, no record text; per model its decode path and why), generations.jsonl
+and exam.jsonl (per item: the answers and their scores; owner-only, they hold medical text), result.json (the stage's
+receipt)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class ModelEval:
     answers: list[dict[str, Any]] = field(default_factory=list)  # per prompt: id, response, new_tokens, finished
     exam: list[dict[str, Any]] = field(default_factory=list)  # per question: id, picks, generated
     generate_seconds: float = 0.0
+    decode_path: str | None = None  # how its answers decoded and why (DecodePath.describe); None: it generated none
 
 
 def _keyed(path: str | None, prefix: str) -> list[tuple[str, dict]]:
@@ -130,6 +132,8 @@ def evaluate_model(name: str, path: str, inp: StageInputs, data: EvalData) -> Mo
         res.answers, res.generate_seconds = _answers(gen, data.prompts, cfg.batch_size)
     if data.exam:
         res.exam = _exam(gen, template, data, cfg)
+    if res.answers or res.exam:
+        res.decode_path = gen.path.describe()
     compiled = gen.path.compiled
     del gen
     _free(compiled)
@@ -178,7 +182,8 @@ def summarise(ref: str, evals: dict[str, ModelEval], rewards: dict[str, list[flo
     """results.json: per model its loss, answers' mean reward and length, exam accuracies; win rates over ref."""
     per_model: dict[str, Any] = {}
     for name, e in evals.items():
-        m: dict[str, Any] = {"heldout": e.loss, **({"pretrain_heldout": e.text_loss} if e.text_loss else {})}
+        m: dict[str, Any] = {"heldout": e.loss, **({"pretrain_heldout": e.text_loss} if e.text_loss else {}),
+                             **({"decode_path": e.decode_path} if e.decode_path else {})}
         if e.answers:
             lengths = [a["new_tokens"] for a in e.answers]
             m["answers"] = {"prompts": len(lengths), "mean_new_tokens": round(sum(lengths) / len(lengths), 2),
