@@ -1,0 +1,87 @@
+"""fake_trace.py against the H200: each eager SFT run of bench/results/memory_calibration_h200.json (no Liger kernels,
+no compiled layers, no DeepSpeed, no 4/8-bit; the runs fake_trace.py can set up as the stage did) traced on fake
+tensors on this CPU at the same model shape, method, precision, micro-batch, seq_len (every row full length, as the
+calibration's synthetic records are), checkpointed share and LoRA rank, for the calibration's 3 optimizer steps; the
+traced peak beside the measured `peak_allocated_gib` and the planner's prediction of the day.
+
+What it says: whether a CPU trace stands for the GPU's peak on families the GPU measured, before it is read for a
+family the GPU has not (issue 34: Qwen3.5's linear-attention layers, bench/README.md "fake_trace.py"). What a CPU
+trace cannot see (cuBLAS/cuDNN workspaces, the allocator's rounding) is inside the measured peaks and not in the
+traced ones.
+
+    python bench/fake_trace_check.py --out bench/results/fake_trace_check_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH.parent), str(BENCH)]
+
+CALIBRATION = BENCH / "results" / "memory_calibration_h200.json"
+
+
+def eager_sft_runs(calibration: dict[str, Any]) -> list[dict[str, Any]]:
+    """The calibration's SFT runs that fake_trace.py sets up as the stage did."""
+    return [r for r in calibration["runs"] if r["stage"] == "sft" and r["status"] == "ok" and r["zero"] == 0
+            and r["offload"] == "none" and r["method"] in ("lora", "full") and r["optim"] == "adamw"
+            and r["fused_ce"] and not r["id"].endswith(("-lk", "-cc", "-8bit"))]
+
+
+def shape_config(model: str, work: Path) -> Any:
+    """The calibration's random-init model's config (memory_calibration.prepare_model's), without its weights."""
+    from transformers import AutoConfig, Qwen2Config
+
+    from medgpt_ray.memory.shapes import load_shape
+
+    s = load_shape(model)
+    Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate,
+                tie_word_embeddings=s.tied_embeddings, max_position_embeddings=32768, rope_theta=1e6,
+                pad_token_id=0, eos_token_id=2, bos_token_id=None).save_pretrained(work / model)
+    return AutoConfig.from_pretrained(work / model, local_files_only=True)
+
+
+def check(run: dict[str, Any], work: Path, steps: int) -> dict[str, Any]:
+    from fake_trace import trace
+
+    t0 = time.monotonic()
+    rows = [[run["seq_len"]] * run["micro_batch"]] * steps
+    traced = trace(shape_config(run["model"], work), run["method"], run["precision"], run["ckpt_fraction"],
+                   [[r] for r in rows], lora_rank=run["lora_rank"] or 8)
+    measured = run["peak_allocated_gib"]
+    return {"id": run["id"], "measured_gib": round(measured, 3), "traced_gib": traced["peak_gib"],
+            "traced_phase": traced["phase"], "traced_vs_measured_pct": round(100 * (traced["peak_gib"] / measured - 1), 1),
+            "predicted_then_gib": round(run["predicted_gib"], 3), "trace_s": round(time.monotonic() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=3, help="optimizer steps traced (the calibration ran 3)")
+    ap.add_argument("--only", default="", help="comma-separated id substrings")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    runs = eager_sft_runs(json.loads(CALIBRATION.read_text()))
+    if a.only:
+        runs = [r for r in runs if any(k in r["id"] for k in a.only.split(","))]
+    results = []
+    with tempfile.TemporaryDirectory() as work:
+        for run in runs:
+            results.append(check(run, Path(work), a.steps))
+            print(json.dumps(results[-1]), flush=True)
+    errors = [r["traced_vs_measured_pct"] for r in results]
+    report = {"command": "python " + " ".join(sys.argv), "calibration": str(CALIBRATION.relative_to(BENCH.parent)),
+              "runs": results, "traced_vs_measured_pct": {"min": min(errors), "max": max(errors)} if errors else {}}
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
