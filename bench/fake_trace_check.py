@@ -57,8 +57,9 @@ def check(run: dict[str, Any], work: Path, steps: int) -> dict[str, Any]:
     traced = trace(shape_config(run["model"], work), run["method"], run["precision"], run["ckpt_fraction"],
                    [[r] for r in rows], lora_rank=run["lora_rank"] or 8)
     measured = run["peak_allocated_gib"]
+    error_pct = round(100 * (traced["peak_gib"] / measured - 1), 1)
     return {"id": run["id"], "measured_gib": round(measured, 3), "traced_gib": traced["peak_gib"],
-            "traced_phase": traced["phase"], "traced_vs_measured_pct": round(100 * (traced["peak_gib"] / measured - 1), 1),
+            "traced_phase": traced["phase"], "traced_vs_measured_pct": error_pct,
             "predicted_then_gib": round(run["predicted_gib"], 3), "trace_s": round(time.monotonic() - t0, 1)}
 
 
