@@ -10,6 +10,12 @@ trace cannot see (cuBLAS/cuDNN workspaces, the allocator's rounding) is inside t
 traced ones.
 
     python bench/fake_trace_check.py --out bench/results/fake_trace_check_cpu.json
+
+`--family-points`: the planner's estimate beside the trace for eager configurations of today's families that no GPU
+has measured (bench/family_models.py shapes; the H200 measured their compiled, packed plans): where the trace stands
+above the plan by more than its own bias on the dense runs, the configuration is the next GPU point to measure.
+
+    python bench/fake_trace_check.py --family-points --out bench/results/fake_trace_family_points_cpu.json
 """
 
 from __future__ import annotations
@@ -63,12 +69,46 @@ def check(run: dict[str, Any], work: Path, steps: int) -> dict[str, Any]:
             "predicted_then_gib": round(run["predicted_gib"], 3), "trace_s": round(time.monotonic() - t0, 1)}
 
 
+# (family_models name, method, micro-batch, seq_len, checkpointed share): eager LoRA SFT, every row full length.
+FAMILY_POINTS = [("qwen3-8b", "lora", 1, 2048, 0.667), ("qwen3-8b", "lora", 2, 2048, 1.0),
+                 ("qwen3-moe-8l", "lora", 4, 1024, 0.125), ("qwen3-moe-8l", "lora", 2, 2048, 0.5)]
+
+
+def family_point(name: str, method: str, micro_batch: int, seq_len: int, ckpt: float, work: Path,
+                 steps: int) -> dict[str, Any]:
+    import family_models
+    from fake_trace import trace
+
+    from medgpt_ray.memory.estimator import TrainSetup, estimate
+    from medgpt_ray.memory.shapes import load_shape
+
+    config = family_models.family_config(name)
+    config.save_pretrained(work / name)
+    setup = TrainSetup(stage="sft", method=method, precision="bf16", micro_batch=micro_batch, seq_len=seq_len,
+                       ckpt_fraction=ckpt, fused_ce=True, zero=0, offload="none", gpus=1, optim="adamw")
+    planned = estimate(load_shape(str(work / name)), setup).peak_gib
+    traced = trace(config, method, "bf16", ckpt, [[[seq_len] * micro_batch]] * steps)
+    return {"model": name, "method": method, "micro_batch": micro_batch, "seq_len": seq_len, "ckpt_fraction": ckpt,
+            "planned_gib": round(planned, 3), "traced_gib": traced["peak_gib"], "traced_phase": traced["phase"],
+            "traced_vs_planned_pct": round(100 * (traced["peak_gib"] / planned - 1), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps traced (the calibration ran 3)")
     ap.add_argument("--only", default="", help="comma-separated id substrings")
+    ap.add_argument("--family-points", action="store_true", help="the planner vs the trace on unmeasured configs")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.family_points:
+        with tempfile.TemporaryDirectory() as work:
+            points = [family_point(*p, Path(work), 2) for p in FAMILY_POINTS]
+        for p in points:
+            print(json.dumps(p), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps({"command": "python " + " ".join(sys.argv), "points": points},
+                                              indent=1) + "\n")
+        return
     runs = eager_sft_runs(json.loads(CALIBRATION.read_text()))
     if a.only:
         runs = [r for r in runs if any(k in r["id"] for k in a.only.split(","))]
