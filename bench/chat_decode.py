@@ -22,6 +22,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.generation_throughput import random_model, write_result  # noqa: E402
+
 QUESTIONS = ("头痛三天了，伴有恶心，应该怎么办？", "需要做哪些检查？", "平时饮食要注意什么？", "多久复查一次？")
 
 
@@ -85,16 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.model_dir:
         model_dir = Path(a.model_dir)
     else:
-        from bench.generation_throughput import random_model
-
         model_dir = random_model(a.shape, Path(a.work))
     rows = [row for path in a.paths for row in conversation(model_dir, path, a.turns, a.new_tokens)]
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-              "device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
-              "model": a.shape or str(model_dir), "cap_gib": a.cap_gib, "rows": rows}
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(a.out, argv, {"device": torch.cuda.get_device_name(0) if a.device == "cuda" else "cpu",
+                               "model": a.shape or str(model_dir), "cap_gib": a.cap_gib, "rows": rows})
     return 0
 
 

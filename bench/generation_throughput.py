@@ -261,12 +261,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not (a.shape or a.model_dir) or any(p not in PATHS for p in a.paths):
         ap.error(f"--shape or --model-dir; --paths among {', '.join(PATHS)}")
-    result = {"command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-              **measure(a)}
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(a.out, argv, measure(a))
     return 0
+
+
+def write_result(out: Path | None, argv: list[str] | None, result: dict[str, Any]) -> None:
+    """`result` with the command that made it, written to `out` (the generation benches' JSON)."""
+    if out:
+        command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"command": command, **result}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
