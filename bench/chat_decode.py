@@ -23,7 +23,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.generation_throughput import random_model, write_result  # noqa: E402
+from bench.generation_throughput import add_model_args, random_model, write_result  # noqa: E402
 
 QUESTIONS = ("头痛三天了，伴有恶心，应该怎么办？", "需要做哪些检查？", "平时饮食要注意什么？", "多久复查一次？")
 
@@ -67,11 +67,7 @@ def conversation(model_dir: Path, path: str, turns: int, new_tokens: int) -> lis
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default=None, help="a preset shape built with random weights (e.g. qwen2.5-1.5b)")
-    ap.add_argument("--model-dir", default=None, help="a model directory instead of --shape")
-    ap.add_argument("--work", default="/tmp/medgpt-gen-bench", help="where --shape's model is built")
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--cap-gib", type=float, default=24.0, help="per-process GPU memory cap (0: none)")
+    add_model_args(ap)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--paths", type=lambda s: s.split(","), default=["dynamic", "static"])

@@ -246,13 +246,18 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The model and device options the generation benches share."""
     ap.add_argument("--shape", default=None, help="a preset shape built with random weights (e.g. qwen2.5-1.5b)")
     ap.add_argument("--model-dir", default=None, help="a model directory instead of --shape")
     ap.add_argument("--work", default="/tmp/medgpt-gen-bench", help="where --shape's model is built")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--cap-gib", type=float, default=24.0, help="per-process GPU memory cap (0: none)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(ap)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64])
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
