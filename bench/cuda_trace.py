@@ -53,7 +53,7 @@ def run(model: Any, steps: list[list[list[int]]], vocab: int, autocast: bool = F
     for k, micro_batches in enumerate(steps, 1):
         for j, rows in enumerate(micro_batches, 1):
             batch = {key: t.cuda() for key, t in fake_trace._batch(rows, vocab).items()}
-            with torch.autocast("cuda", torch.bfloat16, enabled=autocast):  # amp-bf16, as HF's bf16=True
+            with torch.autocast("cuda", torch.bfloat16, enabled=autocast):  # bf16, amp-bf16: HF's bf16=True
                 out, loss = fake_trace._loss(model, batch, False)
             close(f"step {k} mb {j} forward")
             loss.backward()
@@ -91,7 +91,7 @@ def main() -> None:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     t0 = time.monotonic()
     result = run(model, fake_trace._steps(a.steps, a.micro_batch), config.get_text_config().vocab_size,
-                 a.precision == "amp-bf16")
+                 a.precision in ("bf16", "amp-bf16"))  # as the stage runs it, and fake_trace.trace
     if a.snapshot:
         torch.cuda.memory._dump_snapshot(a.snapshot)
     result = {"command": " ".join(["python", *sys.argv]), "device": torch.cuda.get_device_name(),
