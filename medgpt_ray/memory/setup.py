@@ -112,3 +112,9 @@ def check_setup(s: TrainSetup) -> None:
         raise SetupError(f"ckpt fraction {s.ckpt_fraction}: between 0 and 1")
     if s.micro_batch < 1 or s.seq_len < 1 or s.gpus < 1 or s.grad_accum < 1:
         raise SetupError("micro-batch, sequence length, GPUs and accumulation must be >= 1")
+
+
+def merges_adapters(s: TrainSetup) -> bool:
+    """The rollouts decode on the LoRA adapter merged into the base (trainer_kit/merged_rollouts.py): no adapter
+    kernels in the decode step."""
+    return bool(s.generations) and s.method == "lora" and s.zero != 3

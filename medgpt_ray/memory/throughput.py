@@ -15,6 +15,7 @@ from functools import cache
 
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.profiles import memory_profile
+from medgpt_ray.memory.setup import merges_adapters
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.zero3 import gather_elements
 
@@ -168,9 +169,14 @@ def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int)
 def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     """One token of one generate call (HF generate, KV cache): a forward's eager ops one by one, or reading the
     weights once, whichever is longer; the batch barely matters. The H200 measured 45-70 ms for Qwen2.5-1.5B and
-    7B alike (28 layers each, LoRA: bench/results/generate_speed_probe_1.5b_h200.json, rl_stage_run_*)."""
+    7B alike (28 layers each, LoRA unmerged: bench/results/generate_speed_probe_1.5b_h200.json, rl_stage_run_*);
+    issue 35's probe on the 1.5B at 16 sequences: 127 ms a step with the adapters unmerged, 37 merged (no adapter
+    kernels: merged rollouts, memory/generation.py merges_adapters). The static path's CUDA graphs (generation/
+    decode_path.py) are priced as the eager step until a GPU measures them: an over-estimate of the time, never an
+    under-estimate."""
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
-    kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
+    adapters = s.method != "full" and not merges_adapters(s)
+    kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if adapters else 0))
     return max(kernels * LAUNCH_SECONDS, 2 * shape.params / (gpu.mem_bw_gbs * 1e9))
 
 

@@ -92,3 +92,18 @@ def test_7b_lora_grpo_fits_with_fewer_generations_and_the_plan_says_why():
                       make_budget(24.0, 2.0, "rtx4090", True, "t"))
     # 32 completions per generate call: 1.75 GiB of KV cache; the planner's choice peaks within the budget
     assert plan.prediction.peak_gib <= 22.0 and plan.micro_batch * plan.grad_accum == 32
+
+
+def test_a_merged_rollout_decode_step_is_priced_without_adapter_kernels():
+    # Issue 35's probe on the H200 (Qwen2.5-1.5B, LoRA r8 on all linear layers, 16 sequences, transformers 5.17):
+    # 127 ms a decode step with the adapters unmerged, 37 ms merged. LoRA rollouts merge (trainer_kit/
+    # merged_rollouts.py); a QLoRA base cannot, so its step keeps PEFT's kernels.
+    from medgpt_ray.memory.throughput import GPU_SPECS, decode_step_seconds
+
+    q15, h200 = PRESETS["qwen2.5-1.5b"], GPU_SPECS["h200"]
+    rollout = replace(SETUP, micro_batch=16, grad_accum=1, completion_len=256)
+    merged = decode_step_seconds(q15, rollout, h200)
+    unmerged = decode_step_seconds(q15, replace(rollout, method="qlora"), h200)
+    assert merged == pytest.approx(0.037, rel=0.25)
+    assert unmerged == pytest.approx(0.127, rel=0.3)
+    assert decode_step_seconds(q15, replace(rollout, zero=3), h200) == unmerged  # ZeRO-3 keeps them unmerged
