@@ -79,6 +79,26 @@ def is_hybrid(config: Any) -> bool:
     return bool(set(layer_types) - {"full_attention", "sliding_attention"})
 
 
+def static_cache_bytes(config: Any, batch: int, max_len: int, dtype_bytes: int = 2) -> int:
+    """A StaticCache's K and V for `batch` sequences of `max_len` tokens on every decoder layer (a sliding-window
+    layer's is smaller: an upper bound there)."""
+    text = config.get_text_config(decoder=True)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes * batch * max_len
+
+
+def free_device_bytes(device: str) -> int | None:
+    """What the device's allocator can still hand out (CUDA: free memory plus what torch holds unused); None on the
+    CPU, where the cache comes out of host RAM like any tensor."""
+    import torch
+
+    if device != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
 def cache_kwarg(model: Any) -> str:
     """generate's name for a cache passed in: `cache` (transformers 5.24) or `past_key_values` (5.17)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel's forward is *args

@@ -12,7 +12,9 @@ cache for every batch, the decode step compiled by transformers with CUDA graphs
 hybrid model, unless `generation_path` says. On the static path the cache is sized by the first batch: its longest
 prompt rounded up to a power of two (PROMPT_BUCKET at least) + max_new_tokens, for the first batch's prompts; a
 shorter batch is filled up with copies of its last prompt (their answers dropped) so every batch replays the one
-compiled step, and only a batch with a longer prompt or more prompts makes a larger cache (and compiles again).
+compiled step, and only a batch with a longer prompt or more prompts makes a larger cache (and compiles again). A
+cache that would not fit the device's free memory is never built: the run goes on the dynamic path (no plan sizes
+`generate`'s or the eval stage's batches; the dynamic cache grows only as far as the answers do).
 Prompts are not padded to the bucket: the prefill runs eagerly, and the decode step's shapes are the cache's."""
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ import json
 import time
 from typing import Any
 
+from medgpt_ray.generation.decode_path import (
+    DYNAMIC,
+    STATIC,
+    DecodePath,
+    StaticDecoder,
+    choose,
+    free_device_bytes,
+    is_hybrid,
+    static_cache_bytes,
+)
 from medgpt_ray.generation.loading import generation_device, load_model, load_tokenizer
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.prompts import answer_until_stop, render_prompt, stop_token_ids
@@ -43,7 +55,6 @@ class Generator:
         import torch
 
         from medgpt_ray import templates
-        from medgpt_ray.generation.decode_path import choose, is_hybrid
 
         self.params = GenerationParams(**params)
         self.device = generation_device()
@@ -55,6 +66,7 @@ class Generator:
         self.decoder: Any = None  # the static path's StaticDecoder, made by the first batch
         self.rows = 0  # prompts per generate call on the static path (the cache's batch / num_samples)
         self.compile_config: Any = None  # transformers' CompileConfig for the decode step (None: its default)
+        self.memory_room: int | None = None  # bytes a static cache may take (None: what the device has free)
         torch.manual_seed(self.params.seed)  # after loading: sampled answers depend on the seed alone
 
     def render(self, turns: list[dict], tools: list[dict]) -> str:
@@ -70,18 +82,36 @@ class Generator:
         t0 = time.monotonic()
         kw = dict(max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples, eos_token_id=self.stops,
                   pad_token_id=self.tok.pad_token_id, **p.sampling())
+        if self.path.name == STATIC:
+            self._check_room(enc["input_ids"].shape)
         with torch.no_grad():
-            out = self.model.generate(**enc, **kw) if self.path.name == "dynamic" else self._static(enc, kw)
+            out = self.model.generate(**enc, **kw) if self.path.name == DYNAMIC else self._static(enc, kw)
         seconds = time.monotonic() - t0
         new = out[:, enc["input_ids"].shape[1]:].tolist()
         return self._rows(batch["prompt_id"], new, enc["attention_mask"].sum(-1).tolist(), seconds)
+
+    def _check_room(self, shape: tuple[int, int]) -> None:
+        """Back to the dynamic path for the rest of the run when the static cache this batch would build does not
+        fit what the device has free (at most 90 %, the decode step's own tensors beside it): the faster path must
+        never become an OOM. The dynamic cache grows only as far as the answers do."""
+        rows, width = shape
+        d, new = self.decoder, self.params.max_new_tokens
+        if d is not None and rows <= self.rows and width + new <= d.max_len:
+            return  # the run's cache serves this batch
+        max_len = max(prompt_room(width), d.max_len - new if d else 0) + new
+        batch = max(rows, self.rows) * self.params.num_samples
+        dtype_bytes = next(self.model.parameters()).element_size()
+        need = static_cache_bytes(self.model.config, batch, max_len, dtype_bytes)
+        room = self.memory_room if self.memory_room is not None else free_device_bytes(self.device)
+        if room is not None and need > 0.9 * room:
+            self.decoder = None
+            self.path = DecodePath(DYNAMIC, f"static refused: its cache of {batch} x {max_len} tokens takes "
+                                   f"{need / 2**30:.2f} GiB, more than 90 % of the {room / 2**30:.2f} GiB free")
 
     def _static(self, enc: Any, kw: dict[str, Any]) -> Any:
         """generate on the static path: the batch filled up to the cache's prompts (copies of its last prompt),
         the answers of the fill dropped."""
         import torch
-
-        from medgpt_ray.generation.decode_path import StaticDecoder
 
         ids, mask = enc["input_ids"], enc["attention_mask"]
         rows, width = ids.shape

@@ -58,3 +58,18 @@ def test_the_static_path_answers_as_the_dynamic_one_on_one_cache(tiny_model):
 
 def test_the_prompt_room_is_a_power_of_two():
     assert [prompt_room(n) for n in (1, 128, 129, 300, 512, 513)] == [128, 128, 256, 512, 512, 1024]
+
+
+def test_a_static_cache_that_would_not_fit_falls_back_to_the_dynamic_path(tiny_model):
+    from medgpt_ray.generation.decode_path import static_cache_bytes
+
+    gen = Generator(str(tiny_model), "chatml", {"max_new_tokens": 8}, generation_path="static")
+    need = static_cache_bytes(gen.model.config, 2, prompt_room(1) + 8, 4)  # the tiny model is fp32 on the CPU
+    gen.memory_room = int(need / 0.9) - 1  # a byte short of room for the first batch's cache
+    rows = gen(batch(TURNS[:2]))
+    assert gen.path.name == "dynamic" and gen.decoder is None
+    assert rows["decode_path"][0].startswith("dynamic (static refused: its cache of 2 x 136 tokens takes")
+    roomy = Generator(str(tiny_model), "chatml", {"max_new_tokens": 8}, generation_path="static")
+    roomy.memory_room = int(need / 0.9) + 1
+    roomy(batch(TURNS[:2]))
+    assert roomy.path.name == "static" and roomy.decoder.builds == 1
