@@ -12,7 +12,7 @@ from medgpt_ray.config import ConfigError, StageConfig
 from medgpt_ray.memory.expert_lora import check_expert_lora
 from medgpt_ray.memory.kind_memory import MemoryProfile
 from medgpt_ray.memory.lengths import LengthProfile, packing_reason, packs, rows_per_step
-from medgpt_ray.memory.profiles import stage_profile
+from medgpt_ray.memory.profiles import setup_fields, stage_profile
 from medgpt_ray.memory.shapes import ModelShape
 
 MAX_MICRO_BATCH = 64
@@ -106,6 +106,18 @@ def _per_worker_batch(where: str, cfg: StageConfig, num_workers: int) -> int:
     return per_worker
 
 
+def _check_whole_groups(where: str, cfg: StageConfig, per_worker: int, num_workers: int,
+                        group: int | None) -> None:
+    """A generating stage's worker normalises whole groups of `group` completions (one prompt's): its share of the
+    step must hold whole groups, or no generate call can be planned."""
+    if group and per_worker % group:
+        fit = group * num_workers
+        raise ConfigError(f"{where}.effective_batch: {cfg.effective_batch} completions a step over {num_workers} "
+                          f"workers is {per_worker} each, not whole groups of num_generations {group} (one prompt's "
+                          f"completions stay on one worker): an effective_batch that is a multiple of {fit}, or a "
+                          f"num_generations that divides {per_worker}")
+
+
 def _ckpt_options(cfg: StageConfig, shape: ModelShape, note: Note) -> list[Any]:
     step = max(1, shape.layers // CKPT_STEPS)
     fractions = sorted({k / shape.layers for k in [*range(0, shape.layers + 1, step), shape.layers]})
@@ -167,6 +179,7 @@ def options(stage: str, cfg: StageConfig, shape: ModelShape, num_workers: int, u
     methods = _method_options(where, cfg, use_gpu, note)
     check_expert_lora(where, cfg, shape)
     per_worker = _per_worker_batch(where, cfg, num_workers)
+    _check_whole_groups(where, cfg, per_worker, num_workers, setup_fields(stage, cfg, use_gpu).get("generations"))
     micro, per_worker = _micro_options(stage, cfg, per_worker, lengths, reasons, note)
     ckpt = _ckpt_options(cfg, shape, note)
     fused = _fused_ce_options(stage, cfg, profile, shape, use_gpu, note)

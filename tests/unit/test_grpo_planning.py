@@ -107,3 +107,14 @@ def test_a_merged_rollout_decode_step_is_priced_without_adapter_kernels():
     assert merged == pytest.approx(0.037, rel=0.25)
     assert unmerged == pytest.approx(0.127, rel=0.3)
     assert decode_step_seconds(q15, replace(rollout, zero=3), h200) == unmerged  # ZeRO-3 keeps them unmerged
+
+
+def test_a_step_that_cannot_hold_whole_groups_on_each_worker_is_refused_naming_the_keys():
+    from medgpt_ray.config import ConfigError
+
+    cfg = GRPOStageConfig(**{**KW, "effective_batch": 16, "num_generations": 8})
+    with pytest.raises(ConfigError, match=r"stages\.grpo\.effective_batch: 16 completions a step over 4 workers is 4 "
+                                          r"each.*multiple of 32, or a num_generations that divides 4"):
+        plan_stage("grpo", cfg, 4, True, Q7, make_budget(24.0, 2.0, "t", True, "t"))
+    plan_stage("grpo", GRPOStageConfig(**{**KW, "effective_batch": 32, "num_generations": 8}), 4, True, Q7,
+               make_budget(48.0, 2.0, "t", True, "t"))  # whole groups on every worker: planned
