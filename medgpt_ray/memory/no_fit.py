@@ -70,7 +70,9 @@ def zero3_hints(shape: ModelShape, s0: TrainSetup, usable: float,
     hints = []
     for n in (2, 4, 8, 16):
         sharded = replace(base, zero=3, offload="none", gpus=n)
-        if n > s0.gpus and estimate(shape, sharded).peak_gib <= usable:
+        # More GPUs; or, where a key changes too, the stage's own (their ZeRO-3 was not searched with the key on).
+        more = n > s0.gpus or (switch and n == s0.gpus)
+        if more and estimate(shape, sharded).peak_gib <= usable:
             hints.append(option(f"{switch}ZeRO-3 over {n} GPUs", sharded))
             break
     gpus = f"{s0.gpus} GPU" + ("s" if s0.gpus > 1 else "")

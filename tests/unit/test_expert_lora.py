@@ -113,6 +113,9 @@ def test_a_moe_that_needs_zero3_is_refused_with_experts_and_the_hint_drops_them(
         plan_stage("sft", stage(seq_len=2048), 4, True, shape=PRESETS["qwen3-30b-a3b"],
                    budget=make_budget(24, 2, "rtx4090", True, "test"))
     assert re.search(r"lora.experts false, (method lora \(bf16\), )?ZeRO-3", str(refused.value))
+    # Without the key the stage's own 4 GPUs are enough (the config's plan): the hint says so, not 8.
+    assert re.search(r"lora.experts false, (method lora \(bf16\), )?ZeRO-3 over 4 GPUs: [\d.]+ GiB \(fits\)",
+                     str(refused.value))
 
 
 def test_the_estimate_command_takes_lora_experts_and_refuses_it_with_zero3(capsys):
