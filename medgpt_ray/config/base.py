@@ -60,8 +60,17 @@ class LoraConfig(_Strict):
     """Also adapt a MoE's routed experts (qwen2_moe, qwen3_moe, qwen3_5_moe) through PEFT's `target_parameters`: a
     rank-r pair per expert on each fused expert tensor (r x experts x (in + out) weights); the router stays frozen.
     PEFT folds the update into a copy of a routed layer's whole expert weights on every forward: the plan counts it
-    (`expert_lora_fold`). Needs `dropout: 0` (PEFT's expert adapters take none); refused on a model without routed
-    experts, with method full, and with zero_stage 3 or offload all (unvalidated there)."""
+    (`expert_lora_fold`). `dropout` is 0 with it unless set (PEFT's expert adapters take none: a dropout above 0 is
+    refused); refused on a model without routed experts, with method full, and with zero_stage 3 or offload all
+    (unvalidated there)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _experts_default_no_dropout(cls, data: Any) -> Any:
+        # The 0.05 default would make `experts: true` alone an error; an explicit dropout is the user's and checked.
+        if isinstance(data, dict) and data.get("experts") is True and "dropout" not in data:
+            return {**data, "dropout": 0.0}
+        return data
 
     @model_validator(mode="after")
     def _experts_without_dropout(self) -> LoraConfig:

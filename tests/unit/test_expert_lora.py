@@ -50,7 +50,8 @@ def test_the_loader_refuses_experts_on_a_dense_model_and_pefts_dropout():
     with pytest.raises(ValueError, match=r"lora.experts: the model \(qwen3\) has no routed experts"):
         lora_config(EXPERTS, "CAUSAL_LM", meta_model(CONFIGS["qwen3"]()))
     with pytest.raises(ValueError, match="lora.experts needs lora.dropout 0"):
-        LoraConfig(experts=True)  # our default dropout, 0.05: PEFT's expert adapters raise on any
+        LoraConfig(experts=True, dropout=0.05)  # PEFT's expert adapters raise on any dropout
+    assert LoraConfig(experts=True).dropout == 0.0 and LoraConfig().dropout == 0.05  # unset: 0 with the key
     off = lora_config(LoraConfig(rank=4), "CAUSAL_LM", meta_model(CONFIGS["qwen3_moe"]()))
     assert off.target_parameters is None  # the key off: exactly the targets as before
 
