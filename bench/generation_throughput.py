@@ -32,6 +32,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from bench.decode_profile import profiled  # noqa: E402
+
 PATHS = ("unmerged", "merged", "merged-static", "continuous")
 
 
@@ -122,7 +125,13 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
     if device == "cuda":
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-    return time.perf_counter() - t0, peak
+    seconds = time.perf_counter() - t0
+    if PROFILE.get("steps"):  # the same call once more, under the profiler (after the timing: it slows the host)
+        PROFILE["last"] = profiled(fn, device, PROFILE["steps"])
+    return seconds, peak
+
+
+PROFILE: dict[str, Any] = {}  # --profile: "steps" a call decodes; "last": the last timed call's profile
 
 
 def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> tuple[float, float]:
@@ -219,6 +228,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     bandwidth = hbm_bandwidth(device)
     shape = load_shape(a.shape or str(model_dir))
     rows = []
+    PROFILE["steps"] = a.new_tokens if a.profile else 0
     for batch in a.batches:
         ids = torch.randint(100, min(20_000, model.config.vocab_size), (batch, a.prompt_len), device=device)
         for path in a.paths:
@@ -239,7 +249,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
             rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),
                          "ms_per_decode_step": round(step_ms, 2), "peak_gib": round(peak, 3),
                          "decode_floor_ms": round(floor_ms, 3) if floor_ms else None,
-                         "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None})
+                         "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None,
+                         **({"profile": PROFILE.pop("last")} if "last" in PROFILE else {})})
             print(json.dumps(rows[-1]), flush=True)
     return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
             "hbm_bytes_per_s": bandwidth, "model": a.shape or str(model_dir), "cap_gib": a.cap_gib,
@@ -262,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
+    ap.add_argument("--profile", action="store_true", help="each timed call once more under torch.profiler: "
+                    "GPU-busy vs wall time a decode step, launches, top ops (bench/decode_profile.py)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     if not (a.shape or a.model_dir) or any(p not in PATHS for p in a.paths):
