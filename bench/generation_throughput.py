@@ -213,7 +213,8 @@ def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
                                         persistent_manager=True)
 
 
-def measure(a: argparse.Namespace) -> dict[str, Any]:
+def measure(a: argparse.Namespace, on_row: Any) -> dict[str, Any]:
+    """Every path at every batch; `on_row(result so far)` after each row (a run cut by its timeout keeps them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -227,6 +228,11 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
     model = with_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device))
     bandwidth = hbm_bandwidth(device)
     shape = load_shape(a.shape or str(model_dir))
+    def result(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "hbm_bytes_per_s": bandwidth,
+                "model": a.shape or str(model_dir), "cap_gib": a.cap_gib, "prompt_len": a.prompt_len,
+                "new_tokens": a.new_tokens, "rows": rows}
+
     rows = []
     PROFILE["steps"] = a.new_tokens if a.profile else 0
     for batch in a.batches:
@@ -252,9 +258,8 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                          "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None,
                          **({"profile": PROFILE.pop("last")} if "last" in PROFILE else {})})
             print(json.dumps(rows[-1]), flush=True)
-    return {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-            "hbm_bytes_per_s": bandwidth, "model": a.shape or str(model_dir), "cap_gib": a.cap_gib,
-            "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "rows": rows}
+            on_row(result(rows))
+    return result(rows)
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not (a.shape or a.model_dir) or any(p not in PATHS for p in a.paths):
         ap.error(f"--shape or --model-dir; --paths among {', '.join(PATHS)}")
-    write_result(a.out, argv, measure(a))
+    write_result(a.out, argv, measure(a, lambda partial: write_result(a.out, argv, partial)))
     return 0
 
 
