@@ -125,6 +125,15 @@ class StaticDecoder:
         self.cache: Any = None
         self.batch = 0
         self.builds = 0
+        self.calls = 0
+
+    def stats(self) -> dict[str, int]:
+        """For result.json: caches built, generate calls, and (process-wide, dynamo's counters) the graphs compiled
+        and the CUDA-graph captures skipped: 1 and 0 when every call replayed one compiled step."""
+        from torch._dynamo.utils import counters
+
+        return {"cache_builds": self.builds, "calls": self.calls, "graphs_compiled": counters["stats"]["unique_graphs"],
+                "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
 
     def resize(self, max_len: int) -> None:
         """A cache of `max_len` tokens from the next call on (a chat whose conversation outgrew the cache)."""
@@ -155,4 +164,5 @@ class StaticDecoder:
             config.compile_config = self.compile_config or static_compile_config()
         batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
         cache = self.cache_for(model, batch)
+        self.calls += 1
         return model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache}, **kwargs)

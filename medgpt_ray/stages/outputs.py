@@ -29,6 +29,9 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
     result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev, **stage_extras(built.extras or {}),
               "output_model": str(inp.out / "model")}
+    decoder = getattr(built.trainer, "static_decoder", None)  # rollouts on the static path (static_rollouts.py)
+    if decoder is not None:
+        result["decode"] = decoder.stats()
     write_result(inp, result)
     return result
 

@@ -53,6 +53,21 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     assert len({tuple(c) for rollout in greedy for c in rollout}) == 4  # four prompts, four completions
     assert decoder.builds == 1 and decoder.cache is cache and decoder.max_len == static_inp.cfg.seq_len
     assert counters["stats"]["unique_graphs"] == graphs  # prompts of 5 and 9 tokens: no recompilation
+    assert decoder.stats() == {"cache_builds": 1, "calls": 3, "graphs_compiled": 1, "cudagraph_skips": 0}
+
+
+def test_a_static_stage_run_reports_its_decoding_in_result_json(prompts, tiny_model, tmp_path):  # noqa: F811
+    """Through run_stage (two optimizer steps, the held-out greedy rewards before and after on the merged adapter):
+    every rollout decoded on the one static cache, and result.json says so (on the CPU nothing is compiled)."""
+    import json
+
+    from medgpt_ray.stages import run_stage
+
+    keys = dict(max_completion_length=6, effective_batch=4, reward_funcs=["length"], beta=0.0)
+    r = run_stage(grpo_inputs(prompts, tiny_model, tmp_path, generation_path="static", **keys))
+    assert r["steps"] == 2 and r["eval"]["eval_prompts"] > 0
+    assert r["decode"]["cache_builds"] == 1 and r["decode"]["calls"] == 2  # one generate call a step
+    assert json.loads((tmp_path / "result.json").read_text())["decode"] == r["decode"]
 
 
 def test_the_opd_student_samples_on_the_static_path(repo, tiny_model, tmp_path):

@@ -20,6 +20,7 @@ build_online and run_online serve rloo too (kinds/rloo/stage.py): TRL's RLOOTrai
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -167,7 +168,10 @@ def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -
 
     tok = trainer.processing_class
     out: list[str] = []
-    with policy_in_eval(trainer) as model:
+    # On the merged adapter where the rollouts merge (MergedRollouts: ~3.5x a decode step's speed, the base restored
+    # bit-exact after); eager and dynamic, a batch of its own (the static cache is the rollouts').
+    merged = getattr(trainer, "_merged", None)
+    with policy_in_eval(trainer) as model, (merged() if merged else contextlib.nullcontext()):
         for i in range(0, len(prompts), batch_size):
             batch = tok(prompts[i:i + batch_size], return_tensors="pt", padding=True, padding_side="left",
                         add_special_tokens=False).to(trainer.accelerator.device)
