@@ -25,7 +25,6 @@ from typing import Any
 
 from medgpt_ray.generation.decode_path import (
     DYNAMIC,
-    STATIC,
     DecodePath,
     StaticDecoder,
     choose,
@@ -82,49 +81,45 @@ class Generator:
         t0 = time.monotonic()
         kw = dict(max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples, eos_token_id=self.stops,
                   pad_token_id=self.tok.pad_token_id, **p.sampling())
-        if self.path.name == STATIC:
-            self._check_room(enc["input_ids"].shape)
         with torch.no_grad():
             out = self.model.generate(**enc, **kw) if self.path.name == DYNAMIC else self._static(enc, kw)
         seconds = time.monotonic() - t0
         new = out[:, enc["input_ids"].shape[1]:].tolist()
         return self._rows(batch["prompt_id"], new, enc["attention_mask"].sum(-1).tolist(), seconds)
 
-    def _check_room(self, shape: tuple[int, int]) -> None:
-        """Back to the dynamic path for the rest of the run when the static cache this batch would build does not
-        fit what the device has free (at most 90 %, the decode step's own tensors beside it): the faster path must
-        never become an OOM. The dynamic cache grows only as far as the answers do."""
-        rows, width = shape
-        d, new = self.decoder, self.params.max_new_tokens
-        if d is not None and rows <= self.rows and width + new <= d.max_len:
-            return  # the run's cache serves this batch
-        max_len = max(prompt_room(width), d.max_len - new if d else 0) + new
-        batch = max(rows, self.rows) * self.params.num_samples
-        dtype_bytes = next(self.model.parameters()).element_size()
-        need = static_cache_bytes(self.model.config, batch, max_len, dtype_bytes)
-        room = self.memory_room if self.memory_room is not None else free_device_bytes(self.device)
-        if room is not None and need > 0.9 * room:
-            self.decoder = None
-            self.path = DecodePath(DYNAMIC, f"static refused: its cache of {batch} x {max_len} tokens takes "
-                                   f"{need / 2**30:.2f} GiB, more than 90 % of the {room / 2**30:.2f} GiB free")
-
     def _static(self, enc: Any, kw: dict[str, Any]) -> Any:
         """generate on the static path: the batch filled up to the cache's prompts (copies of its last prompt),
-        the answers of the fill dropped."""
+        the answers of the fill dropped. A batch the run's cache cannot serve gets a larger one, unless that would
+        not fit the device (_fits): then this batch and the rest of the run decode on the dynamic path."""
         import torch
 
         ids, mask = enc["input_ids"], enc["attention_mask"]
         rows, width = ids.shape
         d, new = self.decoder, kw["max_new_tokens"]
         if d is None or rows > self.rows or width + new > d.max_len:  # a larger cache: the first, or grown
-            room = max(prompt_room(width), d.max_len - new if d else 0)
-            self.decoder, self.rows = StaticDecoder(room + new, self.compile_config), max(rows, self.rows)
+            cache_rows, max_len = max(rows, self.rows), max(prompt_room(width), d.max_len - new if d else 0) + new
+            if not self._fits(cache_rows * self.params.num_samples, max_len):
+                return self.model.generate(**enc, **kw)
+            self.decoder, self.rows = StaticDecoder(max_len, self.compile_config), cache_rows
         fill = self.rows - rows
         if fill:
             ids = torch.cat([ids, ids[-1:].expand(fill, -1)])
             mask = torch.cat([mask, mask[-1:].expand(fill, -1)])
         out = self.decoder.generate(self.model, ids, attention_mask=mask, **kw)
         return out[:rows * self.params.num_samples]
+
+    def _fits(self, batch: int, max_len: int) -> bool:
+        """Whether a static cache of `batch` sequences x `max_len` tokens fits what the device has free (at most
+        90 %: the decode step's own tensors sit beside it); if not, the run goes back to the dynamic path, which says
+        why: the faster path must never become an OOM, and the dynamic cache grows only as far as the answers do."""
+        need = static_cache_bytes(self.model.config, batch, max_len, next(self.model.parameters()).element_size())
+        room = self.memory_room if self.memory_room is not None else free_device_bytes(self.device)
+        if room is None or need <= 0.9 * room:
+            return True
+        self.decoder = None
+        self.path = DecodePath(DYNAMIC, f"static refused: its cache of {batch} x {max_len} tokens takes "
+                               f"{need / 2**30:.2f} GiB, more than 90 % of the {room / 2**30:.2f} GiB free")
+        return False
 
     def _rows(self, prompt_ids: list, new: list[list[int]], prompt_tokens: list[int], seconds: float) -> dict:
         """One row per sample, the samples of a prompt together in order (generate's num_return_sequences order)."""
