@@ -10,11 +10,12 @@ from typing import Any
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, gib
 from medgpt_ray.memory.estimator import Estimate, TrainSetup
-from medgpt_ray.memory.generation import generation_choices, rollout_path
+from medgpt_ray.memory.generation import generation_choices
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.options import compiles, liger_for
 from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.rollout_host import experts_fit_merged, host_room_gib
+from medgpt_ray.memory.setup import merges_adapters
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.throughput import tokens_per_second
 
@@ -82,7 +83,7 @@ def setups(stage: str, cfg: StageConfig, shape: ModelShape, opts: dict[str, list
 def candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:
     est = estimate(shape, setup)
     # Merged rollouts copy the adapted weights to the host: lora.experts' experts stay unmerged where they cannot.
-    if (rollout_path(setup) or "").startswith("merged") and not experts_fit_merged(
+    if merges_adapters(setup) and not experts_fit_merged(
             shape, setup, host_room_gib(budget, setup, est)):
         setup = replace(setup, merge_experts=False)
         est = estimate(shape, setup)

@@ -33,6 +33,7 @@ from typing import Any
 from medgpt_ray.generation.decode_path import DecodePath, choose
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.rollout_host import EXPERTS_UNMERGED, host_note
+from medgpt_ray.memory.setup import merges_adapters
 from medgpt_ray.memory.shapes import ModelShape
 
 SCORING_BATCH = 16  # sequences a reward model scores per forward (stages/rewards.py, stages/reward_adapter.py)
@@ -57,14 +58,14 @@ def rollout_path(s: TrainSetup) -> str | None:
     restored from a host copy of the adapted layers' weights."""
     if not s.generations:
         return None
+    if merges_adapters(s):
+        kept = f", {EXPERTS_UNMERGED}" if s.lora_experts and not s.merge_experts else ""
+        return f"merged LoRA{kept} (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
     if s.method == "full":
         return "the trained weights"
     if s.method == "qlora":
         return "unmerged adapters (a 4-bit QLoRA base takes no merge)"
-    if s.zero == 3:
-        return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
-    kept = f", {EXPERTS_UNMERGED}" if s.lora_experts and not s.merge_experts else ""
-    return f"merged LoRA{kept} (PEFT's merge per generate call, the base restored bit-exact from a host copy)"
+    return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
 
 
 def decode_path(shape: ModelShape, s: TrainSetup) -> DecodePath | None:
@@ -83,9 +84,8 @@ def rollout_line(shape: ModelShape, s: TrainSetup, host_room_gib: float | None =
     path = decode_path(shape, s)
     if path is None:
         return None
-    weights = rollout_path(s) or ""
-    host = host_note(shape, s, host_room_gib) if weights.startswith("merged") else ""
-    return f"{weights}{host}; decode: {path.describe()}"
+    host = host_note(shape, s, host_room_gib) if merges_adapters(s) else ""
+    return f"{rollout_path(s)}{host}; decode: {path.describe()}"
 
 
 def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -111,7 +111,7 @@ def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
     """The merged-rollout moment's transient (trainer_kit/merged_rollouts.py): PEFT's merge of the widest adapted
     layer holds B @ A and its scaled copy, both in the adapters' fp32, while it adds them into the base; 0 where
     the rollouts do not merge."""
-    if not (rollout_path(s) or "").startswith("merged"):
+    if not merges_adapters(s):
         return 0.0
     widest = max(shape.mlp_width, shape.heads * max(shape.head_dim, shape.hidden // shape.heads)) * shape.hidden
     if s.lora_experts and s.merge_experts:  # lora.experts: a routed layer's whole fused gate_up tensor at once
