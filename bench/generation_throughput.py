@@ -84,11 +84,10 @@ def with_lora(model: Any) -> Any:
 
 def decode_bytes(model: Any, batch: int, prompt_len: int, new_tokens: int) -> float:
     """What a decode step reads on average: every weight once, and the KV cache at its mean length."""
-    text = model.config.get_text_config()
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    from medgpt_ray.generation.decode_path import static_cache_bytes
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv_per_token = 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * 2
-    return weights + kv_per_token * batch * (prompt_len + new_tokens / 2)
+    return weights + static_cache_bytes(model.config, batch, prompt_len + new_tokens / 2)
 
 
 def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_tokens: int, path: str,
