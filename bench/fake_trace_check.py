@@ -41,26 +41,13 @@ def eager_sft_runs(calibration: dict[str, Any]) -> list[dict[str, Any]]:
             and r["fused_ce"] and not r["id"].endswith(("-lk", "-cc", "-8bit"))]
 
 
-def shape_config(model: str, work: Path) -> Any:
-    """The calibration's random-init model's config (memory_calibration.prepare_model's), without its weights."""
-    from transformers import AutoConfig, Qwen2Config
-
-    from medgpt_ray.memory.shapes import load_shape
-
-    s = load_shape(model)
-    Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers, num_attention_heads=s.heads,
-                num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate,
-                tie_word_embeddings=s.tied_embeddings, max_position_embeddings=32768, rope_theta=1e6,
-                pad_token_id=0, eos_token_id=2, bos_token_id=None).save_pretrained(work / model)
-    return AutoConfig.from_pretrained(work / model, local_files_only=True)
-
-
-def check(run: dict[str, Any], work: Path, steps: int) -> dict[str, Any]:
+def check(run: dict[str, Any], steps: int) -> dict[str, Any]:
     from fake_trace import trace
+    from family_models import shape_config
 
     t0 = time.monotonic()
     rows = [[run["seq_len"]] * run["micro_batch"]] * steps
-    traced = trace(shape_config(run["model"], work), run["method"], run["precision"], run["ckpt_fraction"],
+    traced = trace(shape_config(run["model"]), run["method"], run["precision"], run["ckpt_fraction"],
                    [[r] for r in rows], lora_rank=run["lora_rank"] or 8)
     measured = run["peak_allocated_gib"]
     error_pct = round(100 * (traced["peak_gib"] / measured - 1), 1)
@@ -113,10 +100,9 @@ def main() -> None:
     if a.only:
         runs = [r for r in runs if any(k in r["id"] for k in a.only.split(","))]
     results = []
-    with tempfile.TemporaryDirectory() as work:
-        for run in runs:
-            results.append(check(run, Path(work), a.steps))
-            print(json.dumps(results[-1]), flush=True)
+    for run in runs:
+        results.append(check(run, a.steps))
+        print(json.dumps(results[-1]), flush=True)
     errors = [r["traced_vs_measured_pct"] for r in results]
     report = {"command": "python " + " ".join(sys.argv), "calibration": str(CALIBRATION.relative_to(BENCH.parent)),
               "runs": results, "traced_vs_measured_pct": {"min": min(errors), "max": max(errors)} if errors else {}}

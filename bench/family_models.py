@@ -69,3 +69,16 @@ def write_config_only(name: str, dest: Path) -> Path:
     out = dest / name
     family_config(name).save_pretrained(out)
     return out
+
+
+def shape_config(shape_name: str) -> Any:
+    """The transformers config of a preset Qwen2-family shape (memory/shapes.py), what prepare_model builds."""
+    from transformers import Qwen2Config
+
+    from medgpt_ray.memory.shapes import load_shape
+
+    s = load_shape(shape_name)
+    return Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
+                       num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate,
+                       tie_word_embeddings=s.tied_embeddings, max_position_embeddings=32768, rope_theta=1e6,
+                       pad_token_id=0, eos_token_id=2, bos_token_id=None)

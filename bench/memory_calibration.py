@@ -125,19 +125,14 @@ def prepare_model(shape_name: str, dest: Path, tokenizer_dir: Path) -> Path:
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
-    from medgpt_ray.memory.shapes import load_shape
+    from bench.family_models import shape_config
 
     out = dest / shape_name
     if (out / "config.json").is_file():
         return out
-    s = load_shape(shape_name)
-    config = Qwen2Config(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
-                         num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
-                         intermediate_size=s.intermediate, tie_word_embeddings=s.tied_embeddings,
-                         max_position_embeddings=32768, rope_theta=1e6, pad_token_id=0, eos_token_id=2,
-                         bos_token_id=None)
+    config = shape_config(shape_name)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
