@@ -197,16 +197,15 @@ STATIC_CHECKS: dict[str, int] = {}  # the last static_call's compile checks, add
 
 def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
     """transformers' generate_batch with its page pool sized for this batch (not its default share of the GPU)."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
+    from transformers import GenerationConfig
 
-    from medgpt_ray.generation.continuous import PAGE_TOKENS, PoolLimits, pool_pages
+    from medgpt_ray.generation.continuous import PoolLimits, pool_config, pool_pages
 
     batch, prompt_len = ids.shape
     limits = PoolLimits(batch, prompt_len + new_tokens)
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=0.999, top_p=1.0,
                               eos_token_id=-1, pad_token_id=0)
-    pool = ContinuousBatchingConfig(num_blocks=pool_pages(model, limits), page_size=PAGE_TOKENS,
-                                    max_requests_per_batch=batch, allow_block_sharing=False)
+    pool = pool_config(pool_pages(model, limits), max_requests_per_batch=batch, allow_block_sharing=False)
     inputs = ids.tolist()
     return lambda: model.generate_batch(inputs, generation_config=config, continuous_batching_config=pool,
                                         persistent_manager=True)

@@ -84,6 +84,18 @@ def pool_pages(model: Any, limits: PoolLimits, free_share: float = 0.8) -> int:
     return pages
 
 
+def pool_config(pages: int, **options: Any) -> Any:
+    """transformers' ContinuousBatchingConfig for a pool of `pages` pages of PAGE_TOKENS tokens. The page size's
+    keyword is `page_size` in transformers 5.24 (`block_size` is its deprecated alias) and `block_size` in 5.17
+    (the GPU machine's), which has no `page_size`."""
+    import inspect
+
+    from transformers import ContinuousBatchingConfig
+
+    size_key = "page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters else "block_size"
+    return ContinuousBatchingConfig(num_blocks=pages, **{size_key: PAGE_TOKENS}, **options)
+
+
 def unsupported_reason(config: Any) -> str | None:
     """Why transformers' continuous batching cannot run a model of this config (its config.json's), or None."""
     try:
@@ -103,7 +115,7 @@ class ContinuousEngine:
     concurrent requests on the caller's event loop."""
 
     def __init__(self, gen: Generator, limits: PoolLimits, seed: int = 0):
-        from transformers import ContinuousBatchingConfig, GenerationConfig
+        from transformers import GenerationConfig
 
         reason = unsupported_reason(gen.model.config)
         if reason is not None:
@@ -112,10 +124,9 @@ class ContinuousEngine:
         config = GenerationConfig(do_sample=True, temperature=BUILT_TEMPERATURE, top_p=BUILT_TOP_P,
                                   max_new_tokens=limits.tokens_per_request, eos_token_id=gen.stops,
                                   pad_token_id=gen.tok.pad_token_id)
-        pool = ContinuousBatchingConfig(num_blocks=pool_pages(gen.model, limits), page_size=PAGE_TOKENS,
-                                        max_requests_per_batch=limits.requests,
-                                        max_batch_tokens=max(limits.tokens_per_request, 256),
-                                        allow_block_sharing=False, per_request_processors=True, seed=seed)
+        pool = pool_config(pool_pages(gen.model, limits), max_requests_per_batch=limits.requests,
+                           max_batch_tokens=max(limits.tokens_per_request, 256), allow_block_sharing=False,
+                           per_request_processors=True, seed=seed)
         self.manager = gen.model.init_continuous_batching(generation_config=config, continuous_batching_config=pool)
         self.manager.start()
         self._ids = itertools.count()

@@ -164,17 +164,31 @@ def test_the_planned_checkpointing_is_what_trains(stage, fraction, data, tiny_mo
     assert all(flag == expected[index] for index, flag in seen), seen
 
 
-def test_a_stage_without_ray_serves_the_same_metrics_on_its_port(data, tiny_model, tmp_path, monkeypatch):
-    """prometheus_client path: the names a dashboard queries are served by a plain process too."""
-    import urllib.request
+def test_a_stage_without_ray_serves_the_same_metrics_on_its_port(data, tiny_model, tmp_path, repo):
+    """prometheus_client path: the names a dashboard queries are served by a plain process too. The stage runs in a
+    fresh process, where Ray was never started (in this one the test session's cluster may be up, and a process with
+    Ray up reports through Ray instead); that process reads its own port once the stage is done."""
+    import os
+    import pickle
+    import subprocess
+    import sys
 
     from medgpt_ray.metrics import PORT_ENV
     from tests.promserver import free_port
 
     port = free_port()
-    monkeypatch.setenv(PORT_ENV, str(port))
-    run_stage(make_inputs("sft", data, tiny_model, tmp_path / "plainrun" / "sft", max_steps=3))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    inputs = tmp_path / "inputs.pkl"
+    inputs.write_bytes(pickle.dumps(make_inputs("sft", data, tiny_model, tmp_path / "plainrun" / "sft", max_steps=3)))
+    script = ("import pickle, sys, urllib.request\n"
+              "from medgpt_ray.stages import run_stage\n"
+              "run_stage(pickle.loads(open(sys.argv[1], 'rb').read()))\n"
+              "print(urllib.request.urlopen(f'http://127.0.0.1:{sys.argv[2]}/metrics', timeout=10).read().decode())\n")
+    path = os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, PORT_ENV: str(port), "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", script, str(inputs), str(port)], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout
     loss = [line for line in text.splitlines() if line.startswith("ray_medgpt_train_loss{")]
     assert loss and 'run="plainrun"' in loss[0] and 'stage="sft"' in loss[0] and 'gpu="cpu"' in loss[0]
     tps = [line for line in text.splitlines() if line.startswith("ray_medgpt_train_tokens_per_second{")]
