@@ -25,15 +25,21 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 import fake_trace  # noqa: E402
 
 
-def materialize(model: Any) -> None:
-    """The meta model's parameters and buffers on the GPU, parameters random (memory does not depend on values)."""
+def materialize(model: Any, device: str = "cuda") -> None:
+    """The meta model's parameters and buffers on `device`, parameters random (memory does not depend on values), the
+    rotary embeddings' buffers computed again (to_empty leaves them uninitialised: a NaN loss otherwise)."""
     import torch
 
-    model.to_empty(device="cuda")
+    model.to_empty(device=device)
     model.tie_weights()  # the LM head and the embedding stay one tensor, as loaded
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
+        for module in model.modules():
+            if "inv_freq" in dict(module.named_buffers(recurse=False)):
+                fresh = dict(type(module)(config=module.config).named_buffers())  # on the host
+                for name, buffer in module.named_buffers(recurse=False):
+                    buffer.copy_(fresh[name])
 
 
 def run(model: Any, steps: list[list[list[int]]], vocab: int, autocast: bool = False) -> dict[str, Any]:
