@@ -87,7 +87,7 @@ def start_local(model: str, port: int, gpus: float | None) -> tuple[str, str]:
     from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model
     from medgpt_ray.infer.source import resolve_model
 
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)  # its own cluster, never a running one
     source = resolve_model(model, None)
     opts = ServeOptions(port=port, gpus_per_replica=default_gpus_per_replica() if gpus is None else gpus)
     return serve_model(source, opts), source.stage or source.path.name
