@@ -94,9 +94,9 @@ def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_token
                   device: str) -> float:
     """The plan's generation-phase terms for this call (memory/generation.py, the decode path as the product
     chooses it): the weights (as loaded, adapters too), the KV cache at full length, the static path's CUDA-graph
-    pool, the sampling logits and the prefill's one-layer working set. No runtime overhead: the measured peak is
-    the allocator's (max_memory_allocated), without the CUDA context."""
-    from medgpt_ray.memory.generation import cuda_graph_pool_bytes, kv_cache_bytes
+    pool (else the eager decode steps' repeated K/V), the sampling logits and the prefill's one-layer working set.
+    No runtime overhead: the measured peak is the allocator's (max_memory_allocated), without the CUDA context."""
+    from medgpt_ray.memory.generation import cuda_graph_pool_bytes, expanded_kv_bytes, kv_cache_bytes
     from medgpt_ray.memory.setup import TrainSetup
 
     s = TrainSetup(stage="grpo", method="lora", precision="bf16" if device == "cuda" else "fp32", micro_batch=batch,
@@ -106,7 +106,8 @@ def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_token
     e = 2 if device == "cuda" else 4
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     prefill = e * batch * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width)
-    total = weights + kv_cache_bytes(shape, s) + cuda_graph_pool_bytes(shape, s) + 2 * 4 * batch * shape.vocab
+    pool = cuda_graph_pool_bytes(shape, s)  # the compiled step's repeated K/V inside, else the eager steps'
+    total = weights + kv_cache_bytes(shape, s) + (pool or expanded_kv_bytes(shape, s)) + 2 * 4 * batch * shape.vocab
     return (total + prefill) / 2**30
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, gib
 from medgpt_ray.memory.estimator import Estimate, TrainSetup
-from medgpt_ray.memory.generation import generation_choices
+from medgpt_ray.memory.generation import decode_path, generation_choices
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.options import compiles, liger_for
 from medgpt_ray.memory.profiles import setup_fields
@@ -73,11 +73,27 @@ def setups(stage: str, cfg: StageConfig, shape: ModelShape, opts: dict[str, list
         compiled = compiles(cfg, use_gpu, method, zero, shape)
         if kernels and not (compiled or liger_for(shape, "layers")):
             continue  # nothing would fuse the layer ops this estimate assumes fused
-        yield from generation_choices(replace(TrainSetup(
-            stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
-            seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
-            optim=optim, lora_rank=cfg.lora.rank, lora_experts=cfg.lora.experts, grad_accum=per_worker // micro,
-            fused_kernels=kernels, compiled=compiled, packed=packed), **setup_fields(stage, cfg, use_gpu)))
+        for s in generation_choices(replace(TrainSetup(
+                stage=stage_kind(stage).memory_kind, method=method, precision=precision, micro_batch=micro,
+                seq_len=seq_len, ckpt_fraction=ck, fused_ce=fused, zero=zero, offload=offload, gpus=num_workers,
+                optim=optim, lora_rank=cfg.lora.rank, lora_experts=cfg.lora.experts, grad_accum=per_worker // micro,
+                fused_kernels=kernels, compiled=compiled, packed=packed), **setup_fields(stage, cfg, use_gpu))):
+            if not liger_breaks_decode(shape, s):
+                yield s
+            elif cfg.fused_kernels is True:
+                raise ConfigError(f"stages.{stage}.fused_kernels: true means Liger's layer kernels here (the layers "
+                                  f"are not compiled), and they break the compiled decode step of the rollouts into "
+                                  f"pieces that CUDA graphs skip: leave it auto, set compile: true, or "
+                                  f"generation_path: dynamic")
+
+
+def liger_breaks_decode(shape: ModelShape, s: TrainSetup) -> bool:
+    """Liger's layer kernels (fused ops, layers not compiled) in a stage whose rollouts decode on the compiled static
+    path: its kernels are torch.compiler.disable'd, so dynamo breaks the decode step at every layer's RoPE and CUDA
+    graphs are skipped (a 1.5B grpo stage on the H200: 16 graphs, 373 generated tokens/s against 2,888 for the same
+    step compiled whole). Such a setup is not a candidate: the layers run unfused, as the estimate then assumes."""
+    path = decode_path(shape, s)
+    return s.fused_kernels and not s.compiled and path is not None and path.compiled
 
 
 def candidate(shape: ModelShape, setup: TrainSetup, budget: Budget) -> Candidate:

@@ -88,15 +88,29 @@ def rollout_line(shape: ModelShape, s: TrainSetup, host_room_gib: float | None =
     return f"{rollout_path(s)}{host}; decode: {path.describe()}"
 
 
+def expanded_kv_bytes(shape: ModelShape, s: TrainSetup) -> float:
+    """K and V of one layer repeated from the KV heads to all query heads over the cache's full length, for the
+    generation batch: transformers' SDPA attention takes grouped-query attention natively only without a mask, and
+    generation always passes one (padding; the static cache's length), so `repeat_kv` materializes them at every
+    decode step (and in the prefill). 0 where every query head has its own KV head. On the H200 the static path's
+    measured peaks (bench/results/generation_*_h200.json) exceeded the plan's terms without it (7B, 16 sequences:
+    14.935 GiB measured, 14.894 predicted)."""
+    if shape.heads <= shape.kv_heads:
+        return 0.0
+    e = 4 if s.precision == "fp32" else 2
+    return 2 * s.generation_batch() * shape.heads * shape.head_dim * s.seq_len * e
+
+
 def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
     """The CUDA-graph pool of the compiled decode step (the static path on a GPU; 0 elsewhere): a graph's memory
     stays reserved between replays, sized by the step's largest live set at the generation batch B with one token
     per sequence: one decoder layer's activations (hidden in and out, norm, q/k/v, attention output, gate, up and
     their product: (4 hidden + q + 2 kv + 3 mlp_width) x B elements), attention scores and probabilities over the
     cache's full length in fp32 where SDPA takes its math path (2 x 4 x B x heads x seq_len), the 4-D mask
-    (B x seq_len, fp32 at most) and the logits the graph outputs (B x vocab). Doubled: inductor's buffers and the
-    graphs captured for a second batch shape are not modelled. Uncalibrated until measured on a GPU
-    (bench/generation_throughput.py reports the static path's peak)."""
+    (B x seq_len, fp32 at most) and the logits the graph outputs (B x vocab), doubled (inductor's buffers and the
+    graphs captured for a second batch shape are not modelled); and K and V repeated to every head over the full
+    length (expanded_kv_bytes), once. Checked against the allocator's peaks on the H200 (7B and 1.5B, 16 and 64
+    sequences, bench/generation_throughput.py); the pool's reserved size itself is not yet measured."""
     path = decode_path(shape, s)
     if path is None or not path.compiled:
         return 0.0
@@ -104,7 +118,7 @@ def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
     b = s.generation_batch()
     layer = e * b * (4 * shape.hidden + shape.q_dim + 2 * shape.kv_dim + 3 * shape.mlp_width)
     scores = 2 * 4 * b * shape.heads * s.seq_len
-    return 2 * (layer + scores + 4 * b * s.seq_len + e * b * shape.vocab)
+    return 2 * (layer + scores + 4 * b * s.seq_len + e * b * shape.vocab) + expanded_kv_bytes(shape, s)
 
 
 def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -186,6 +200,8 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
         "reward_adapter": adapter,
         "kv_cache": kv_cache_bytes(shape, s),
         "cuda_graph_pool": cuda_graph_pool_bytes(shape, s),
+        # Eager decode steps' repeated K/V (the compiled step's are in its pool).
+        "decode_expanded_kv": 0.0 if cuda_graph_pool_bytes(shape, s) else expanded_kv_bytes(shape, s),
         "linear_attention_state": linear_state_bytes(shape, s),
         "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
         "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),

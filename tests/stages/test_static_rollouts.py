@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from medgpt_ray.generation.decode_path import INPUT_GRAD_HOOK
 from medgpt_ray.stages import build_stage
 from tests.stages.test_grpo_stage import grpo_inputs, prompts  # noqa: F401  (the prompts fixture)
 from tests.stages.test_static_generator import scramble
@@ -27,14 +28,36 @@ def greedy_rollouts(trainer: Any) -> list[list[list[int]]]:
     return [trainer._generate_single_turn(batch, None, {}, 2)[0] for batch in PROMPTS]
 
 
+def input_grad_hooks(model: Any) -> list[str]:
+    """The names of transformers' requires_grad_ hooks on `model`'s input embeddings."""
+    return [h.__name__ for h in model.get_input_embeddings()._forward_hooks.values()
+            if getattr(h, "__name__", "") == INPUT_GRAD_HOOK]
+
+
+def observe_input_grad_hooks(model: Any) -> list[list[str]]:
+    """The hooks present at each of `model`'s generate calls from now on (the call itself unchanged)."""
+    seen: list[list[str]] = []
+    generate = model.generate
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        seen.append(input_grad_hooks(model))
+        return generate(*args, **kwargs)
+
+    model.generate = observed
+    return seen
+
+
 def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_model, tmp_path):  # noqa: F811
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
     keys = dict(max_completion_length=6, effective_batch=4, reward_funcs=["length"], beta=0.0)
     dynamic = build_stage(grpo_inputs(prompts, tiny_model, tmp_path / "dynamic", **keys))
-    static_inp = grpo_inputs(prompts, tiny_model, tmp_path / "static", generation_path="static", **keys)
+    # Checkpointed, as a GPU plan usually is: PEFT then hooks requires_grad_ onto the input embeddings' output.
+    static_inp = grpo_inputs(prompts, tiny_model, tmp_path / "static", generation_path="static", grad_ckpt=True,
+                             **keys)
     assert static_inp.plan.generation_path == "static" and "decode: static" in static_inp.plan.rollout
+    assert static_inp.plan.ckpt_fraction == 1.0
     assert dynamic.trainer.__class__.__name__.count("Static") == 0
     trainer = build_stage(static_inp).trainer
     for t in (trainer, dynamic.trainer):  # before the first rollout: the merge keeps a copy of the frozen base then
@@ -43,10 +66,15 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     compile_eager = CompileConfig(backend="eager", mode=None)
     compile_eager._compile_all_devices = True  # transformers compiles the decode step on the CPU too
     decoder.compile_config = compile_eager
+    hooks_during = observe_input_grad_hooks(trainer.model.get_base_model())
     torch._dynamo.reset()
     counters.clear()
     first = trainer._generate_single_turn(PROMPTS[0], None, {}, 2)  # sampled, compiled: one graph
+    # torch 2.11 (the GPU image) breaks the graph at that hook's requires_grad_ (2.13 traces it): it is off while
+    # the step decodes and back for the training forward.
+    assert hooks_during == [[]] and input_grad_hooks(trainer.model.get_base_model()) == [INPUT_GRAD_HOOK]
     cache, graphs = decoder.cache, counters["stats"]["unique_graphs"]
+    assert not counters["graph_break"], dict(counters["graph_break"])  # one whole graph for CUDA graphs to capture
     assert graphs == 1 and first[1] is None and len(first[0]) == 2
     greedy = greedy_rollouts(trainer)
     assert greedy == greedy_rollouts(dynamic.trainer)

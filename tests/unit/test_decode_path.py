@@ -12,7 +12,7 @@ from medgpt_ray.generation.decode_path import choose
 from medgpt_ray.memory.budget import make_budget
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.format import plan_line
-from medgpt_ray.memory.generation import cuda_graph_pool_bytes, decode_path, kv_cache_bytes
+from medgpt_ray.memory.generation import cuda_graph_pool_bytes, decode_path, expanded_kv_bytes, kv_cache_bytes
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.memory.shapes import PRESETS
@@ -45,11 +45,15 @@ def test_an_unknown_request_is_refused():
 
 def test_the_cuda_graph_pool_of_the_compiled_decode_step():
     # 64 completions a call, bf16: one layer's activations for one token each, fp32 scores over 1024 positions in
-    # 28 heads, the mask and the logits; doubled.
+    # 28 heads, the mask and the logits, doubled; and K and V repeated from 4 KV heads to the 28 over 1024 positions.
     layer = 2 * 64 * (4 * 3584 + 3584 + 2 * 512 + 3 * 18944)
     scores = 2 * 4 * 64 * 28 * 1024
-    assert cuda_graph_pool_bytes(Q7, GPU) == 2 * (layer + scores + 4 * 64 * 1024 + 2 * 64 * 152064)
-    assert cuda_graph_pool_bytes(Q7, GPU) / 2**20 == pytest.approx(84.1, abs=0.1)
+    repeated = 2 * 64 * 28 * 128 * 1024 * 2
+    assert expanded_kv_bytes(Q7, GPU) == repeated
+    assert cuda_graph_pool_bytes(Q7, GPU) == 2 * (layer + scores + 4 * 64 * 1024 + 2 * 64 * 152064) + repeated
+    assert cuda_graph_pool_bytes(Q7, GPU) / 2**20 == pytest.approx(84.1 + 896, abs=0.1)
+    # A model whose every query head has its own KV head repeats nothing.
+    assert expanded_kv_bytes(replace(Q7, kv_heads=Q7.heads), GPU) == 0
     for dynamic in (replace(GPU, generation_on_gpu=False), replace(GPU, generation_path="dynamic"),
                     replace(GPU, method="qlora"), replace(GPU, generations=0)):
         assert cuda_graph_pool_bytes(Q7, dynamic) == 0
@@ -61,7 +65,10 @@ def test_the_static_path_peaks_above_the_dynamic_one_by_its_pool_and_keeps_both_
     # The KV cache is priced at its full length for the whole call on both paths: a static cache's size.
     assert static.breakdown["kv_cache"] == dynamic.breakdown["kv_cache"] == kv_cache_bytes(Q7, GPU)
     assert static.breakdown["cuda_graph_pool"] == cuda_graph_pool_bytes(Q7, GPU) > 0
-    assert static.peak_bytes >= dynamic.peak_bytes + cuda_graph_pool_bytes(Q7, GPU)
+    # The eager steps' repeated K/V is the dynamic path's own term; the compiled step's is in its pool.
+    assert dynamic.breakdown["decode_expanded_kv"] == expanded_kv_bytes(Q7, GPU) > 0
+    assert "decode_expanded_kv" not in static.breakdown
+    assert static.peak_bytes >= dynamic.peak_bytes + cuda_graph_pool_bytes(Q7, GPU) - expanded_kv_bytes(Q7, GPU)
     # The static cache and the graphs' pool outlive the rollout: the training pass holds them too.
     one_call = replace(GPU, gen_steps=1)  # a generate call of one micro-batch: training peaks
     static, dynamic = estimate(Q7, one_call), estimate(Q7, replace(one_call, generation_path="dynamic"))
@@ -84,3 +91,21 @@ def test_the_plan_names_the_path_and_why():
     assert cpu.generation_path == "dynamic"
     hybrid = replace(Q7, linear_layers=tuple(range(0, 28, 4)))
     assert decode_path(hybrid, GPU).name == "dynamic"
+
+
+@pytest.mark.parametrize(("change", "breaks"), [
+    ({}, True),  # Liger's layer kernels in a stage decoding on the compiled static path
+    ({"compiled": True}, False),  # fused by compiling the layers instead: no Liger
+    ({"fused_kernels": False}, False),
+    ({"generation_path": "dynamic"}, False),
+    ({"generation_on_gpu": False}, False),  # nothing compiled on the CPU
+    ({"method": "qlora"}, False),  # a 4-bit base decodes dynamically
+    ({"generations": 0, "stage": "sft"}, False),  # a stage that does not generate
+])
+def test_liger_layers_are_no_candidate_beside_a_compiled_decode_step(change, breaks):
+    """H200, 1.5B grpo: Liger's torch.compiler.disable'd RoPE broke the compiled decode step at every layer (16
+    graphs, CUDA graphs skipped, 373 generated tokens/s against 2,888 compiled whole)."""
+    from medgpt_ray.memory.candidates import liger_breaks_decode
+
+    s = replace(GPU, **{"fused_kernels": True, "compiled": False, **change})
+    assert liger_breaks_decode(Q7, s) is breaks

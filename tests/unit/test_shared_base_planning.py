@@ -77,7 +77,7 @@ def test_7b_lora_rloo_refused_at_24_gib_with_a_separate_reward_model_fits_with_t
     rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
     with pytest.raises(PlanError) as err:
         plan_stage("rloo", RLOOStageConfig(**KW), 1, True, Q7, rtx4090)
-    assert "smallest predicted peak: 28.8 GiB" in str(err.value)
+    assert "smallest predicted peak: 28.9 GiB" in str(err.value)
     # The refusal names the shared base among its hints: the scoring moment at micro-batch 1 decides there.
     assert ("rm with LoRA from this stage's `from` (reward_shared_base: its adapter on the policy's base, no second "
             "network): 18.6 GiB (fits)") in str(err.value)
