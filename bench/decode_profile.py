@@ -1,7 +1,8 @@
 """Where a generate call's time goes (issue 35: "the remaining gap explained with a profile"): one call under
 torch.profiler, summarised per decode step: wall time, the time the GPU was busy running kernels (the rest is host
 overhead: Python, dispatch, kernel launches), kernel and graph launches, and the ops that took the most GPU time and
-the most host time. bench/generation_throughput.py --profile adds one to each path's row of its first batch."""
+the most host time. bench/generation_throughput.py --profile [PATHS] adds one to those paths' rows (merged-static
+by default)."""
 
 from __future__ import annotations
 

@@ -233,11 +233,11 @@ def measure(a: argparse.Namespace, on_row: Any) -> dict[str, Any]:
                 "new_tokens": a.new_tokens, "rows": rows}
 
     rows = []
-    PROFILE["steps"] = a.new_tokens if a.profile else 0
     for batch in a.batches:
         ids = torch.randint(100, min(20_000, model.config.vocab_size), (batch, a.prompt_len), device=device)
         for path in a.paths:
             row: dict[str, Any] = {"path": path, "batch": batch}
+            PROFILE["steps"] = a.new_tokens if path in (a.profile or ()) else 0
             try:
                 seconds, peak = run_path(path, model, ids, a.new_tokens, device)
             except Exception as e:  # a path that cannot run here (no kernel, OOM under the cap) is a result too
@@ -277,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--paths", type=lambda s: s.split(","), default=list(PATHS))
-    ap.add_argument("--profile", action="store_true", help="each timed call once more under torch.profiler: "
-                    "GPU-busy vs wall time a decode step, launches, top ops (bench/decode_profile.py)")
+    ap.add_argument("--profile", nargs="?", const="merged-static", type=lambda s: s.split(","), default=None,
+                    help="these paths' timed calls once more under torch.profiler (default merged-static): GPU-busy "
+                    "vs wall time a decode step, launches, top ops (bench/decode_profile.py). Not the unmerged "
+                    "path on a GPU: its ~3,000 ops a step took the H200 call past 280 s before its first row")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     if not (a.shape or a.model_dir) or any(p not in PATHS for p in a.paths):
