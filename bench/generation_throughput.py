@@ -125,6 +125,9 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
     if device == "cuda":
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
+    # Reserved too: a CUDA-graph pool's free blocks stay the graphs' (no other allocation may use them) but are not
+    # allocated memory, so only the reserved peak shows what the static path really holds.
+    RESERVED["gib"] = torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else 0.0
     seconds = time.perf_counter() - t0
     if PROFILE.get("steps"):  # the same call once more, under the profiler (after the timing: it slows the host)
         PROFILE["last"] = profiled(fn, device, PROFILE["steps"])
@@ -132,6 +135,7 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
 
 
 PROFILE: dict[str, Any] = {}  # --profile: "steps" a call decodes; "last": the last timed call's profile
+RESERVED: dict[str, float] = {}  # the last timed call's peak of the allocator's reserved memory (GiB)
 
 
 def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> tuple[float, float]:
@@ -253,6 +257,7 @@ def measure(a: argparse.Namespace, on_row: Any) -> dict[str, Any]:
                                                                 path, device), 3)
             rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),
                          "ms_per_decode_step": round(step_ms, 2), "peak_gib": round(peak, 3),
+                         "peak_reserved_gib": round(RESERVED.get("gib", 0.0), 3),
                          "decode_floor_ms": round(floor_ms, 3) if floor_ms else None,
                          "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None,
                          **({"profile": PROFILE.pop("last")} if "last" in PROFILE else {})})
