@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from medgpt_ray.generation.decode_path import DecodePath, choose
+from medgpt_ray.memory.decode_terms import decode_path, expanded_kv_bytes, kv_cache_bytes
 from medgpt_ray.memory.estimator import RUNTIME_OVERHEAD_BYTES, Estimate, TrainSetup, estimate
 from medgpt_ray.memory.rollout_host import EXPERTS_UNMERGED, host_note
 from medgpt_ray.memory.setup import merges_adapters
@@ -68,15 +68,6 @@ def rollout_path(s: TrainSetup) -> str | None:
     return "unmerged adapters (ZeRO-3: the weights are partitions outside the generate call's gather)"
 
 
-def decode_path(shape: ModelShape, s: TrainSetup) -> DecodePath | None:
-    """How a generating stage's rollouts decode (the `generation_path` key, the policy and its device); None for a
-    stage that does not generate."""
-    if not s.generations:
-        return None
-    return choose(s.generation_path, cuda=s.generation_on_gpu, hybrid=bool(shape.linear_layers),
-                  quantized=s.method == "qlora", zero3=s.zero == 3)
-
-
 def rollout_line(shape: ModelShape, s: TrainSetup, host_room_gib: float | None = None) -> str | None:
     """plan.json's `rollout` and the plan line's: the weights the rollouts decode (rollout_path), a merge's host RAM
     per worker against `host_room_gib` (memory/rollout_host.py; None: not known) and the decode path with its
@@ -86,19 +77,6 @@ def rollout_line(shape: ModelShape, s: TrainSetup, host_room_gib: float | None =
         return None
     host = host_note(shape, s, host_room_gib) if merges_adapters(s) else ""
     return f"{rollout_path(s)}{host}; decode: {path.describe()}"
-
-
-def expanded_kv_bytes(shape: ModelShape, s: TrainSetup) -> float:
-    """K and V of one layer repeated from the KV heads to all query heads over the cache's full length, for the
-    generation batch: transformers' SDPA attention takes grouped-query attention natively only without a mask, and
-    generation always passes one (padding; the static cache's length), so `repeat_kv` materializes them at every
-    decode step (and in the prefill). 0 where every query head has its own KV head. On the H200 the static path's
-    measured peaks (bench/results/generation_*_h200.json) exceeded the plan's terms without it (7B, 16 sequences:
-    14.935 GiB measured, 14.894 predicted)."""
-    if shape.heads <= shape.kv_heads:
-        return 0.0
-    e = 4 if s.precision == "fp32" else 2
-    return 2 * s.generation_batch() * shape.heads * shape.head_dim * s.seq_len * e
 
 
 def cuda_graph_pool_bytes(shape: ModelShape, s: TrainSetup) -> float:
@@ -131,12 +109,6 @@ def merge_delta_bytes(shape: ModelShape, s: TrainSetup) -> float:
     if s.lora_experts and s.merge_experts:  # lora.experts: a routed layer's whole fused gate_up tensor at once
         widest = max(widest, shape.experts * 2 * shape.moe_intermediate * shape.hidden)
     return 2 * 4 * widest
-
-
-def kv_cache_bytes(shape: ModelShape, s: TrainSetup) -> float:
-    """K and V of every full-attention layer for every token of the generation batch (it grows with the length)."""
-    e = 4 if s.precision == "fp32" else 2
-    return 2 * shape.attention_layers * shape.kv_heads * shape.head_dim * e * s.generation_batch() * s.seq_len
 
 
 def linear_state_bytes(shape: ModelShape, s: TrainSetup) -> float:

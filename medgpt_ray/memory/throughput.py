@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass
 from functools import cache
 
+from medgpt_ray.memory.decode_terms import decode_path, expanded_kv_bytes, kv_cache_bytes
 from medgpt_ray.memory.estimator import TrainSetup
 from medgpt_ray.memory.profiles import memory_profile
 from medgpt_ray.memory.setup import merges_adapters
@@ -166,18 +167,39 @@ def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int)
     return (4 if s.precision == "fp32" else 2) * elements * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
 
 
+# The static path's decode step (the step compiled into CUDA graphs), fitted on the H200's four points
+# (bench/results/generation_{1.5b,7b}_h200.json: 1.5B and 7B, 16 and 64 sequences, 384-token cache; least squares,
+# each point within 6 %: 5.66 ms predicted for 5.54, 7.80 for 8.27, 10.38 for 9.90, 15.31 for 15.44):
+# a fixed host cost a step (the generate loop and sampling run outside the graph) and the bytes the step moves at a
+# share of the memory bandwidth.
+STATIC_STEP_HOST_SECONDS = 4.0e-3
+STATIC_BANDWIDTH_SHARE = 0.67  # of the spec sheet's bandwidth (GPU_SPECS)
+
+
 def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
-    """One token of one generate call (HF generate, KV cache): a forward's eager ops one by one, or reading the
-    weights once, whichever is longer; the batch barely matters. The H200 measured 45-70 ms for Qwen2.5-1.5B and
-    7B alike (28 layers each, LoRA unmerged: bench/results/generate_speed_probe_1.5b_h200.json, rl_stage_run_*);
-    issue 35's probe on the 1.5B at 16 sequences: 127 ms a step with the adapters unmerged, 37 merged (no adapter
-    kernels: merged rollouts, memory/generation.py merges_adapters). The static path's CUDA graphs (generation/
-    decode_path.py) are priced as the eager step until a GPU measures them: an over-estimate of the time, never an
-    under-estimate."""
+    """One token of one generate call (HF generate, KV cache). Eager (the dynamic path, or static without
+    compilation): a forward's eager ops one by one, or reading the weights once, whichever is longer; the batch
+    barely matters. The H200 measured 45-70 ms for Qwen2.5-1.5B and 7B alike (28 layers each, LoRA unmerged:
+    bench/results/generate_speed_probe_1.5b_h200.json, rl_stage_run_*); issue 35's probe on the 1.5B at 16
+    sequences: 127 ms a step with the adapters unmerged, 37 merged (no adapter kernels: merged rollouts,
+    memory/generation.py merges_adapters). Compiled static path: static_decode_step_seconds."""
+    path = decode_path(shape, s)
+    if path is not None and path.compiled:
+        return static_decode_step_seconds(shape, s, gpu)
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     adapters = s.method != "full" and not merges_adapters(s)
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if adapters else 0))
     return max(kernels * LAUNCH_SECONDS, 2 * shape.params / (gpu.mem_bw_gbs * 1e9))
+
+
+def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
+    """A decode step replayed from CUDA graphs: STATIC_STEP_HOST_SECONDS, plus the bytes it moves at
+    STATIC_BANDWIDTH_SHARE of the memory bandwidth: the weights once, and per sequence the static cache's K and V
+    over its full length (seq_len) and transformers' repeat_kv copy of them to every head, written and read
+    (memory/generation.expanded_kv_bytes)."""
+    e = 4 if s.precision == "fp32" else 2
+    moved = e * shape.params + kv_cache_bytes(shape, s) + 2 * shape.attention_layers * expanded_kv_bytes(shape, s)
+    return STATIC_STEP_HOST_SECONDS + moved / (STATIC_BANDWIDTH_SHARE * gpu.mem_bw_gbs * 1e9)
 
 
 def tokens_per_second(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:

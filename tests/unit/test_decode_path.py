@@ -109,3 +109,30 @@ def test_liger_layers_are_no_candidate_beside_a_compiled_decode_step(change, bre
 
     s = replace(GPU, **{"fused_kernels": True, "compiled": False, **change})
     assert liger_breaks_decode(Q7, s) is breaks
+
+
+def test_the_static_decode_step_is_priced_as_the_h200_measured_it(repo):
+    """The throughput model's compiled static step against every merged-static row the H200 measured
+    (bench/results/generation_*_h200.json: 1.5B and 7B at 16 and 64 sequences); the eager step is priced far
+    slower (21.7-30.4 ms measured merged on the dynamic path)."""
+    import json
+
+    from medgpt_ray.memory.throughput import GPU_SPECS, decode_step_seconds
+
+    h200 = GPU_SPECS["h200"]
+    rows = 0
+    for name, preset in (("generation_1.5b_h200.json", "qwen2.5-1.5b"), ("generation_7b_h200.json", "qwen2.5-7b")):
+        result = json.loads((repo / "bench" / "results" / name).read_text())
+        shape = PRESETS[preset]
+        for row in result["rows"]:
+            if row["path"] != "merged-static":
+                continue
+            s = TrainSetup(stage="grpo", method="lora", precision="bf16", micro_batch=row["batch"], grad_accum=1,
+                           seq_len=result["prompt_len"] + result["new_tokens"], fused_ce=True,
+                           generations=row["batch"], completion_len=result["new_tokens"], generation_on_gpu=True)
+            predicted_ms = 1000 * decode_step_seconds(shape, s, h200)
+            assert predicted_ms == pytest.approx(row["ms_per_decode_step"], rel=0.07), (name, row["batch"])
+            eager_ms = 1000 * decode_step_seconds(shape, replace(s, generation_path="dynamic"), h200)
+            assert eager_ms > 2 * predicted_ms
+            rows += 1
+    assert rows == 4
