@@ -9,8 +9,9 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.budget import Budget, gib
+from medgpt_ray.memory.decode_terms import decode_path
 from medgpt_ray.memory.estimator import Estimate, TrainSetup
-from medgpt_ray.memory.generation import decode_path, generation_choices
+from medgpt_ray.memory.generation import generation_choices
 from medgpt_ray.memory.generation import peak as estimate
 from medgpt_ray.memory.options import compiles, liger_for
 from medgpt_ray.memory.profiles import setup_fields
