@@ -92,23 +92,18 @@ def decode_bytes(model: Any, batch: int, prompt_len: int, new_tokens: int) -> fl
 
 def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_tokens: int, path: str,
                   device: str) -> float:
-    """The plan's generation-phase terms for this call (memory/generation.py, the decode path as the product
-    chooses it): the weights (as loaded, adapters too), the KV cache at full length, the static path's CUDA-graph
-    pool (else the eager decode steps' repeated K/V), the sampling logits and the prefill's one-layer working set.
-    No runtime overhead: the measured peak is the allocator's (max_memory_allocated), without the CUDA context."""
-    from medgpt_ray.memory.generation import cuda_graph_pool_bytes, expanded_kv_bytes, kv_cache_bytes
+    """The plan's generation-phase terms for this call (memory/generation.generate_call_terms, the decode path as
+    the product chooses it) and the weights as loaded (adapters too). No runtime overhead: the measured peak is the
+    allocator's (max_memory_allocated), without the CUDA context."""
+    from medgpt_ray.memory.generation import generate_call_terms
     from medgpt_ray.memory.setup import TrainSetup
 
     s = TrainSetup(stage="grpo", method="lora", precision="bf16" if device == "cuda" else "fp32", micro_batch=batch,
                    seq_len=prompt_len + new_tokens, generations=1, completion_len=new_tokens,
                    generation_path="static" if path == "merged-static" else "dynamic",
                    generation_on_gpu=device == "cuda")
-    e = 2 if device == "cuda" else 4
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    prefill = e * batch * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width)
-    pool = cuda_graph_pool_bytes(shape, s)  # the compiled step's repeated K/V inside, else the eager steps'
-    total = weights + kv_cache_bytes(shape, s) + (pool or expanded_kv_bytes(shape, s)) + 2 * 4 * batch * shape.vocab
-    return (total + prefill) / 2**30
+    return (weights + sum(generate_call_terms(shape, s).values())) / 2**30
 
 
 def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:

@@ -152,6 +152,23 @@ def peak(shape: ModelShape, s: TrainSetup) -> Estimate:
     return estimate_grpo(shape, s) if s.generations else estimate(shape, s)
 
 
+def generate_call_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
+    """What one generate call holds beside the networks: the KV cache at full length, the compiled step's CUDA-graph
+    pool or else the eager decode steps' repeated K/V (the compiled step's are in its pool), a hybrid's
+    linear-attention state, the sampling logits (fp32, twice) and the prefill's one-layer working set."""
+    e = 4 if s.precision == "fp32" else 2
+    prompt_len = max(s.seq_len - s.completion_len, 1)
+    pool = cuda_graph_pool_bytes(shape, s)
+    return {
+        "kv_cache": kv_cache_bytes(shape, s),
+        "cuda_graph_pool": pool,
+        "decode_expanded_kv": 0.0 if pool else expanded_kv_bytes(shape, s),
+        "linear_attention_state": linear_state_bytes(shape, s),
+        "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
+        "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),
+    }
+
+
 def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     train_setup = replace(s, generations=0)  # the training pass: estimator's own terms for memory kind grpo
     train = estimate(shape, train_setup)
@@ -165,20 +182,8 @@ def estimate_grpo(shape: ModelShape, s: TrainSetup) -> Estimate:
     if s.reference and s.method == "full" and "reference_model" not in generation:
         generation["reference_model"] = (4 if s.precision in ("amp-bf16", "fp32") else 2) * shape.params
         training["reference_model"] = generation["reference_model"]
-    e = 4 if s.precision == "fp32" else 2
-    prompt_len = max(s.seq_len - s.completion_len, 1)
-    generation.update({
-        "reward_model": rm,
-        "reward_adapter": adapter,
-        "kv_cache": kv_cache_bytes(shape, s),
-        "cuda_graph_pool": cuda_graph_pool_bytes(shape, s),
-        # Eager decode steps' repeated K/V (the compiled step's are in its pool).
-        "decode_expanded_kv": 0.0 if cuda_graph_pool_bytes(shape, s) else expanded_kv_bytes(shape, s),
-        "linear_attention_state": linear_state_bytes(shape, s),
-        "sampling_logits": 2 * 4 * s.generation_batch() * shape.vocab,
-        "prefill_working_set": e * s.generation_batch() * prompt_len * (4 * shape.hidden + 3 * shape.mlp_width),
-        "runtime_overhead": RUNTIME_OVERHEAD_BYTES,
-    })
+    generation.update({"reward_model": rm, "reward_adapter": adapter, **generate_call_terms(shape, s),
+                       "runtime_overhead": RUNTIME_OVERHEAD_BYTES})
     if cuda_graph_pool_bytes(shape, s):  # compiled static path: its cache and graphs stay between rollouts
         static_keys = (*static_keys, "kv_cache", "cuda_graph_pool")
         training.update({k: generation[k] for k in ("kv_cache", "cuda_graph_pool")})
