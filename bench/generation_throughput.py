@@ -11,7 +11,9 @@ Paths (--paths, all by default):
                   opd and `generate` run on a GPU): one static cache for the run, transformers compiles the decode
                   step itself (CUDA graphs). The untimed warm-up call compiles and captures; the timed call of another
                   prompt length must replay: `graphs_compiled_in_timed_call` (dynamo graphs compiled during it) and
-                  `cudagraph_skips` (inductor's count of graphs it ran without CUDA graphs) must both be 0
+                  `cudagraph_skips` (inductor's count of graphs it ran without CUDA graphs) must both be 0; its decode
+                  attends without repeat_kv's copies (generation/packed_gqa.py: `attention` packed_gqa)
+  merged-static-sdpa  the same with transformers' SDPA attention as it is (repeat_kv every step): the comparison
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
 
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.decode_profile import profiled  # noqa: E402
 
-PATHS = ("unmerged", "merged", "merged-static", "continuous")
+PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "continuous")
 
 
 def hbm_bandwidth(device: str) -> float | None:
@@ -100,7 +102,7 @@ def predicted_gib(shape: Any, model: Any, batch: int, prompt_len: int, new_token
 
     s = TrainSetup(stage="grpo", method="lora", precision="bf16" if device == "cuda" else "fp32", micro_batch=batch,
                    seq_len=prompt_len + new_tokens, generations=1, completion_len=new_tokens,
-                   generation_path="static" if path == "merged-static" else "dynamic",
+                   generation_path="static" if path.startswith("merged-static") else "dynamic",
                    generation_on_gpu=device == "cuda")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return (weights + sum(generate_call_terms(shape, s).values())) / 2**30
@@ -155,15 +157,16 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
     with merged_adapters(layers, base):
         if path == "merged":
             return timed(hf({}), device)
-        if path == "merged-static":
-            return static_call(model, ids, kw, new_tokens, device)
+        if path.startswith("merged-static"):
+            return static_call(model, ids, kw, new_tokens, device, packed_gqa=path == "merged-static")
         try:
             return timed(continuous_call(model, ids, new_tokens), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
             model.destroy_cached_continuous_batching_manager()
 
 
-def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str) -> tuple[float, float]:
+def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str,
+                packed_gqa: bool = True) -> tuple[float, float]:
     """The product's static path (StaticDecoder, one cache for both calls): warmed up on prompts 16 tokens shorter
     (left-padded), so the timed call shows whether another prompt length replays the compiled step."""
     import torch
@@ -171,7 +174,7 @@ def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str) ->
 
     from medgpt_ray.generation.decode_path import StaticDecoder
 
-    decoder = StaticDecoder(ids.shape[1] + new_tokens)
+    decoder = StaticDecoder(ids.shape[1] + new_tokens, packed_gqa=packed_gqa)
     rest = {k: v for k, v in kw.items() if k != "attention_mask"}
     short = ids.clone()
     short_mask = torch.ones_like(ids)
@@ -188,7 +191,8 @@ def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str) ->
         return call(ids, torch.ones_like(ids))
     seconds, peak = timed(timed_call, device, warm)
     STATIC_CHECKS.update(graphs_compiled_in_timed_call=counters["stats"]["unique_graphs"] - graphs[-1],
-                         cudagraph_skips=counters["inductor"]["cudagraph_skips"], cache_builds=decoder.builds)
+                         cudagraph_skips=counters["inductor"]["cudagraph_skips"], cache_builds=decoder.builds,
+                         attention=decoder.attention)
     return seconds, peak
 
 
@@ -245,9 +249,9 @@ def measure(a: argparse.Namespace, on_row: Any) -> dict[str, Any]:
                 continue
             step_ms = 1000 * seconds / a.new_tokens
             floor_ms = 1000 * decode_bytes(model, batch, a.prompt_len, a.new_tokens) / bandwidth if bandwidth else None
-            if path == "merged-static":
+            if path.startswith("merged-static"):
                 row.update(STATIC_CHECKS)
-            if path in ("merged", "merged-static"):  # the product's rollout paths: the plan's terms for them
+            if path.startswith("merged"):  # the product's rollout paths: the plan's terms for them
                 row["predicted_peak_gib"] = round(predicted_gib(shape, model, batch, a.prompt_len, a.new_tokens,
                                                                 path, device), 3)
             rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),

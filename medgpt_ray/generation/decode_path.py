@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
+
 DYNAMIC, STATIC = "dynamic", "static"
 REQUESTS = ("auto", DYNAMIC, STATIC)
 
@@ -120,10 +122,13 @@ class StaticDecoder:
     """One static cache for every generate call of a run: built at the first call for that call's batch and
     `max_len` tokens (prompt + new tokens), reset and reused by every later call of the same batch (`builds` counts
     the caches made: 1 for a run whose batch stays fixed). `compile_config`: transformers' CompileConfig for the
-    decode step (None: static_compile_config, CUDA graphs on CUDA; the tests compile on the CPU through it)."""
+    decode step (None: static_compile_config, CUDA graphs on CUDA; the tests compile on the CPU through it).
+    `packed_gqa`: decode grouped-query attention without repeat_kv's copies (generation/packed_gqa.py); False is
+    transformers' SDPA attention as it is (the benchmark's comparison)."""
 
-    def __init__(self, max_len: int, compile_config: Any = None):
-        self.max_len, self.compile_config = max_len, compile_config
+    def __init__(self, max_len: int, compile_config: Any = None, packed_gqa: bool = True):
+        self.max_len, self.compile_config, self.packed_gqa = max_len, compile_config, packed_gqa
+        self.attention = "sdpa"  # what the last call decoded with: sdpa, or packed_gqa where it switched
         self.cache: Any = None
         self.batch = 0
         self.builds = 0
@@ -135,7 +140,7 @@ class StaticDecoder:
         from torch._dynamo.utils import counters
 
         return {"cache_builds": self.builds, "calls": self.calls, "graphs_compiled": counters["stats"]["unique_graphs"],
-                "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
+                "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "attention": self.attention}
 
     def resize(self, max_len: int) -> None:
         """A cache of `max_len` tokens from the next call on (a chat whose conversation outgrew the cache)."""
@@ -167,7 +172,8 @@ class StaticDecoder:
         batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
         cache = self.cache_for(model, batch)
         self.calls += 1
-        with without_input_grad_hooks(model):
+        with without_input_grad_hooks(model), packed_gqa_decoding(model, self.packed_gqa) as packed:
+            self.attention = "packed_gqa" if packed else "sdpa"
             return model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache},
                                   **kwargs)
 

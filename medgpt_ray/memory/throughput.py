@@ -192,13 +192,15 @@ def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float
     return max(kernels * LAUNCH_SECONDS, 2 * shape.params / (gpu.mem_bw_gbs * 1e9))
 
 
-def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
+def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, repeat_kv: bool = False) -> float:
     """A decode step replayed from CUDA graphs: STATIC_STEP_HOST_SECONDS, plus the bytes it moves at
     STATIC_BANDWIDTH_SHARE of the memory bandwidth: the weights once, and per sequence the static cache's K and V
-    over its full length (seq_len) and transformers' repeat_kv copy of them to every head, written and read
-    (memory/generation.expanded_kv_bytes)."""
+    over its full length (seq_len). `repeat_kv`: transformers' SDPA attention as it is, which copies K and V to
+    every query head, written and read (memory/generation.expanded_kv_bytes): how the H200's points were measured
+    (fitted with it); the product decodes without the copy (generation/packed_gqa.py)."""
     e = 4 if s.precision == "fp32" else 2
-    moved = e * shape.params + kv_cache_bytes(shape, s) + 2 * shape.attention_layers * expanded_kv_bytes(shape, s)
+    copies = 2 * shape.attention_layers * expanded_kv_bytes(shape, s) if repeat_kv else 0.0
+    moved = e * shape.params + kv_cache_bytes(shape, s) + copies
     return STATIC_STEP_HOST_SECONDS + moved / (STATIC_BANDWIDTH_SHARE * gpu.mem_bw_gbs * 1e9)
 
 

@@ -20,6 +20,17 @@ from typing import Any
 from medgpt_ray.generation.decode_path import StaticDecoder
 
 
+def static_decoding(plan: Any, seq_len: int) -> dict[str, int] | None:
+    """The static behaviours' keyword for a plan on the static path (None otherwise): the cache as long as the plan
+    priced it (the data's planned length: prompt + completion, memory/lengths.py; else the stage's seq_len). A
+    cache at seq_len instead made every grpo decode step attend over twice the planned length (the H200's 1.5B grpo:
+    1,024 positions for rows of at most 382 tokens) and held twice the KV cache the plan counted. A prompt batch
+    longer than the room decodes on TRL's own path (StaticRollouts)."""
+    if plan.generation_path != "static":
+        return None
+    return {"decode_max_len": plan.seq_len_planned or seq_len}
+
+
 class _StaticDecoding:
     """The run's StaticDecoder, made with the trainer (its cache at the first rollout)."""
 

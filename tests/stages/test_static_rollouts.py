@@ -79,9 +79,12 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     greedy = greedy_rollouts(trainer)
     assert greedy == greedy_rollouts(dynamic.trainer)
     assert len({tuple(c) for rollout in greedy for c in rollout}) == 4  # four prompts, four completions
-    assert decoder.builds == 1 and decoder.cache is cache and decoder.max_len == static_inp.cfg.seq_len
+    assert decoder.builds == 1 and decoder.cache is cache
+    # The cache as long as the plan priced it (the data's rows), not the stage's seq_len cap.
+    assert decoder.max_len == static_inp.plan.train_setup(static_inp.cfg).seq_len
     assert counters["stats"]["unique_graphs"] == graphs  # prompts of 5 and 9 tokens: no recompilation
-    assert decoder.stats() == {"cache_builds": 1, "calls": 3, "graphs_compiled": 1, "cudagraph_skips": 0}
+    assert decoder.stats() == {"cache_builds": 1, "calls": 3, "graphs_compiled": 1, "cudagraph_skips": 0,
+                                "attention": "packed_gqa"}
 
 
 def test_a_static_stage_run_reports_its_decoding_in_result_json(prompts, tiny_model, tmp_path):  # noqa: F811

@@ -44,7 +44,7 @@ from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.generation_rate import GenerationRate
 from medgpt_ray.trainer_kit.merged_rollouts import MergedRollouts, merging_behaviour
 from medgpt_ray.trainer_kit.prompt_shard import PromptShardLoader
-from medgpt_ray.trainer_kit.static_rollouts import StaticRollouts
+from medgpt_ray.trainer_kit.static_rollouts import StaticRollouts, static_decoding
 
 
 def prompt_rows(records: list[dict], tokenizer, template, seq_len: int, completion_len: int,
@@ -134,8 +134,8 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
     merged = merging_behaviour(inp.plan.rollout, MergedRollouts)
     # StaticRollouts (after the merge: it decodes the merged weights): the plan's static decode path, one static
-    # cache of seq_len tokens (prompt room + completions) for the run.
-    static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None
+    # cache for the run at the plan's length (prompt room + completions).
+    static = static_decoding(inp.plan, cfg.seq_len)
     trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged,
                             *((StaticRollouts,) if static else ()))(
         model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds, processing_class=tok,

@@ -27,7 +27,7 @@ from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples, merging_behaviour
 from medgpt_ray.trainer_kit.sharding import ShardLoader
-from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples
+from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples, static_decoding
 
 
 def load_teacher(inp: StageInputs):
@@ -74,7 +74,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
     merged = merging_behaviour(inp.plan.rollout, MergedStudentSamples)
-    static = {"decode_max_len": cfg.seq_len} if inp.plan.generation_path == "static" else None  # as grpo's
+    static = static_decoding(inp.plan, cfg.seq_len)  # as grpo's
     trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
                             *((StaticStudentSamples,) if static else ()))(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
