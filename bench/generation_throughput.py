@@ -16,6 +16,8 @@ Paths (--paths, all by default):
   merged-static-sdpa  the same with transformers' SDPA attention as it is (repeat_kv every step): the comparison
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
+  continuous-graphs  the same with the engine's CUDA graphs forced on (use_cuda_graph=True; with SDPA attention it
+                  leaves them off by default): whether `serve` should
 
     python bench/generation_throughput.py --shape qwen2.5-1.5b --batches 16,64 --out $OUT/generation_1.5b.json
     python bench/generation_throughput.py --shape qwen2.5-7b --batches 16,64 --out $OUT/generation_7b.json
@@ -37,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.decode_profile import profiled  # noqa: E402
 
-PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "continuous")
+PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "continuous", "continuous-graphs")
 
 
 def hbm_bandwidth(device: str) -> float | None:
@@ -160,7 +162,7 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
         if path.startswith("merged-static"):
             return static_call(model, ids, kw, new_tokens, device, packed_gqa=path == "merged-static")
         try:
-            return timed(continuous_call(model, ids, new_tokens), device)
+            return timed(continuous_call(model, ids, new_tokens, graphs=path == "continuous-graphs"), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
             model.destroy_cached_continuous_batching_manager()
 
@@ -199,7 +201,7 @@ def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str,
 STATIC_CHECKS: dict[str, int] = {}  # the last static_call's compile checks, added to its row
 
 
-def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
+def continuous_call(model: Any, ids: Any, new_tokens: int, graphs: bool = False) -> Any:
     """transformers' generate_batch with its page pool sized for this batch (not its default share of the GPU)."""
     from transformers import GenerationConfig
 
@@ -209,7 +211,8 @@ def continuous_call(model: Any, ids: Any, new_tokens: int) -> Any:
     limits = PoolLimits(batch, prompt_len + new_tokens)
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=True, temperature=0.999, top_p=1.0,
                               eos_token_id=-1, pad_token_id=0)
-    pool = pool_config(pool_pages(model, limits), max_requests_per_batch=batch, allow_block_sharing=False)
+    pool = pool_config(pool_pages(model, limits), max_requests_per_batch=batch, allow_block_sharing=False,
+                       **({"use_cuda_graph": True} if graphs else {}))
     inputs = ids.tolist()
     return lambda: model.generate_batch(inputs, generation_config=config, continuous_batching_config=pool,
                                         persistent_manager=True)
