@@ -130,7 +130,8 @@ def rl_numbers(stage_dir: Path) -> dict[str, Any]:
            "measured_peak_gib": measured, "worker_peak_gib": worker_peak,
            "medians_after_first_step": medians, "per_step": rows, "plan": plan,
            "result": {k: v for k, v in receipt.items() if isinstance(v, int | float | str) or v is None},
-           "decode": receipt.get("decode")}  # the static path's: caches, calls, graphs compiled, cudagraph skips
+           # the static path's: caches, calls, graphs compiled, cudagraph skips, attention, seconds in generate
+           "decode": receipt.get("decode")}
     if measured and pred:
         out["peak_over_prediction_pct"] = round(100 * (measured - pred) / pred, 2)
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -129,6 +130,7 @@ class StaticDecoder:
     def __init__(self, max_len: int, compile_config: Any = None, packed_gqa: bool = True):
         self.max_len, self.compile_config, self.packed_gqa = max_len, compile_config, packed_gqa
         self.attention = "sdpa"  # what the last call decoded with: sdpa, or packed_gqa where it switched
+        self.seconds = 0.0  # wall time in generate (prefill and decode), every call
         self.cache: Any = None
         self.batch = 0
         self.builds = 0
@@ -140,7 +142,8 @@ class StaticDecoder:
         from torch._dynamo.utils import counters
 
         return {"cache_builds": self.builds, "calls": self.calls, "graphs_compiled": counters["stats"]["unique_graphs"],
-                "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "attention": self.attention}
+                "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "attention": self.attention,
+                "generate_s": round(self.seconds, 3)}
 
     def resize(self, max_len: int) -> None:
         """A cache of `max_len` tokens from the next call on (a chat whose conversation outgrew the cache)."""
@@ -172,10 +175,13 @@ class StaticDecoder:
         batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
         cache = self.cache_for(model, batch)
         self.calls += 1
+        t0 = time.perf_counter()
         with without_input_grad_hooks(model), packed_gqa_decoding(model, self.packed_gqa) as packed:
             self.attention = "packed_gqa" if packed else "sdpa"
-            return model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache},
-                                  **kwargs)
+            out = model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache},
+                                 **kwargs)
+        self.seconds += time.perf_counter() - t0  # generate syncs every step (its stopping check): near the GPU's end
+        return out
 
 
 INPUT_GRAD_HOOK = "make_inputs_require_grads"  # transformers' enable_input_require_grads hook (5.17 and 5.24)

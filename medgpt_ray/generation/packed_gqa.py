@@ -13,7 +13,9 @@ PACKED_GQA is that fold as an attention function of its own, registered through 
 KV head, dim) against K and V as cached, the mask (batch, 1, 1, length) broadcast over both; the output is the same
 attention, reshaped back. Anything else (a prefill, a per-head mask, a model without grouped heads) is transformers'
 own SDPA attention unchanged. `packed_gqa_decoding` switches a model from "sdpa" to it for the generate call only,
-so training forwards never see it."""
+so training forwards never see it. The switch is the model's config: it assumes no other thread runs the same model
+meanwhile, which holds for every StaticDecoder caller (a trainer's rollouts, the Generator's batches, chat's one
+session thread; serve's concurrent fallback decodes dynamically, without a StaticDecoder)."""
 
 from __future__ import annotations
 

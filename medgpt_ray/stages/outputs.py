@@ -32,6 +32,9 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     decoder = getattr(built.trainer, "static_decoder", None)  # rollouts on the static path (static_rollouts.py)
     if decoder is not None:
         result["decode"] = decoder.stats()
+    merge_s = getattr(built.trainer, "merge_seconds", None)  # merged rollouts (merged_rollouts.py)
+    if merge_s is not None:
+        result["rollout_merge_s"] = round(merge_s, 3)
     write_result(inp, result)
     return result
 

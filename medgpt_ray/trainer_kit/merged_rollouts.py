@@ -83,12 +83,27 @@ class _MergedWhileGenerating:
         super().__init__(*args, **kwargs)
         self._merged_layers: dict[str, Any] | None = None
         self._base_copy: dict[tuple[str, str], Any] = {}
+        self.merge_seconds = 0.0  # merging and writing the base back, every rollout (result.json's rollout_merge_s)
 
-    def _merged(self) -> Any:
+    @contextmanager
+    def _merged(self) -> Iterator[None]:
+        import time
+
+        import torch
+
         if self._merged_layers is None:
             self._merged_layers = lora_layers(self.model, self.merge_experts)
             self._base_copy = host_copy(self._merged_layers)
-        return merged_adapters(self._merged_layers, self._base_copy)
+        t0 = time.perf_counter()
+        with merged_adapters(self._merged_layers, self._base_copy):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the merge's kernels counted here, not in the generate call
+            self.merge_seconds += time.perf_counter() - t0
+            try:
+                yield
+            finally:
+                t1 = time.perf_counter()
+        self.merge_seconds += time.perf_counter() - t1  # the write-back (it synchronizes)
 
 
 class MergedRollouts(_MergedWhileGenerating):
