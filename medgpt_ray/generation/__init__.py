@@ -12,6 +12,8 @@ the stage kinds call it in their own process (the eval stage).
                for the conversation on a GPU)
 - decode_path.py the decode path (dynamic, or static: one static cache per run, the decode step compiled by
                transformers with CUDA graphs) chosen with its reason; StaticDecoder
+- packed_gqa.py the static decode step's attention without repeat_kv's copies (one-token queries folded onto their
+               KV heads), switched on for a StaticDecoder's generate call
 - continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page
                pool sized from the server's limits), streamed, cancelled on a deadline or a reader gone
 """
