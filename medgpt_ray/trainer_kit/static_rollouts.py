@@ -20,15 +20,15 @@ from typing import Any
 from medgpt_ray.generation.decode_path import StaticDecoder
 
 
-def static_decoding(plan: Any, seq_len: int) -> dict[str, int] | None:
+def static_decoding(plan: Any, cfg: Any) -> dict[str, int] | None:
     """The static behaviours' keyword for a plan on the static path (None otherwise): the cache as long as the plan
-    priced it (the data's planned length: prompt + completion, memory/lengths.py; else the stage's seq_len). A
-    cache at seq_len instead made every grpo decode step attend over twice the planned length (the H200's 1.5B grpo:
-    1,024 positions for rows of at most 382 tokens) and held twice the KV cache the plan counted. A prompt batch
-    longer than the room decodes on TRL's own path (StaticRollouts)."""
+    priced it (its TrainSetup's seq_len: grpo's the data's planned length, prompt + completion, memory/lengths.py;
+    opd's seq_len, which its prompts + max_new_tokens fit). A cache at seq_len instead made every grpo decode step
+    attend over twice the planned length (the H200's 1.5B grpo: 1,024 positions for rows of at most 382 tokens) and
+    held twice the KV cache the plan counted. A prompt batch longer than the room decodes on TRL's own path."""
     if plan.generation_path != "static":
         return None
-    return {"decode_max_len": plan.seq_len_planned or seq_len}
+    return {"decode_max_len": plan.train_setup(cfg).seq_len}
 
 
 class _StaticDecoding:

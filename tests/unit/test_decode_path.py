@@ -140,3 +140,20 @@ def test_the_static_decode_step_is_priced_as_the_h200_measured_it(repo):
             assert eager_ms > 2 * predicted_ms
             rows += 1
     assert rows >= 4
+
+
+def test_a_rollout_cache_is_as_long_as_the_plan_priced_it(tiny_model):
+    """grpo's plan prices the cache at the data's planned length (prompt + completion), not the seq_len cap; opd's
+    at seq_len (its prompts + max_new_tokens fit there); a dynamic plan builds none."""
+    from medgpt_ray.kinds.opd.config import OPDStageConfig
+    from medgpt_ray.trainer_kit.static_rollouts import static_decoding
+
+    grpo = GRPOStageConfig(method="lora", lora=LoraConfig(rank=8), seq_len=1024, max_completion_length=256,
+                           generation_path="static")
+    plan = replace(plan_stage("grpo", grpo, 1, False), seq_len_planned=512)
+    assert static_decoding(plan, grpo) == {"decode_max_len": 512}
+    assert static_decoding(replace(plan, generation_path="dynamic"), grpo) is None
+    opd = OPDStageConfig(teacher=str(tiny_model), method="lora", seq_len=1024, max_new_tokens=128,
+                         generation_path="static")
+    plan = replace(plan_stage("opd", opd, 1, False), seq_len_planned=256)
+    assert static_decoding(plan, opd) == {"decode_max_len": 1024}

@@ -135,7 +135,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     merged = merging_behaviour(inp.plan.rollout, MergedRollouts)
     # StaticRollouts (after the merge: it decodes the merged weights): the plan's static decode path, one static
     # cache for the run at the plan's length (prompt room + completions).
-    static = static_decoding(inp.plan, cfg.seq_len)
+    static = static_decoding(inp.plan, cfg)
     trainer = trainer_class(trl_class, GenerationRate, PromptShardLoader, FractionAtEveryForward, *merged,
                             *((StaticRollouts,) if static else ()))(
         model=model, reward_funcs=rewards, args=make_args(inp), train_dataset=train_ds, processing_class=tok,

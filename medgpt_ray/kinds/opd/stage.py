@@ -74,7 +74,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     kept = [c for c in stage_callbacks(inp, sink, callbacks) if not isinstance(c, speed.Bf16LoraInputs)]
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
     merged = merging_behaviour(inp.plan.rollout, MergedStudentSamples)
-    static = static_decoding(inp.plan, cfg.seq_len)  # as grpo's
+    static = static_decoding(inp.plan, cfg)  # as grpo's
     trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
                             *((StaticStudentSamples,) if static else ()))(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
