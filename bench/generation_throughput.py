@@ -12,8 +12,11 @@ Paths (--paths, all by default):
                   step itself (CUDA graphs). The untimed warm-up call compiles and captures; the timed call of another
                   prompt length must replay: `graphs_compiled_in_timed_call` (dynamo graphs compiled during it) and
                   `cudagraph_skips` (inductor's count of graphs it ran without CUDA graphs) must both be 0; its decode
-                  attends without repeat_kv's copies (generation/packed_gqa.py: `attention` packed_gqa)
+                  attends without repeat_kv's copies (generation/packed_gqa.py: `attention` packed_gqa), in the
+                  product's own decode loop (generation/decode_loop.py, `loop` medgpt: no host wait on the GPU a token)
   merged-static-sdpa  the same with transformers' SDPA attention as it is (repeat_kv every step): the comparison
+  merged-static-generate  merged-static decoded by transformers' generate loop (its stop check and multinomial
+                  wait for the GPU every token): the comparison for the loop, and how the H200's first points ran
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
   continuous-graphs  the same with the engine's CUDA graphs forced on (use_cuda_graph=True; with SDPA attention it
@@ -39,7 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.decode_profile import profiled  # noqa: E402
 
-PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "continuous", "continuous-graphs")
+PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "merged-static-generate", "continuous",
+         "continuous-graphs")
 
 
 def hbm_bandwidth(device: str) -> float | None:
@@ -160,15 +164,16 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
         if path == "merged":
             return timed(hf({}), device)
         if path.startswith("merged-static"):
-            return static_call(model, ids, kw, new_tokens, device, packed_gqa=path == "merged-static")
+            return static_call(model, ids, kw, new_tokens, device, packed_gqa=path != "merged-static-sdpa",
+                               own_loop=path != "merged-static-generate")
         try:
             return timed(continuous_call(model, ids, new_tokens, graphs=path == "continuous-graphs"), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
             model.destroy_cached_continuous_batching_manager()
 
 
-def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str,
-                packed_gqa: bool = True) -> tuple[float, float]:
+def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str, packed_gqa: bool = True,
+                own_loop: bool = True) -> tuple[float, float]:
     """The product's static path (StaticDecoder, one cache for both calls): warmed up on prompts 16 tokens shorter
     (left-padded), so the timed call shows whether another prompt length replays the compiled step."""
     import torch
@@ -176,7 +181,7 @@ def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str,
 
     from medgpt_ray.generation.decode_path import StaticDecoder
 
-    decoder = StaticDecoder(ids.shape[1] + new_tokens, packed_gqa=packed_gqa)
+    decoder = StaticDecoder(ids.shape[1] + new_tokens, packed_gqa=packed_gqa, own_loop=own_loop)
     rest = {k: v for k, v in kw.items() if k != "attention_mask"}
     short = ids.clone()
     short_mask = torch.ones_like(ids)
@@ -194,7 +199,7 @@ def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str,
     seconds, peak = timed(timed_call, device, warm)
     STATIC_CHECKS.update(graphs_compiled_in_timed_call=counters["stats"]["unique_graphs"] - graphs[-1],
                          cudagraph_skips=counters["inductor"]["cudagraph_skips"], cache_builds=decoder.builds,
-                         attention=decoder.attention)
+                         attention=decoder.attention, loop=decoder.loop)
     return seconds, peak
 
 

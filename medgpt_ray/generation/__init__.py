@@ -14,6 +14,8 @@ the stage kinds call it in their own process (the eval stage).
                transformers with CUDA graphs) chosen with its reason; StaticDecoder
 - packed_gqa.py the static decode step's attention without repeat_kv's copies (one-token queries folded onto their
                KV heads), switched on for a StaticDecoder's generate call
+- decode_loop.py the static path's decode loop: transformers' generate settings, logits processors and compiled decode
+               step, without its host waits on the GPU every token (a call it does not cover runs in generate)
 - continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page
                pool sized from the server's limits), streamed, cancelled on a deadline or a reader gone
 """

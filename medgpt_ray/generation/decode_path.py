@@ -16,7 +16,8 @@ prefill runs eagerly in transformers 5.17 and 5.24 alike, so prompts of any leng
 one compiled decode step: its inputs ([batch, 1] ids and positions, the 4-D mask over the cache's full length) keep
 their shapes. The batch is fixed with the cache: a caller pads a short batch (engine.py) or has a fixed one (TRL's
 generation batch). transformers 5.17 names generate's cache argument `past_key_values`, 5.24 `cache` (the old name
-deprecated): `cache_kwarg` asks the model which."""
+deprecated): `cache_kwarg` asks the model which. The tokens are drawn by decode_loop.py (generate's settings and
+compiled step without its waits on the GPU), or by generate itself for a call the loop does not cover."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from medgpt_ray.generation import decode_loop
 from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
 
 DYNAMIC, STATIC = "dynamic", "static"
@@ -127,9 +129,11 @@ class StaticDecoder:
     `packed_gqa`: decode grouped-query attention without repeat_kv's copies (generation/packed_gqa.py); False is
     transformers' SDPA attention as it is (the benchmark's comparison)."""
 
-    def __init__(self, max_len: int, compile_config: Any = None, packed_gqa: bool = True):
+    def __init__(self, max_len: int, compile_config: Any = None, packed_gqa: bool = True, own_loop: bool = True):
         self.max_len, self.compile_config, self.packed_gqa = max_len, compile_config, packed_gqa
+        self.own_loop = own_loop
         self.attention = "sdpa"  # what the last call decoded with: sdpa, or packed_gqa where it switched
+        self.loop = ""  # the last call's loop: decode_loop.LOOP, or generate's with the reason
         self.seconds = 0.0  # wall time in generate (prefill and decode), every call
         self.cache: Any = None
         self.batch = 0
@@ -143,7 +147,7 @@ class StaticDecoder:
 
         return {"cache_builds": self.builds, "calls": self.calls, "graphs_compiled": counters["stats"]["unique_graphs"],
                 "cudagraph_skips": counters["inductor"]["cudagraph_skips"], "attention": self.attention,
-                "generate_s": round(self.seconds, 3)}
+                "loop": self.loop, "generate_s": round(self.seconds, 3)}
 
     def resize(self, max_len: int) -> None:
         """A cache of `max_len` tokens from the next call on (a chat whose conversation outgrew the cache)."""
@@ -173,14 +177,19 @@ class StaticDecoder:
         if self.compile_config is not None or model.device.type == "cuda":  # elsewhere transformers would warn
             config.compile_config = self.compile_config or static_compile_config()
         batch = input_ids.shape[0] * max(config.num_return_sequences or 1, config.num_beams or 1)
-        cache = self.cache_for(model, batch)
+        cache, key = self.cache_for(model, batch), cache_kwarg(model)
         self.calls += 1
         t0 = time.perf_counter()
         with without_input_grad_hooks(model), packed_gqa_decoding(model, self.packed_gqa) as packed:
             self.attention = "packed_gqa" if packed else "sdpa"
-            out = model.generate(input_ids=input_ids, generation_config=config, **{cache_kwarg(model): cache},
-                                 **kwargs)
-        self.seconds += time.perf_counter() - t0  # generate syncs every step (its stopping check): near the GPU's end
+            call, why = decode_loop.prepare(model, input_ids, config, kwargs, key, cache) if self.own_loop else (
+                None, "own_loop off")
+            self.loop = decode_loop.LOOP if call else f"{decode_loop.GENERATE} ({why})"
+            if call is not None:
+                out = decode_loop.decode(model, input_ids, kwargs["attention_mask"], call, key, cache, self.max_len)
+            else:
+                out = model.generate(input_ids=input_ids, generation_config=config, **{key: cache}, **kwargs)
+        self.seconds += time.perf_counter() - t0  # both loops read the GPU's last tokens before returning
         return out
 
 

@@ -172,6 +172,8 @@ def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int)
 # each point within 6 %: 5.66 ms predicted for 5.54, 7.80 for 8.27, 10.38 for 9.90, 15.31 for 15.44):
 # a fixed host cost a step (the generate loop and sampling run outside the graph) and the bytes the step moves at a
 # share of the memory bandwidth.
+# Fitted on transformers' generate loop, which waits for the GPU every token; the product's own loop
+# (generation/decode_loop.py) does not, and its host term is not measured yet: kept, an upper bound.
 STATIC_STEP_HOST_SECONDS = 4.0e-3
 STATIC_BANDWIDTH_SHARE = 0.67  # of the spec sheet's bandwidth (GPU_SPECS)
 

@@ -54,6 +54,7 @@ def test_the_static_path_answers_as_the_dynamic_one_on_one_cache(tiny_model):
     assert answers == [dynamic(b)["response"] for b in batches]
     assert len({a for answer in answers for a in answer}) == 3  # three prompts, three answers
     assert static.decoder.builds == 1 and static.rows == 2 and counters["stats"]["unique_graphs"] == 1
+    assert static.decoder.loop == "medgpt"
 
 
 def test_the_prompt_room_is_a_power_of_two():

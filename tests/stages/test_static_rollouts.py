@@ -34,20 +34,24 @@ def input_grad_hooks(model: Any) -> list[str]:
             if getattr(h, "__name__", "") == INPUT_GRAD_HOOK]
 
 
-def observe_input_grad_hooks(model: Any) -> list[list[str]]:
-    """The hooks present at each of `model`'s generate calls from now on (the call itself unchanged)."""
+def observe_input_grad_hooks(model: Any, monkeypatch: Any) -> list[list[str]]:
+    """The hooks present at each of the static decode loop's calls from now on (generation/decode_loop.py, the
+    call itself unchanged)."""
+    from medgpt_ray.generation import decode_loop
+
     seen: list[list[str]] = []
-    generate = model.generate
+    decode = decode_loop.decode
 
     def observed(*args: Any, **kwargs: Any) -> Any:
         seen.append(input_grad_hooks(model))
-        return generate(*args, **kwargs)
+        return decode(*args, **kwargs)
 
-    model.generate = observed
+    monkeypatch.setattr(decode_loop, "decode", observed)
     return seen
 
 
-def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_model, tmp_path):  # noqa: F811
+def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_model, tmp_path,  # noqa: F811
+                                                                   monkeypatch):
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
@@ -66,7 +70,7 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     compile_eager = CompileConfig(backend="eager", mode=None)
     compile_eager._compile_all_devices = True  # transformers compiles the decode step on the CPU too
     decoder.compile_config = compile_eager
-    hooks_during = observe_input_grad_hooks(trainer.model.get_base_model())
+    hooks_during = observe_input_grad_hooks(trainer.model.get_base_model(), monkeypatch)
     torch._dynamo.reset()
     counters.clear()
     first = trainer._generate_single_turn(PROMPTS[0], None, {}, 2)  # sampled, compiled: one graph
@@ -86,7 +90,7 @@ def test_a_static_rollout_decodes_as_the_dynamic_one_on_one_cache(prompts, tiny_
     stats = decoder.stats()
     assert stats.pop("generate_s") > 0
     assert stats == {"cache_builds": 1, "calls": 3, "graphs_compiled": 1, "cudagraph_skips": 0,
-                     "attention": "packed_gqa"}
+                     "attention": "packed_gqa", "loop": "medgpt"}  # TRL's config: our decode loop
 
 
 def test_a_static_stage_run_reports_its_decoding_in_result_json(prompts, tiny_model, tmp_path):  # noqa: F811
@@ -126,3 +130,4 @@ def test_the_opd_student_samples_on_the_static_path(repo, tiny_model, tmp_path):
     trainer.train()
     decoder = trainer.static_decoder
     assert decoder.builds == 1 and decoder.cache is not None and decoder.max_len == 128
+    assert decoder.loop == "medgpt"  # GKD's return_dict_in_generate call, on our decode loop
