@@ -34,11 +34,12 @@ async def one_client(client: Any, model: str, question: str, max_tokens: int, re
     """One streamed answer: seconds to its first content piece, pieces and completion tokens (the usage the server
     reports in its last chunk), seconds in all. `read_delay_s` between pieces makes a slow reader."""
     t0 = time.perf_counter()
-    first, pieces, tokens = None, 0, None
+    first, pieces, tokens, fingerprint = None, 0, None, None
     stream = await client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": question}], max_tokens=max_tokens, temperature=1.0,
         stream=True, stream_options={"include_usage": True})
     async for chunk in stream:
+        fingerprint = fingerprint or chunk.system_fingerprint
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
         if chunk.choices and chunk.choices[0].delta.content:
@@ -47,7 +48,7 @@ async def one_client(client: Any, model: str, question: str, max_tokens: int, re
             if read_delay_s:
                 await asyncio.sleep(read_delay_s)
     return {"ttft_s": first, "pieces": pieces, "completion_tokens": tokens if tokens is not None else pieces,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "serving_path": fingerprint}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -77,19 +78,22 @@ async def drive(url: str, model: str, clients: int, max_tokens: int, api_key: st
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),
             "ttft_p99_s": percentile(ttft, 0.99),
             "client_tokens_per_s_median": statistics.median(r["completion_tokens"] / r["seconds"] for r in ok)
-            if ok else None}
+            if ok else None, "serving_path": ok[0]["serving_path"] if ok else None}
 
 
-def start_local(model: str, port: int, gpus: float | None) -> tuple[str, str]:
-    """A local Ray cluster and the app on it; (base URL, the model's id)."""
+def start_local(model: str, port: int, gpus: float | None, engine: str = "auto",
+                limits: dict[str, int] | None = None) -> tuple[str, str]:
+    """A local Ray cluster and the app on it (`engine`, ServeLimits' `limits`); (base URL, the model's id)."""
     import ray
 
+    from medgpt_ray.infer.limits import ServeLimits
     from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model
     from medgpt_ray.infer.source import resolve_model
 
     ray.init(address="local", include_dashboard=False, log_to_driver=False)  # its own cluster, never a running one
     source = resolve_model(model, None)
-    opts = ServeOptions(port=port, gpus_per_replica=default_gpus_per_replica() if gpus is None else gpus)
+    opts = ServeOptions(port=port, gpus_per_replica=default_gpus_per_replica() if gpus is None else gpus,
+                        engine=engine, limits=ServeLimits(**(limits or {})))
     return serve_model(source, opts), source.stage or source.path.name
 
 
@@ -103,11 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="the first round warms up; the last is reported")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--gpus-per-replica", type=float, default=None)
+    ap.add_argument("--engine", choices=("auto", "transformers", "slots"), default="auto", help="serve's --engine")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None, help="serve's --max-prompt-tokens")
+    ap.add_argument("--max-tokens-limit", type=int, default=2048, help="serve's --max-tokens-limit")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not (args.model or args.url):
         ap.error("--model or --url is required")
-    url, name = (args.url, args.name) if args.url else start_local(args.model, args.port, args.gpus_per_replica)
+    limits = {"max_prompt_tokens": args.max_prompt_tokens, "max_tokens_limit": args.max_tokens_limit,
+              "default_max_tokens": min(512, args.max_tokens_limit), "max_concurrent": max(32, args.clients)}
+    url, name = (args.url, args.name) if args.url else start_local(args.model, args.port, args.gpus_per_replica,
+                                                                   args.engine, limits)
     if name is None:
         import urllib.request
 

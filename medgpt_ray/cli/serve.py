@@ -23,6 +23,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
+    p.add_argument("--engine", choices=("auto", "transformers", "slots"), default="auto",
+                   help="how concurrent requests share the GPU: transformers' continuous batching (auto), or slots "
+                        "of a static cache decoded by one compiled step (CUDA graphs)")
     add_limit_args(p)
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--log-file", default=None,
@@ -80,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     key = args.api_key or os.environ.get(API_KEY_ENV) or None
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
-                        limits=limits, verbose=args.verbose)
+                        limits=limits, verbose=args.verbose, engine=args.engine)
     url = serve_model(source, opts)
     echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
          f"{'API key required' if key else 'no API key'}); Ray's own lines: {log_file.resolve()}; "

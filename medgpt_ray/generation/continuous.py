@@ -110,7 +110,78 @@ def unsupported_reason(config: Any) -> str | None:
     return None
 
 
-class ContinuousEngine:
+class RequestEngine:
+    """What `serve` asks of an engine that batches concurrent requests (ContinuousEngine: transformers' own;
+    slot_engine.SlotEngine: ours on the static cache): requests started with `_start_request`, whose outputs
+    (`generated_tokens`, `error`, `is_finished()`) reach a handler on the caller's event loop, and `cancel`, which
+    stops one at the engine's next step and forgets its handler. The answers' text, streamed, is the same for both."""
+
+    gen: Generator
+    request_room: int | None = None  # the most prompt + new tokens one request may hold (None: no fixed limit)
+
+    def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                       on_output: Any) -> None:
+        raise NotImplementedError
+
+    def cancel(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def prompt_ids(self, turns: list[dict], tools: list[dict] | None) -> list[int]:
+        from medgpt_ray.generation.stream import prompt_ids
+
+        return prompt_ids(self.gen, turns, tools)
+
+    async def stream(self, prompt_ids: list[int], params: GenerationParams, answer: Answer,
+                     deadline_s: float | None = None) -> AsyncIterator[str]:
+        """The answer's text as it grows, piece by piece. Leaving early (a client gone, a deadline passed, an error)
+        cancels the request, which frees its room for the others."""
+        outputs: asyncio.Queue = asyncio.Queue()
+        start, done, emitted = time.monotonic(), False, ""
+        self._start_request(answer.request_id, prompt_ids, params, outputs.put_nowait)
+        try:
+            while not done:
+                left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
+                if left is not None and left <= 0:
+                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline")
+                try:
+                    out = await asyncio.wait_for(outputs.get(), timeout=left)
+                except TimeoutError:
+                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline") from None
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                done = out.is_finished()
+                text = self._text(out.generated_tokens, answer)
+                # A piece that ends inside a multi-byte character waits for the next token (unless it is the last).
+                if text.startswith(emitted) and len(text) > len(emitted) and (done or not text.endswith("\ufffd")):
+                    if answer.ttft_s is None:
+                        answer.ttft_s = time.monotonic() - start
+                    yield text[len(emitted):]
+                    emitted = text
+        finally:
+            if not done:
+                self.cancel(answer.request_id)
+
+    def _text(self, ids: list[int], answer: Answer) -> str:
+        from medgpt_ray.generation.prompts import answer_until_stop
+
+        text, answer.new_tokens, answer.finished = answer_until_stop(self.gen.tok, self.gen.stops, ids)
+        return text
+
+    def new_answer(self, prompt_ids: list[int]) -> Answer:
+        return Answer(request_id=f"req-{next(self._ids)}", prompt_tokens=len(prompt_ids))
+
+    async def complete(self, prompt_ids: list[int], params: GenerationParams,
+                       deadline_s: float | None = None) -> tuple[str, Answer]:
+        """The whole answer at once (a request that did not ask for a stream)."""
+        answer = self.new_answer(prompt_ids)
+        pieces = [p async for p in self.stream(prompt_ids, params, answer, deadline_s)]
+        return "".join(pieces), answer
+
+
+class ContinuousEngine(RequestEngine):
     """One model's continuous-batching engine (a serve replica's): started once, answered from any number of
     concurrent requests on the caller's event loop."""
 
@@ -134,62 +205,18 @@ class ContinuousEngine:
     def stop(self) -> None:
         self.manager.stop(block=True)
 
-    def prompt_ids(self, turns: list[dict], tools: list[dict] | None) -> list[int]:
-        from medgpt_ray.generation.stream import prompt_ids
-
-        return prompt_ids(self.gen, turns, tools)
-
-    async def stream(self, prompt_ids: list[int], params: GenerationParams, answer: Answer,
-                     deadline_s: float | None = None) -> AsyncIterator[str]:
-        """The answer's text as it grows, piece by piece. Leaving early (a client gone, a deadline passed, an error)
-        cancels the request, which frees its pages for the others."""
-        outputs: asyncio.Queue = asyncio.Queue()
-        self.manager.register_result_handler(answer.request_id, outputs.put_nowait)
-        start, done, emitted = time.monotonic(), False, ""
+    def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                       on_output: Any) -> None:
+        self.manager.register_result_handler(request_id, on_output)  # delivered on this (the caller's) event loop
         sampling = {"temperature": params.temperature if params.temperature > 0 else GREEDY_TEMPERATURE,
                     "top_p": params.top_p if params.temperature > 0 else 1.0}
-        self.manager.add_request(prompt_ids, request_id=answer.request_id, max_new_tokens=params.max_new_tokens,
+        self.manager.add_request(prompt_ids, request_id=request_id, max_new_tokens=params.max_new_tokens,
                                  streaming=True, eos_token_id=self.gen.stops, **sampling)
-        try:
-            while not done:
-                left = None if deadline_s is None else deadline_s - (time.monotonic() - start)
-                if left is not None and left <= 0:
-                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline")
-                try:
-                    out = await asyncio.wait_for(outputs.get(), timeout=left)
-                except TimeoutError:
-                    raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline") from None
-                if out.error:
-                    raise RuntimeError(f"generation failed: {out.error}")
-                done = out.is_finished()
-                text = self._text(out.generated_tokens, answer)
-                # A piece that ends inside a multi-byte character waits for the next token (unless it is the last).
-                if text.startswith(emitted) and len(text) > len(emitted) and (done or not text.endswith("\ufffd")):
-                    if answer.ttft_s is None:
-                        answer.ttft_s = time.monotonic() - start
-                    yield text[len(emitted):]
-                    emitted = text
-        finally:
-            if not done:
-                self.manager.cancel_request(answer.request_id)
-                with self.manager.output_router._lock:  # a cancelled request gets no last output to clean it up
-                    self.manager.output_router.result_handlers.pop(answer.request_id, None)
 
-    def _text(self, ids: list[int], answer: Answer) -> str:
-        from medgpt_ray.generation.prompts import answer_until_stop
-
-        text, answer.new_tokens, answer.finished = answer_until_stop(self.gen.tok, self.gen.stops, ids)
-        return text
-
-    def new_answer(self, prompt_ids: list[int]) -> Answer:
-        return Answer(request_id=f"req-{next(self._ids)}", prompt_tokens=len(prompt_ids))
-
-    async def complete(self, prompt_ids: list[int], params: GenerationParams,
-                       deadline_s: float | None = None) -> tuple[str, Answer]:
-        """The whole answer at once (a request that did not ask for a stream)."""
-        answer = self.new_answer(prompt_ids)
-        pieces = [p async for p in self.stream(prompt_ids, params, answer, deadline_s)]
-        return "".join(pieces), answer
+    def cancel(self, request_id: str) -> None:
+        self.manager.cancel_request(request_id)
+        with self.manager.output_router._lock:  # a cancelled request gets no last output to clean it up
+            self.manager.output_router.result_handlers.pop(request_id, None)
 
 
 class ContinuousAnswer:
@@ -198,7 +225,7 @@ class ContinuousAnswer:
     stops it at the engine's next step; after the pieces: prompt_tokens, new_tokens, finished, stopped (the deadline
     or a cancel came first)."""
 
-    def __init__(self, engine: ContinuousEngine, turns: list[dict], tools: list[dict] | None,
+    def __init__(self, engine: RequestEngine, turns: list[dict], tools: list[dict] | None,
                  params: GenerationParams, deadline: float | None = None, max_prompt_tokens: int | None = None):
         from medgpt_ray.generation.stream import prompt_ids
 
@@ -221,7 +248,7 @@ class ContinuousAnswer:
         """Stop it at the engine's next step (nothing once it is over; the reader leaving cancels it too)."""
         if not self._over:
             self.stopped, self._over = True, True
-            self.engine.manager.cancel_request(self.answer.request_id)
+            self.engine.cancel(self.answer.request_id)
 
     @property
     def prompt_tokens(self) -> int:

@@ -20,7 +20,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
-from medgpt_ray.generation.continuous import ContinuousAnswer, ContinuousEngine, PoolLimits, unsupported_reason
+from medgpt_ray.generation.continuous import (
+    ContinuousAnswer,
+    ContinuousEngine,
+    PoolLimits,
+    RequestEngine,
+    unsupported_reason,
+)
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
@@ -41,6 +47,7 @@ class ServeOptions:
     name: str | None = None  # the model's name in /v1/models (default: the stage, else the directory's name)
     limits: ServeLimits = ServeLimits()
     verbose: bool = False
+    engine: str = "auto"  # ENGINES
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
@@ -60,18 +67,35 @@ def _model_context(gen: Generator) -> int | None:
     return int(context) if isinstance(context, int) and context > 0 else None
 
 
-def serving_path(gen: Generator, limits: ServeLimits, context: int | None) -> tuple[ContinuousEngine | None, str]:
-    """How a replica answers: transformers' continuous batching across its requests (its page pool sized for
-    max_concurrent requests of a prompt and max_tokens each), or where the model cannot run on it, one generate call
-    per request in a thread of its own; and that choice in words (the responses' system_fingerprint)."""
-    reason = unsupported_reason(gen.model.config)
+# --engine: auto (transformers' continuous batching), transformers, or slots (ours on the static cache and its
+# compiled decode step, generation/slot_engine.py; faster per step by design, to be chosen by the H200's measurement)
+ENGINES = ("auto", "transformers", "slots")
+
+
+def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
+                 engine: str = "auto") -> tuple[RequestEngine | None, str]:
+    """How a replica answers: continuous batching across its requests on `engine` (transformers': its page pool
+    sized for max_concurrent requests of a prompt and max_tokens each; slots: max_concurrent rows of a static cache),
+    or where the model cannot run on it, one generate call per request in a thread of its own; and that choice in
+    words (the responses' system_fingerprint)."""
+    from medgpt_ray.generation.slot_engine import PROMPT_TOKENS, SlotEngine, slot_unsupported_reason
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    slots = engine == "slots"
+    reason = slot_unsupported_reason(gen.model.config) if slots else unsupported_reason(gen.model.config)
     if reason is not None:
         # each on the dynamic path (stream.py, no DecodeSession): concurrent requests cannot share a batch-1 cache
         return None, f"one generate call per request, dynamic decode: {reason}"
     per_request = (limits.max_prompt_tokens or context or 2048) + limits.max_tokens_limit
     per_request = min(per_request, context) if context else per_request
-    engine = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
-    return engine, f"continuous batching: up to {limits.max_concurrent} requests at once"
+    if slots:  # a slot's length is read every step: sized to the prompts served, not to the context
+        per_request = (limits.max_prompt_tokens or PROMPT_TOKENS) + limits.max_tokens_limit
+        eng = SlotEngine(gen, PoolLimits(limits.max_concurrent, min(per_request, context or per_request)))
+        return eng, (f"continuous batching on static-cache slots: up to {limits.max_concurrent} requests at once, "
+                     f"{eng.request_room} tokens each")
+    eng = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
+    return eng, f"continuous batching: up to {limits.max_concurrent} requests at once"
 
 
 class _Answers:
@@ -85,6 +109,8 @@ class _Answers:
     def _start(self) -> StreamedAnswer | ContinuousAnswer:
         gen, limits, req, engine = self.model.generator, self.model.limits, self.req, self.model.engine
         limit = limits.prompt_limit(req.params.max_new_tokens, self.model.context)
+        if engine is not None and engine.request_room is not None:  # a slot's columns hold prompt and answer
+            limit = max(0, min(limit, engine.request_room - req.params.max_new_tokens))
         try:
             answer = ContinuousAnswer(engine, req.turns, None, req.params, self.deadline, limit) if engine else \
                 StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
@@ -169,12 +195,13 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
 @serve.deployment
 @serve.ingress(app)
 class ChatModel:
-    def __init__(self, model_path: str, template: str | None, name: str, api_key: str | None, limits: ServeLimits):
+    def __init__(self, model_path: str, template: str | None, name: str, api_key: str | None, limits: ServeLimits,
+                 engine: str = "auto"):
         self.generator = Generator(model_path, template, GenerationParams().as_dict())
         self.name, self.api_key = name, api_key
         self.context = _model_context(self.generator)
         self.limits = limits.for_context(self.context)
-        self.engine, self.path = serving_path(self.generator, self.limits, self.context)
+        self.engine, self.path = serving_path(self.generator, self.limits, self.context, engine)
 
     def _refused(self, request: Request) -> JSONResponse | None:
         if self.api_key is None:
@@ -219,7 +246,7 @@ def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     deployment = ChatModel.options(num_replicas=opts.replicas, max_ongoing_requests=opts.limits.max_concurrent,
                                    ray_actor_options={
         "num_gpus": opts.gpus_per_replica, "num_cpus": opts.cpus_per_replica})
-    serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.limits),
+    serve.run(deployment.bind(str(source.path), source.template, name, opts.api_key, opts.limits, opts.engine),
               name="medgpt-ray", route_prefix="/")
     return f"http://{opts.host}:{opts.port}"
 

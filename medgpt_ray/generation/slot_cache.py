@@ -1,0 +1,115 @@
+"""A static KV cache whose rows are slots that requests take and give back while the others decode (the slot engine,
+generation/slot_engine.py): continuous batching on transformers' StaticCache and its compiled decode step.
+
+A StaticCache writes every row at one shared position (its layers' `cumulative_length`), so a row does not own a
+position of its own; it owns the cache columns its padding mask marks valid, and attention reads only those:
+- a request joins by its prompt's K and V (a prefill into a dynamic cache) copied into its row, ending at the shared
+  position `t`; a prompt longer than `t` first moves `t` forward for every row (the columns skipped are masked);
+- every decode step writes all rows at `t` and moves it on by one;
+- when `t` reaches the end, `compact` moves each row's valid columns (in their order) to the front, as far as the
+  row that holds the most needs.
+Moving a column does not change attention: the keys carry their rotary position from when they were computed, and
+each row's position ids are its own (the engine's). The cache's tensors stay where they are (moved in place), so the
+compiled decode step's graphs keep reading them. A free row's mask is all ones: it attends to whatever its columns
+hold (a row with nothing valid would give NaN), and its tokens are dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SlotCache:
+    """`rows` slots of `length` columns each on `model`'s device: `cache` (the StaticCache the model's forward
+    takes), `padding` ([rows, length], 1 where a row's column is valid, the 2-D attention mask of every step), `t`
+    (the next column every row writes)."""
+
+    def __init__(self, model: Any, rows: int, length: int, cache_kwarg: str):
+        import torch
+        from transformers import StaticCache
+
+        self.rows, self.length = rows, length
+        device = next(model.parameters()).device
+        self.cache = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=length)
+        self.padding = torch.ones(rows, length, dtype=torch.long, device=device)
+        self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        with torch.no_grad():  # one forward allocates the layers' tensors (StaticCache makes them at first use)
+            model(input_ids=torch.zeros(rows, 1, dtype=torch.long, device=device), attention_mask=self.padding,
+                  position_ids=torch.zeros(rows, 1, dtype=torch.long, device=device), use_cache=True,
+                  **{cache_kwarg: self.cache})
+        self.cache.reset()
+        self.t = 0
+        self.compactions = 0
+
+    @property
+    def layers(self) -> list[Any]:
+        return self.cache.layers
+
+    def _set_position(self, t: int) -> None:
+        for layer in self.layers:
+            layer.cumulative_length.fill_(t)
+        self.t = t
+
+    def room(self, width: int) -> bool:
+        """Whether a prompt of `width` columns fits beside the rows' current columns now (else: compact first)."""
+        return max(self.t, width) < self.length
+
+    def place(self, rows: list[int], prefill: Any, mask: Any) -> None:
+        """Rows `rows` take the prompts of a prefill (`prefill`: the DynamicCache of a forward over the prompts,
+        left-padded to one width; `mask`: their [len(rows), width] attention mask), ending at `t`."""
+        import torch
+
+        width = mask.shape[1]
+        if self.t < width:
+            self.padding[self.active, self.t:width] = 0  # the columns skipped: nobody's
+            self._set_position(width)
+        index = torch.tensor(rows, device=self.padding.device)
+        start = self.t - width
+        for layer, new in zip(self.layers, prefill.layers, strict=True):
+            layer.keys[index, :, start:self.t] = new.keys.to(layer.keys.dtype)
+            layer.values[index, :, start:self.t] = new.values.to(layer.values.dtype)
+        self.padding[index] = 0
+        self.padding[index, start:self.t] = mask.to(self.padding.dtype)
+        self.padding[index, self.t:] = 1  # the columns this row's decode steps will write
+        self.active[index] = True
+
+    def free(self, row: int) -> None:
+        self.active[row] = False
+        self.padding[row] = 1
+
+    def restart(self) -> None:
+        """No row in use: the next prompts start from the first column."""
+        self._set_position(0)
+
+    def clear(self) -> None:
+        """Every row given back and the cache zeroed (after a failed step, whose writes are not to be trusted)."""
+        self.cache.reset()
+        self.active.zero_()
+        self.padding.fill_(1)
+        self._set_position(0)
+
+    def advance(self) -> None:
+        """After a decode step: every row wrote column `t`."""
+        self.t += 1
+
+    def compact(self) -> None:
+        """Each row's valid columns moved to the front in their order, ending together at the new `t` (the most any
+        row holds); the layers' K and V moved alike, in place."""
+        import torch
+
+        t = self.t
+        valid = self.padding[:, :t].bool() & self.active[:, None]
+        keep = int(valid.sum(dim=1).max())
+        if keep >= t:
+            raise RuntimeError(f"a request holds all {self.length} columns of the slot cache; a request may hold at "
+                               "most one less than the cache's length")
+        take = torch.sort(valid.int(), dim=1, stable=True).indices[:, t - keep:]  # each row's valid ones, last
+        for layer in self.layers:
+            for tensor in (layer.keys, layer.values):
+                heads, dim = tensor.shape[1], tensor.shape[3]
+                moved = tensor[:, :, :t].gather(2, take[:, None, :, None].expand(-1, heads, -1, dim))
+                tensor[:, :, :keep] = moved
+        self.padding[:, :keep] = valid.gather(1, take).to(self.padding.dtype)
+        self.padding[:, keep:] = 1
+        self.padding[~self.active] = 1
+        self._set_position(keep)
+        self.compactions += 1

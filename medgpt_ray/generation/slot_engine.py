@@ -1,0 +1,272 @@
+"""Continuous batching on the static cache (`serve --engine slots`): requests join the running batch between decode
+steps and leave it when they stop, as in transformers' engine, but every step is the static path's one compiled
+decode step (CUDA graphs on a GPU) over a fixed batch of slots (generation/slot_cache.py), with each request's own
+temperature and top_p (generation/row_sampling.py).
+
+One thread owns the model: between two steps it frees the rows of finished and cancelled requests, prefills the
+waiting ones that have a free row (one eager forward for all of them, left-padded), takes their first tokens and
+places their K and V in their rows; then it runs one step for every row and hands each request its token on the
+event loop that asked (a free row's token is dropped). The tokens are read back every step, which waits for the GPU
+once a step: streaming needs them. A request that could never fit a row (prompt + max_new_tokens past the cache's
+length less one) is answered with an error; the serving layer refuses such prompts before (`request_room`)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from medgpt_ray.generation import decode_loop
+from medgpt_ray.generation.continuous import PoolLimits, RequestEngine
+from medgpt_ray.generation.decode_path import cache_kwarg, free_device_bytes, is_hybrid, static_cache_bytes
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
+from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.row_sampling import sample_rows
+from medgpt_ray.generation.slot_cache import SlotCache
+
+log = logging.getLogger(__name__)
+MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
+# A request's prompt room where the server sets no --max-prompt-tokens: every decode step reads every column of the
+# slot cache (masked or not), so its length is sized to the requests served, not to the model's context.
+PROMPT_TOKENS = 1024
+
+
+@dataclass
+class SlotOutput:
+    """A request's tokens so far, as transformers' engine hands them out (RequestEngine.stream reads either)."""
+
+    generated_tokens: list[int]
+    error: str | None = None
+    finished: bool = False
+
+    def is_finished(self) -> bool:
+        return self.finished or self.error is not None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    loop: asyncio.AbstractEventLoop
+    on_output: Any
+    tokens: list[int] = field(default_factory=list)
+
+    def deliver(self, out: SlotOutput) -> bool:
+        """Hand `out` to the request's event loop; False when that loop is closed (nobody reads any more)."""
+        try:
+            self.loop.call_soon_threadsafe(self.on_output, out)
+        except RuntimeError:
+            return False
+        return True
+
+
+def slot_unsupported_reason(config: Any) -> str | None:
+    """Why a model of this config cannot decode on slots, or None."""
+    if is_hybrid(config):
+        return "linear-attention layers keep a state, not K and V a slot can hold"
+    if "sliding_attention" in (config.get_text_config().to_dict().get("layer_types") or ()):
+        return "sliding-window layers keep a cache shorter than the slots' columns"
+    return None
+
+
+def slot_length(model: Any, limits: PoolLimits, room: int | None) -> int:
+    """Columns per slot: twice a request's tokens (so a compaction frees at least half), as far as MEMORY_SHARE of
+    `room` (bytes; None: no limit, the CPU) holds for `limits.requests` rows."""
+    length = 2 * limits.tokens_per_request
+    element = next(model.parameters()).element_size()
+    if room is not None:
+        per_column = static_cache_bytes(model.config, limits.requests, 1, element)
+        length = min(length, int(MEMORY_SHARE * room) // per_column)
+    if length < min(limits.tokens_per_request + 1, 256):
+        raise ValueError(f"the free memory holds a slot cache of {length} tokens for {limits.requests} requests; "
+                         f"a request may need {limits.tokens_per_request}: lower --max-concurrent, --max-tokens-limit "
+                         "or --max-prompt-tokens")
+    return length
+
+
+class SlotEngine(RequestEngine):
+    """One model's slot engine (a serve replica's): `limits.requests` rows, started once, answered from any number
+    of concurrent requests on their callers' event loops. `compile_config`: transformers' CompileConfig for the
+    decode step (None: on CUDA the static path's, CUDA graphs; on the CPU no compilation)."""
+
+    def __init__(self, gen: Generator, limits: PoolLimits, compile_config: Any = None, memory_room: int | None = None):
+        import torch
+
+        from medgpt_ray.generation.decode_path import static_compile_config
+
+        reason = slot_unsupported_reason(gen.model.config)
+        if reason is not None:
+            raise ValueError(f"the slot engine cannot run this model: {reason}")
+        self.gen, self.limits, self._ids = gen, limits, itertools.count()
+        self.base = decode_loop.text_model(gen.model)
+        device = next(self.base.parameters()).device
+        # The engine owns the model: its decode steps attend without repeat_kv's copies for its whole life.
+        self._attention = ExitStack()
+        packed = self._attention.enter_context(packed_gqa_decoding(self.base))
+        self.attention = "packed_gqa" if packed else "sdpa"
+        room = memory_room if memory_room is not None else free_device_bytes(device.type)
+        self.key = cache_kwarg(self.base)
+        self.slots = SlotCache(self.base, limits.requests, slot_length(self.base, limits, room), self.key)
+        self.request_room = self.slots.length - 1  # prompt + new tokens one request may hold
+        compiled = compile_config is not None or device.type == "cuda"
+        self.step = self.base.get_compiled_call(compile_config or static_compile_config()) if compiled else self.base
+        rows = limits.requests
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.temperature = torch.zeros(rows, device=device)
+        self.top_p = torch.ones(rows, device=device)
+        self.rows: dict[int, _Request] = {}
+        self.pending: deque[_Request] = deque()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.steps = 0  # decode steps run (a step serves every row at once)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="slot-engine")
+        self.thread.start()
+
+    def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                       on_output: Any) -> None:
+        self._inbox.put(_Request(request_id, list(prompt_ids), params, asyncio.get_running_loop(), on_output))
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(request_id)
+        self._inbox.put(None)  # wakes an idle engine
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._inbox.put(None)
+        self.thread.join()
+        self._attention.close()
+
+    def _run(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            while not self._stopping.is_set():
+                try:
+                    self._take_inbox(block=not self.rows and not self.pending)
+                    self._drop_cancelled()
+                    self._admit()
+                    if self.rows:
+                        self._decode_step()
+                except Exception as e:  # every request in flight is told; the engine goes on with new ones
+                    log.exception("slot engine step failed")
+                    self._fail_all(f"{type(e).__name__}: {e}")
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            while True:
+                if item is not None:
+                    self.pending.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+        if cancelled:
+            self.pending = deque(r for r in self.pending if r.request_id not in cancelled)
+            for row, req in list(self.rows.items()):
+                if req.request_id in cancelled:
+                    self._free(row)
+
+    def _free(self, row: int) -> None:
+        del self.rows[row]
+        self.slots.free(row)
+
+    def _admit(self) -> None:
+        """The waiting requests that have a free row: prefilled together, their first tokens handed out."""
+        free = [r for r in range(self.limits.requests) if r not in self.rows]
+        batch: list[_Request] = []
+        while self.pending and len(batch) < len(free):
+            req = self.pending.popleft()
+            if len(req.prompt_ids) + req.params.max_new_tokens > self.request_room:
+                req.deliver(SlotOutput([], error=f"{len(req.prompt_ids)} prompt tokens + {req.params.max_new_tokens} "
+                                                 f"new ones exceed the {self.request_room} a slot holds"))
+                continue
+            batch.append(req)
+        if not batch:
+            return
+        width = max(len(r.prompt_ids) for r in batch)
+        if not self.rows:
+            self.slots.restart()
+        elif not self.slots.room(width):
+            self.slots.compact()
+        if not self.slots.room(width):  # the rows in flight hold too much: these wait for some to finish
+            self.pending.extendleft(reversed(batch))
+            return
+        self._prefill(batch, free[:len(batch)], width)
+
+    def _prefill(self, batch: list[_Request], rows: list[int], width: int) -> None:
+        import torch
+        from transformers import DynamicCache
+
+        device = self.tokens.device
+        ids = torch.tensor([[0] * (width - len(r.prompt_ids)) + r.prompt_ids for r in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch],
+                            device=device)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        prefill = DynamicCache(config=self.base.config.get_text_config(decoder=True))
+        logits = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                           **{self.key: prefill}, **decode_loop.logits_to_keep(self.base)).logits
+        index = torch.tensor(rows, device=device)
+        self.temperature[index] = torch.tensor([r.params.temperature for r in batch], device=device)
+        self.top_p[index] = torch.tensor([r.params.top_p for r in batch], device=device)
+        first = sample_rows(logits[:, -1].float(), self.temperature[index], self.top_p[index], self._any_top_p(batch))
+        self.slots.place(rows, prefill, mask)
+        self.tokens[index] = first
+        self.positions[index] = mask.sum(-1)
+        for row, req in zip(rows, batch, strict=True):
+            self.rows[row] = req
+        self._hand_out(dict(zip(rows, first.tolist(), strict=True)))
+
+    @staticmethod
+    def _any_top_p(requests: Any) -> bool:
+        return any(r.params.temperature > 0 and r.params.top_p < 1 for r in requests)
+
+    def _decode_step(self) -> None:
+        if self.slots.t >= self.slots.length:
+            self.slots.compact()
+        forward = {self.key: self.slots.cache, "use_cache": True, "return_dict": True,
+                   **decode_loop.logits_to_keep(self.base)}
+        logits = self.step(input_ids=self.tokens[:, None], attention_mask=self.slots.padding,
+                           position_ids=self.positions[:, None], **forward).logits
+        self.slots.advance()
+        following = sample_rows(logits[:, -1].float(), self.temperature, self.top_p,
+                                self._any_top_p(self.rows.values()))
+        logits = None  # the graph's output, read: none may be alive at the next replay
+        self.tokens.copy_(following)
+        self.positions += self.slots.active
+        self.steps += 1
+        host = following.tolist()  # streaming needs the tokens: one wait for the GPU a step
+        self._hand_out({row: host[row] for row in self.rows})
+
+    def _hand_out(self, tokens: dict[int, int]) -> None:
+        """Each row's new token to its request; a request that stopped (its stop token, its max_new_tokens) or whose
+        reader's loop is gone gives its row back."""
+        for row, token in tokens.items():
+            req = self.rows[row]
+            req.tokens.append(token)
+            finished = token in self.gen.stops or len(req.tokens) >= req.params.max_new_tokens
+            if not req.deliver(SlotOutput(list(req.tokens), finished=finished)) or finished:
+                self._free(row)
+
+    def _fail_all(self, error: str) -> None:
+        for req in [*self.rows.values(), *self.pending]:
+            req.deliver(SlotOutput(list(req.tokens), error=error))
+        for row in list(self.rows):
+            self._free(row)
+        self.pending.clear()
+        self.slots.clear()

@@ -1,0 +1,44 @@
+"""`medgpt-ray serve --engine slots` (generation/slot_engine.py: continuous batching on a static cache's rows) on the
+shared local Ray cluster with the tiny model: test_serve.py's client-facing tests, run again against a replica on
+this engine (imported, so pytest runs them here with this module's endpoint): whole and streamed answers agree,
+concurrent streaming clients are batched and a slow reader stalls nobody, a request past its deadline and a dropped
+stream stop their generation (the replica's CPU idle after); and the responses name the engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from medgpt_ray.infer.serve import ServeOptions, serve_model
+from medgpt_ray.infer.source import ModelSource
+from tests.ray.test_serve import (  # noqa: F401  (fixtures and tests pytest collects here)
+    KEY,
+    LIMITS,
+    USER,
+    client,
+    replica,
+    test_a_client_that_drops_its_stream_stops_the_generation,
+    test_a_request_past_its_deadline_is_stopped,
+    test_concurrent_streams_are_batched_and_a_slow_reader_stalls_nobody,
+    test_whole_and_streamed_answers_agree,
+)
+from tests.ray_startup import free_port
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def endpoint(ray_cluster, tiny_model):
+    from ray import serve
+
+    url = serve_model(ModelSource(tiny_model, "chatml", "sft"),
+                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, engine="slots",
+                                   limits=replace(LIMITS, max_concurrent=8)))
+    yield url
+    serve.shutdown()
+
+
+def test_the_responses_name_the_slot_engine(endpoint, replica):  # noqa: F811
+    reply = client(endpoint).chat.completions.create(model="sft", messages=USER, max_tokens=4)
+    assert "continuous batching on static-cache slots: up to 8 requests at once" in reply.system_fingerprint

@@ -1,0 +1,143 @@
+"""Continuous batching on the static cache (generation/slot_engine.py, `serve --engine slots`) on the tiny model with
+spread-out random weights: greedy answers equal the batch engine's with more requests than rows; requests that join
+while others decode, with different lengths, past the cache's end (compacted), get the tokens each would get alone;
+the decode step stays one compiled graph through joins and compactions; a short request behind a long one finishes
+first; a cancelled request or one past its deadline gives its row back; a request no row can hold is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from medgpt_ray.generation.continuous import DeadlineExceeded, PoolLimits
+from medgpt_ray.generation.engine import Generator
+from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.slot_engine import SlotEngine, slot_unsupported_reason
+from tests.stages.test_continuous_engine import QUESTIONS, spread_model, turns  # noqa: F401  (the fixture)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
+MORE = [*QUESTIONS, "咳嗽三天了", "失眠多梦"]
+LONGER = [*MORE, "胃痛", "腰痛怎么办"]
+
+
+@pytest.fixture(scope="module")
+def engine(spread_model):  # noqa: F811
+    eng = SlotEngine(Generator(str(spread_model), "chatml", {"max_new_tokens": 12}),
+                     PoolLimits(requests=3, tokens_per_request=40))
+    yield eng
+    eng.stop()
+
+
+async def tokens_of(eng: SlotEngine, prompt: list[int], params: GenerationParams, delay: float = 0.0) -> list[int]:
+    """The token ids a request gets (its last output's)."""
+    await asyncio.sleep(delay)
+    outputs: asyncio.Queue = asyncio.Queue()
+    eng._start_request(f"t-{id(outputs)}", prompt, params, outputs.put_nowait)
+    while not (out := await outputs.get()).is_finished():
+        pass
+    assert out.error is None
+    return out.generated_tokens
+
+
+def test_greedy_answers_equal_the_batch_engines_with_more_requests_than_rows(spread_model, engine):  # noqa: F811
+    batch = Generator(str(spread_model), "chatml", {"max_new_tokens": 12})
+    rows = batch({"prompt_id": list(range(len(MORE))), "tools": ["[]"] * len(MORE),
+                  "conversations": [json.dumps(turns(q)) for q in MORE]})
+    assert len(set(rows["response"])) > 1
+
+    async def all_at_once():
+        return await asyncio.gather(*[engine.complete(engine.prompt_ids(turns(q), None),
+                                                      GenerationParams(max_new_tokens=12)) for q in MORE])
+
+    answers = asyncio.run(all_at_once())
+    assert [text for text, _ in answers] == rows["response"]
+    assert [(a.prompt_tokens, a.new_tokens, a.finished) for _, a in answers] == \
+        list(zip(rows["prompt_tokens"], rows["new_tokens"], rows["finished"], strict=True))
+    assert not engine.rows and len(MORE) > engine.limits.requests
+
+
+def test_requests_joining_mid_decode_and_past_the_caches_end_get_their_own_tokens(spread_model):  # noqa: F811
+    """Eight requests on three rows, of different lengths: as one leaves the next joins while the others decode, so
+    the shared column runs past the cache's end (64 columns) and is compacted; each answer is the greedy answer its
+    prompt gets alone. With the decode step compiled (dynamo's eager backend on the CPU), joins and compactions reuse
+    its one graph."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    gen = Generator(str(spread_model), "chatml", {"max_new_tokens": 12})
+    compile_eager = CompileConfig(backend="eager", mode=None)
+    torch._dynamo.reset()
+    counters.clear()
+    eng = SlotEngine(gen, PoolLimits(requests=3, tokens_per_request=32), compile_config=compile_eager)
+    try:
+        prompts = [eng.prompt_ids(turns(q), None) for q in LONGER]
+        lengths = [25, 3, 9, 25, 5, 20, 25, 7]
+
+        async def in_order():
+            return await asyncio.gather(*[tokens_of(eng, p, GenerationParams(max_new_tokens=n))
+                                          for p, n in zip(prompts, lengths, strict=True)])
+
+        got = asyncio.run(in_order())
+        assert eng.slots.compactions >= 1 and not eng.rows
+    finally:
+        eng.stop()
+    for prompt, n, tokens in zip(prompts, lengths, got, strict=True):
+        ids = torch.tensor([prompt])
+        alone = gen.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                                   eos_token_id=gen.stops, pad_token_id=0)[0, len(prompt):].tolist()
+        assert tokens == alone[:len(tokens)] and (len(tokens) == n or tokens[-1] in gen.stops)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+
+
+def test_a_short_request_behind_a_long_one_finishes_first(engine):
+    order: list[str] = []
+    prompt = engine.prompt_ids(turns(QUESTIONS[0]), None)
+
+    async def ask(name: str, max_new: int, delay: float) -> None:
+        await tokens_of(engine, prompt, GenerationParams(max_new_tokens=max_new, temperature=1.0), delay)
+        order.append(name)
+
+    async def both():
+        await asyncio.gather(ask("long", 30, 0.0), ask("short", 3, 0.02))
+
+    asyncio.run(both())
+    assert order == ["short", "long"]
+
+
+def test_a_cancelled_request_and_one_past_its_deadline_give_their_rows_back(engine):
+    prompt = engine.prompt_ids(turns(QUESTIONS[1]), None)
+
+    async def late_leaving_then_good():
+        with pytest.raises(DeadlineExceeded, match="deadline"):
+            await engine.complete(prompt, GenerationParams(max_new_tokens=30, temperature=1.0), deadline_s=0.0001)
+        answer = engine.new_answer(prompt)
+        stream = engine.stream(prompt, GenerationParams(max_new_tokens=30, temperature=1.0), answer)
+        async for _ in stream:
+            break
+        await stream.aclose()
+        await asyncio.sleep(0.3)  # the engine drops cancelled requests between steps
+        idle = not engine.rows and not engine.pending
+        return idle, answer, await engine.complete(prompt, GenerationParams(max_new_tokens=5))
+
+    idle, left, (_, good) = asyncio.run(late_leaving_then_good())
+    assert idle and left.ttft_s is not None and left.new_tokens < 30
+    assert good.new_tokens == 5 or good.finished
+
+
+def test_a_request_no_row_can_hold_is_refused(engine):
+    prompt = engine.prompt_ids(turns(QUESTIONS[2]), None)
+    too_many = engine.request_room - len(prompt) + 1
+    with pytest.raises(RuntimeError, match=f"exceed the {engine.request_room} a slot holds"):
+        asyncio.run(engine.complete(prompt, GenerationParams(max_new_tokens=too_many)))
+
+
+def test_a_hybrid_model_is_named_unsupported():
+    from transformers import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                               layer_types=["linear_attention", "full_attention"])
+    assert "linear-attention" in slot_unsupported_reason(config)
