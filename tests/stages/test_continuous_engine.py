@@ -75,20 +75,25 @@ def test_greedy_answers_equal_the_batch_engines(spread_model, engine):
         list(zip(rows["prompt_tokens"], rows["new_tokens"], rows["finished"], strict=True))
 
 
-def test_a_short_request_behind_a_long_one_finishes_first(engine):
+def finish_order(engine, long_new: int, short_new: int, delay: float) -> list[str]:
+    """The order in which a long request and a short one sent `delay` s after it finish (either engine)."""
     order: list[str] = []
 
-    async def ask(name: str, max_new: int, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def ask(name: str, max_new: int, wait: float) -> None:
+        await asyncio.sleep(wait)
         prompt = engine.prompt_ids(turns(QUESTIONS[0]), None)
         await engine.complete(prompt, GenerationParams(max_new_tokens=max_new, temperature=1.0))
         order.append(name)
 
     async def both():
-        await asyncio.gather(ask("long", 200, 0.0), ask("short", 3, 0.05))
+        await asyncio.gather(ask("long", long_new, 0.0), ask("short", short_new, delay))
 
     asyncio.run(both())
-    assert order == ["short", "long"]
+    return order
+
+
+def test_a_short_request_behind_a_long_one_finishes_first(engine):
+    assert finish_order(engine, 200, 3, 0.05) == ["short", "long"]
 
 
 def test_a_request_past_its_deadline_is_cancelled_and_freed(engine):

@@ -16,7 +16,12 @@ from medgpt_ray.generation.continuous import DeadlineExceeded, PoolLimits
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.slot_engine import SlotEngine, slot_unsupported_reason
-from tests.stages.test_continuous_engine import QUESTIONS, spread_model, turns  # noqa: F401  (the fixture)
+from tests.stages.test_continuous_engine import (  # noqa: F401  (spread_model: the fixture)
+    QUESTIONS,
+    finish_order,
+    spread_model,
+    turns,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/stages/conftest.py
 MORE = [*QUESTIONS, "咳嗽三天了", "失眠多梦"]
@@ -93,18 +98,7 @@ def test_requests_joining_mid_decode_and_past_the_caches_end_get_their_own_token
 
 
 def test_a_short_request_behind_a_long_one_finishes_first(engine):
-    order: list[str] = []
-    prompt = engine.prompt_ids(turns(QUESTIONS[0]), None)
-
-    async def ask(name: str, max_new: int, delay: float) -> None:
-        await tokens_of(engine, prompt, GenerationParams(max_new_tokens=max_new, temperature=1.0), delay)
-        order.append(name)
-
-    async def both():
-        await asyncio.gather(ask("long", 30, 0.0), ask("short", 3, 0.02))
-
-    asyncio.run(both())
-    assert order == ["short", "long"]
+    assert finish_order(engine, 30, 3, 0.02) == ["short", "long"]
 
 
 def test_a_cancelled_request_and_one_past_its_deadline_give_their_rows_back(engine):
