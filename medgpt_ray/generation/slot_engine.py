@@ -32,6 +32,7 @@ from medgpt_ray.generation.row_sampling import sample_rows
 from medgpt_ray.generation.slot_cache import SlotCache
 
 log = logging.getLogger(__name__)
+WARM_STEPS = 3  # compiled decode steps run before the first request: compilation, then CUDA graph trees' recording
 MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
 # A request's prompt room where the server sets no --max-prompt-tokens: every decode step reads every column of the
 # slot cache (masked or not), so its length is sized to the requests served, not to the model's context.
@@ -130,8 +131,15 @@ class SlotEngine(RequestEngine):
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.steps = 0  # decode steps run (a step serves every row at once)
+        self._warm_steps = WARM_STEPS if compiled else 0
+        self._ready, self._warm_error = threading.Event(), None
         self.thread = threading.Thread(target=self._run, daemon=True, name="slot-engine")
         self.thread.start()
+        self._ready.wait()  # compiled and its graphs captured before the first request (a replica is ready then)
+        if self._warm_error is not None:
+            self.thread.join()
+            self._attention.close()
+            raise RuntimeError(f"the slot engine's decode step failed to warm up: {self._warm_error}")
 
     def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        on_output: Any) -> None:
@@ -148,10 +156,24 @@ class SlotEngine(RequestEngine):
         self.thread.join()
         self._attention.close()
 
+    def _warm(self) -> None:
+        """The decode step run WARM_STEPS times on the free rows, in this thread (CUDA graph trees are per thread):
+        compiled and captured here, replayed from the first request on."""
+        try:
+            for _ in range(self._warm_steps):
+                self._step_logits()
+            self.slots.clear()
+        except Exception as e:  # handed to the constructor, which raises it
+            self._warm_error = f"{type(e).__name__}: {e}"
+            self._stopping.set()
+        finally:
+            self._ready.set()
+
     def _run(self) -> None:
         import torch
 
         with torch.no_grad():
+            self._warm()
             while not self._stopping.is_set():
                 try:
                     self._take_inbox(block=not self.rows and not self.pending)
@@ -236,7 +258,8 @@ class SlotEngine(RequestEngine):
     def _any_top_p(requests: Any) -> bool:
         return any(r.params.temperature > 0 and r.params.top_p < 1 for r in requests)
 
-    def _decode_step(self) -> None:
+    def _step_logits(self) -> Any:
+        """One decode step of every row: the last position's logits, copied out of the graph's memory as float32."""
         if self.slots.t >= self.slots.length:
             self.slots.compact()
         forward = {self.key: self.slots.cache, "use_cache": True, "return_dict": True,
@@ -244,9 +267,12 @@ class SlotEngine(RequestEngine):
         logits = self.step(input_ids=self.tokens[:, None], attention_mask=self.slots.padding,
                            position_ids=self.positions[:, None], **forward).logits
         self.slots.advance()
-        following = sample_rows(logits[:, -1].float(), self.temperature, self.top_p,
+        # A copy (float32 or not): no output of the graph stays alive to the next replay.
+        return logits[:, -1].to(copy=True, dtype=self.temperature.dtype)
+
+    def _decode_step(self) -> None:
+        following = sample_rows(self._step_logits(), self.temperature, self.top_p,
                                 self._any_top_p(self.rows.values()))
-        logits = None  # the graph's output, read: none may be alive at the next replay
         self.tokens.copy_(following)
         self.positions += self.slots.active
         self.steps += 1
