@@ -150,6 +150,8 @@ class RequestEngine:
                     out = await asyncio.wait_for(outputs.get(), timeout=left)
                 except TimeoutError:
                     raise DeadlineExceeded(f"the request passed its {deadline_s:g} s deadline") from None
+                while not outputs.empty():  # a reader behind: the latest output (each holds every token so far)
+                    out = outputs.get_nowait()
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
                 done = out.is_finished()

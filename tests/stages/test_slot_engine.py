@@ -121,6 +121,25 @@ def test_a_cancelled_request_and_one_past_its_deadline_give_their_rows_back(engi
     assert good.new_tokens == 5 or good.finished
 
 
+def test_a_reader_that_falls_behind_gets_what_it_missed_in_one_piece(engine):
+    """Outputs queued while the reader was away are read as one piece (the latest holds every token so far): fewer
+    pieces to stream, the same text."""
+    prompt = engine.prompt_ids(turns(QUESTIONS[3]), None)
+    params = GenerationParams(max_new_tokens=24)
+
+    async def slow_reader():
+        answer = engine.new_answer(prompt)
+        stream = engine.stream(prompt, params, answer)
+        pieces = [await stream.__anext__()]
+        await asyncio.sleep(0.5)  # the engine finishes the answer meanwhile
+        pieces += [p async for p in stream]
+        return pieces, answer
+
+    pieces, answer = asyncio.run(slow_reader())
+    whole, _ = asyncio.run(engine.complete(prompt, params))
+    assert "".join(pieces) == whole and answer.new_tokens > 3 and len(pieces) <= 3
+
+
 def test_a_request_no_row_can_hold_is_refused(engine):
     prompt = engine.prompt_ids(turns(QUESTIONS[2]), None)
     too_many = engine.request_room - len(prompt) + 1
