@@ -16,10 +16,10 @@ This loop keeps what generate decides and drops the waits:
   numbers, so a seeded call samples the tokens generate samples) without its checks; a probability that is not
   finite is still refused, at the next check;
 - the prefill runs eagerly and every decode step through the model's own compiled call (`get_compiled_call`, the
-  graphs generate replays); the 2-D padding mask over the cache's full length goes in as it is, so the step's 4-D
-  mask is built inside the graph;
-- whether every sequence has stopped is read every CHECK_EVERY steps, not every step; steps past the last stop
-  only add padding, which is cut, so the sequences are generate's.
+  graphs generate replays), given what generate gives it: the step's mask built outside the graph by transformers'
+  `create_masks_for_generate` (about 60 us of host time on this CPU, now beside the GPU's work instead of before it);
+- whether every sequence has stopped is copied to the host without waiting and read once it is there (a step or
+  so late: DeferredFlags); steps past the last stop only add padding, which is cut, so the sequences are generate's.
 Anything else (beams, a streamer, stop strings, a processor that is not sync-free) is generate's: `unsupported` says
 why, and StaticDecoder records it."""
 
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 LOOP, GENERATE = "medgpt", "generate"  # the decode loop a StaticDecoder call ran: this one, or transformers'
-CHECK_EVERY = 16  # decode steps between two reads of "has every sequence stopped" (each read waits for the GPU)
 # generate's logits processors that only queue GPU work (no host read of a device value), by class name.
 SYNC_FREE = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
              "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor"}
@@ -132,7 +131,7 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     following = positions[:, -1:] + 1
     unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
     bad = torch.zeros((), dtype=torch.bool, device=input_ids.device)
-    steps = 0
+    flags, steps = DeferredFlags(input_ids.device), 0
     for i in range(call.max_new_tokens):
         scores = call.processors(out[:, :width + i], logits[:, -1].to(copy=True, dtype=torch.float32))
         logits = None  # the graph's output, copied: none may be alive at the next replay (CUDA graph trees)
@@ -142,11 +141,14 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
             unfinished &= ~torch.isin(token, call.eos)
         out[:, width + i] = token
         steps = i + 1
-        if steps == call.max_new_tokens or steps % CHECK_EVERY == 0 and stopped(unfinished, bad, call):
+        flags.push(unfinished, bad)
+        if steps == call.max_new_tokens or flags.stopped(call):
             break
-        logits = call.compiled_step(input_ids=token[:, None], attention_mask=padding, position_ids=following + i,
+        step_positions = following + i
+        mask = step_mask(base, padding, step_positions, cache_kwarg, cache)
+        logits = call.compiled_step(input_ids=token[:, None], attention_mask=mask, position_ids=step_positions,
                                     **forward).logits
-    stopped(unfinished, bad, call)  # the last steps' probabilities checked too
+    refuse(bool(bad), call)  # the last steps' probabilities too: one wait for the GPU, at the end
     sequences = out[:, :width + generated_length(out[:, width:width + steps], call.eos)]
     if call.as_output:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -155,13 +157,44 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     return sequences
 
 
-def stopped(unfinished: Any, bad: Any, call: DecodeCall) -> bool:
-    """Whether every row has stopped (a read that waits for the GPU); raises on probabilities generate's
-    torch.multinomial would have refused."""
-    if call.do_sample and bool(bad):
+class DeferredFlags:
+    """"Every row has stopped" and "a probability was refused", copied to the host without waiting (pinned memory,
+    an event) and read once the GPU has written them, a step or so after: the loop learns it may stop without ever
+    waiting for the GPU (transformers' DeferredStopCheck does this on MPS only). On the CPU the copy is the value."""
+
+    def __init__(self, device: Any):
+        import torch
+
+        cuda = device.type == "cuda"
+        self.slots = [torch.zeros(2, dtype=torch.bool, pin_memory=cuda) for _ in range(2)]
+        self.events = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self.pushed = 0
+
+    def push(self, unfinished: Any, bad: Any) -> None:
+        import torch
+
+        slot = self.pushed % 2
+        self.slots[slot].copy_(torch.stack([~unfinished.any(), bad]), non_blocking=True)
+        if self.events:
+            self.events[slot].record()
+        self.pushed += 1
+
+    def stopped(self, call: DecodeCall) -> bool:
+        """Whether every row had stopped as of the latest push the GPU has carried out (False while it has not);
+        raises on a refused probability."""
+        slot = (self.pushed - 1) % 2
+        if self.events and not self.events[slot].query():
+            return False
+        every_row, bad = self.slots[slot].tolist()
+        refuse(bad, call)
+        return call.eos is not None and every_row
+
+
+def refuse(bad: bool, call: DecodeCall) -> None:
+    """Raise on probabilities generate's torch.multinomial would have refused."""
+    if call.do_sample and bad:
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0 (the model's logits, "
                            "as generate's torch.multinomial would have refused them)")
-    return call.eos is not None and not bool(unfinished.any())
 
 
 def generated_length(new: Any, eos: Any) -> int:
@@ -174,6 +207,22 @@ def generated_length(new: Any, eos: Any) -> int:
     is_stop = torch.isin(new, eos)
     ends = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1) + 1, new.shape[1])
     return int(ends.max())
+
+
+def step_mask(base: Any, padding: Any, positions: Any, cache_kwarg: str, cache: Any) -> Any:
+    """A one-token decode step's attention masks, as generate's prepare_inputs_for_generation makes them for a
+    compilable cache (outside the compiled step, whose graphs are then the ones generate replays): from the 2-D
+    `padding` over the cache's columns and the cache's own position."""
+    import torch
+    from transformers.masking_utils import create_masks_for_generate
+
+    make = base.create_masks_for_generate if hasattr(base, "create_masks_for_generate") else create_masks_for_generate
+    empty = torch.empty((padding.shape[0], 1, 0), dtype=base.dtype, device=padding.device)
+    mask = make(config=base.config, inputs_embeds=empty, attention_mask=padding, position_ids=positions,
+                **{cache_kwarg: cache})
+    if isinstance(mask, dict):  # one mask per layer type; flex attention's BlockMask has no memory layout
+        return {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in mask.items()}
+    return mask.contiguous() if isinstance(mask, torch.Tensor) else mask
 
 
 def logits_to_keep(base: Any) -> dict[str, int]:

@@ -264,8 +264,10 @@ class SlotEngine(RequestEngine):
             self.slots.compact()
         forward = {self.key: self.slots.cache, "use_cache": True, "return_dict": True,
                    **decode_loop.logits_to_keep(self.base)}
-        logits = self.step(input_ids=self.tokens[:, None], attention_mask=self.slots.padding,
-                           position_ids=self.positions[:, None], **forward).logits
+        positions = self.positions[:, None]
+        mask = decode_loop.step_mask(self.base, self.slots.padding, positions, self.key, self.slots.cache)
+        logits = self.step(input_ids=self.tokens[:, None], attention_mask=mask, position_ids=positions,
+                           **forward).logits
         self.slots.advance()
         # A copy (float32 or not): no output of the graph stays alive to the next replay.
         return logits[:, -1].to(copy=True, dtype=self.temperature.dtype)
