@@ -14,13 +14,13 @@ This loop keeps what generate decides and drops the waits:
   processors are the list generate builds (`_get_logits_processor`), used as they are;
 - a token is drawn as torch.multinomial draws one sample (an Exp(1) race: probs / Exp(1), argmax; the same random
   numbers, so a seeded call samples the tokens generate samples) without its checks; a probability that is not
-  finite is still refused, at the next check;
+  finite is still refused, as soon as the flag below is read;
 - the prefill runs eagerly and every decode step through the model's own compiled call (`get_compiled_call`, the
   graphs generate replays), given what generate gives it: the step's mask built outside the graph by transformers'
   `create_masks_for_generate` (about 60 us of host time on this CPU, now beside the GPU's work instead of before it);
 - whether every sequence has stopped is copied to the host without waiting and read once it is there (a step or
   so late: DeferredFlags); steps past the last stop only add padding, which is cut, so the sequences are generate's.
-Anything else (beams, a streamer, stop strings, a processor that is not sync-free) is generate's: `unsupported` says
+Anything else (beams, a streamer, stop strings, a processor that is not sync-free) is generate's: `prepare` says
 why, and StaticDecoder records it."""
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
 
 def draw(scores: Any, do_sample: bool, bad: Any) -> Any:
     """The next token of each row: the argmax, or one sample as torch.multinomial(softmax(scores), 1) draws it (its
-    one-sample algorithm, the same random numbers) without reading its validity checks; `bad` collects rows whose
-    probabilities are not finite or negative (read at the next check)."""
+    one-sample algorithm, the same random numbers) without reading its validity checks; `bad` (a device flag) turns
+    true on probabilities that are not finite or negative (DeferredFlags reads it)."""
     import torch
 
     if not do_sample:
