@@ -16,6 +16,7 @@ the stage kinds call it in their own process (the eval stage).
                KV heads), switched on for a StaticDecoder's generate call
 - decode_loop.py the static path's decode loop: transformers' generate settings, logits processors and compiled decode
                step, without its host waits on the GPU every token (a call it does not cover runs in generate)
+- deferred.py  what that loop learns from the GPU (every row stopped, a streamer's tokens) read once it is written
 - slot_engine.py SlotEngine (`serve --engine slots`): continuous batching on a static cache's rows (slot_cache.py),
                each step the one compiled decode step, each request's own sampling (row_sampling.py)
 - continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page

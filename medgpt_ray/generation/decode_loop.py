@@ -19,20 +19,25 @@ This loop keeps what generate decides and drops the waits:
   graphs generate replays), given what generate gives it: the step's mask built outside the graph by transformers'
   `create_masks_for_generate` (about 60 us of host time on this CPU, now beside the GPU's work instead of before it);
 - whether every sequence has stopped is copied to the host without waiting and read once it is there (a step or
-  so late: DeferredFlags); steps past the last stop only add padding, which is cut, so the sequences are generate's.
-Anything else (beams, a streamer, stop strings, a processor that is not sync-free) is generate's: `prepare` says
+  so late: generation/deferred.py); steps past the last stop only add padding, which is cut, so the sequences are
+  generate's; a streamer (a batch of one: chat) is fed each token the same way, a step or so late;
+- stopping criteria are taken when they read only the host (`host_only`: chat's cancel and deadline).
+Anything else (beams, stop strings, a processor or criterion that may read the GPU) is generate's: `prepare` says
 why, and StaticDecoder records it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from medgpt_ray.generation.deferred import DeferredFlags, DeferredStream
 
 LOOP, GENERATE = "medgpt", "generate"  # the decode loop a StaticDecoder call ran: this one, or transformers'
 # generate's logits processors that only queue GPU work (no host read of a device value), by class name.
 SYNC_FREE = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
              "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor"}
-CALL_KEYS = {"attention_mask"}  # generate's keyword arguments the loop takes besides the generation config
+# generate's keyword arguments the loop takes besides the generation config (a streamer: a batch of one)
+CALL_KEYS = {"attention_mask", "streamer", "stopping_criteria"}
 
 
 @dataclass
@@ -47,11 +52,30 @@ class DecodeCall:
     pad: int
     compiled_step: Any  # the decode step: the model's compiled call, or the model itself
     as_output: bool = False  # return_dict_in_generate: the sequences in generate's output object (GKD asks for it)
+    streamer: Any = None  # fed each token a step or so late (deferred.DeferredStream)
+    # Stopping criteria marked `host_only` (they read a flag or the clock, never a device value: a cancel, a deadline).
+    criteria: list = field(default_factory=list)
 
 
 def text_model(model: Any) -> Any:
     """The transformers model whose generate a call would run: a PeftModel's base (LoRA's layers inside it)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def refusal(model: Any, input_ids: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why the loop cannot take a call of these arguments (None: it can, as far as they go)."""
+    if set(kwargs) - CALL_KEYS:
+        return f"generate's arguments {sorted(set(kwargs) - CALL_KEYS)}"
+    if kwargs.get("attention_mask") is None:
+        return "no attention mask"
+    if not all(getattr(c, "host_only", False) for c in kwargs.get("stopping_criteria") or ()):
+        return "stopping criteria that may read the GPU"
+    peft = model.active_peft_config if hasattr(model, "active_peft_config") else None
+    if peft is not None and peft.is_prompt_learning:
+        return "a prompt-learning adapter"
+    if text_model(model).config.is_encoder_decoder:
+        return "an encoder-decoder model"
+    return None
 
 
 def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cache_kwarg: str,
@@ -61,16 +85,9 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
     from transformers import LogitsProcessorList
     from transformers.generation.configuration_utils import GenerationMode
 
-    if set(kwargs) - CALL_KEYS:
-        return None, f"generate's arguments {sorted(set(kwargs) - CALL_KEYS)}"
-    if kwargs.get("attention_mask") is None:
-        return None, "no attention mask"
-    peft = model.active_peft_config if hasattr(model, "active_peft_config") else None
-    if peft is not None and peft.is_prompt_learning:
-        return None, "a prompt-learning adapter"
+    if (why := refusal(model, input_ids, kwargs)) is not None:
+        return None, why
     base = text_model(model)
-    if base.config.is_encoder_decoder:
-        return None, "an encoder-decoder model"
     config, extra = base._prepare_generation_config(config)
     mode = config.get_generation_mode()
     if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
@@ -80,20 +97,23 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
         return None, "outputs beyond the sequences, or stopping beyond stop tokens"
     if config.max_new_tokens is None:
         return None, "no max_new_tokens"
+    expand = max(1, config.num_return_sequences or 1)
+    if kwargs.get("streamer") is not None and input_ids.shape[0] * expand > 1:
+        return None, "a streamer of more than one row"
     base._prepare_special_tokens(config, True, device=input_ids.device, batch_size=input_ids.shape[0])
     processors = base._get_logits_processor(
         generation_config=config, input_ids_seq_length=input_ids.shape[1], encoder_input_ids=input_ids,
         prefix_allowed_tokens_fn=None, logits_processor=LogitsProcessorList(), device=input_ids.device,
         model_kwargs={"attention_mask": kwargs["attention_mask"]})
-    waits = sorted({type(p).__name__ for p in processors} - SYNC_FREE)
-    if waits:
+    if waits := sorted({type(p).__name__ for p in processors} - SYNC_FREE):
         return None, f"logits processors {waits}"
     compiled = base._valid_auto_compile_criteria({cache_kwarg: cache}, config)
-    step = base.get_compiled_call(config.compile_config) if compiled else base
     pad = config._pad_token_tensor
-    return DecodeCall(processors, bool(config.do_sample), int(config.max_new_tokens),
-                      max(1, config.num_return_sequences or 1), config._eos_token_tensor,
-                      int(pad) if pad is not None else 0, step, bool(config.return_dict_in_generate)), ""
+    return DecodeCall(processors, bool(config.do_sample), int(config.max_new_tokens), expand,
+                      config._eos_token_tensor, int(pad) if pad is not None else 0,
+                      base.get_compiled_call(config.compile_config) if compiled else base,
+                      bool(config.return_dict_in_generate), kwargs.get("streamer"),
+                      list(kwargs.get("stopping_criteria") or ())), ""
 
 
 def draw(scores: Any, do_sample: bool, bad: Any) -> Any:
@@ -112,8 +132,8 @@ def draw(scores: Any, do_sample: bool, bad: Any) -> Any:
 
 def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, cache_kwarg: str, cache: Any,
            cache_len: int) -> Any:
-    """generate's sequences (prompt, then the new tokens; padding after a row's stop token; as long as the longest
-    row) from `cache` (a reset StaticCache of `cache_len` positions, at least prompt + max_new_tokens - 1)."""
+    """generate's sequences (prompt, then the new tokens; padding after a row stops; as long as the last row to
+    stop) from `cache` (a reset StaticCache of `cache_len` positions, at least prompt + max_new_tokens - 1)."""
     import torch
 
     base = text_model(model)
@@ -121,35 +141,40 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
         input_ids = input_ids.repeat_interleave(call.expand, dim=0)
         attention_mask = attention_mask.repeat_interleave(call.expand, dim=0)
     rows, width = input_ids.shape
-    out = torch.full((rows, width + call.max_new_tokens), call.pad, dtype=input_ids.dtype, device=input_ids.device)
+    device = input_ids.device
+    out = torch.full((rows, width + call.max_new_tokens), call.pad, dtype=input_ids.dtype, device=device)
     out[:, :width] = input_ids
-    padding = torch.ones(rows, cache_len, dtype=attention_mask.dtype, device=input_ids.device)
+    padding = torch.ones(rows, cache_len, dtype=attention_mask.dtype, device=device)
     padding[:, :width] = attention_mask
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     forward = {cache_kwarg: cache, "use_cache": True, "return_dict": True, **logits_to_keep(base)}
+    stream = DeferredStream(call.streamer, device) if call.streamer is not None else None
+    if stream is not None:
+        call.streamer.put(input_ids.cpu())  # as generate does: a streamer skips the prompt itself
     logits = base(input_ids=input_ids, attention_mask=padding, position_ids=positions, **forward).logits
     following = positions[:, -1:] + 1
-    unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
-    bad = torch.zeros((), dtype=torch.bool, device=input_ids.device)
-    flags, steps = DeferredFlags(input_ids.device), 0
+    rows_state = RowState(rows, call.max_new_tokens, device)
+    flags, steps = DeferredFlags(device), 0
     for i in range(call.max_new_tokens):
         scores = call.processors(out[:, :width + i], logits[:, -1].to(copy=True, dtype=torch.float32))
         logits = None  # the graph's output, copied: none may be alive at the next replay (CUDA graph trees)
-        token = draw(scores, call.do_sample, bad)
-        if call.eos is not None:
-            token = torch.where(unfinished, token, call.pad)
-            unfinished &= ~torch.isin(token, call.eos)
-        out[:, width + i] = token
+        token, running = rows_state.next(draw(scores, call.do_sample, rows_state.bad), call, out, width + i, i)
+        if stream is not None:
+            stream.push(token, running)
         steps = i + 1
-        flags.push(unfinished, bad)
-        if steps == call.max_new_tokens or flags.stopped(call):
+        flags.push(rows_state.unfinished, rows_state.bad)
+        every_row, bad = flags.read()
+        refuse(bad, call)
+        if steps == call.max_new_tokens or every_row:
             break
         step_positions = following + i
         mask = step_mask(base, padding, step_positions, cache_kwarg, cache)
         logits = call.compiled_step(input_ids=token[:, None], attention_mask=mask, position_ids=step_positions,
                                     **forward).logits
-    refuse(bool(bad), call)  # the last steps' probabilities too: one wait for the GPU, at the end
-    sequences = out[:, :width + generated_length(out[:, width:width + steps], call.eos)]
+    refuse(bool(rows_state.bad), call)  # the last steps' probabilities too: one wait for the GPU, at the end
+    if stream is not None:
+        stream.close()
+    sequences = out[:, :width + rows_state.length(steps)]
     if call.as_output:
         from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -157,37 +182,40 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     return sequences
 
 
-class DeferredFlags:
-    """"Every row has stopped" and "a probability was refused", copied to the host without waiting (pinned memory,
-    an event) and read once the GPU has written them, a step or so after: the loop learns it may stop without ever
-    waiting for the GPU (transformers' DeferredStopCheck does this on MPS only). On the CPU the copy is the value."""
+class RowState:
+    """Which rows still run, the step each stopped at (the output is cut after the last), and whether a sampled
+    probability was refused: device tensors, never read by the loop while it decodes."""
 
-    def __init__(self, device: Any):
+    def __init__(self, rows: int, max_new_tokens: int, device: Any):
         import torch
 
-        cuda = device.type == "cuda"
-        self.slots = [torch.zeros(2, dtype=torch.bool, pin_memory=cuda) for _ in range(2)]
-        self.events = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        self.pushed = 0
+        self.unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        self.stopped_at = torch.full((rows,), max_new_tokens, dtype=torch.long, device=device)
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
 
-    def push(self, unfinished: Any, bad: Any) -> None:
+    def next(self, token: Any, call: DecodeCall, out: Any, column: int, step: int) -> tuple[Any, Any]:
+        """Step `step`'s token of each row written to `out[:, column]` (padding for a row that had stopped), the
+        rows its stop tokens and the host-only criteria stop; (the token, whether each row was running)."""
         import torch
 
-        slot = self.pushed % 2
-        self.slots[slot].copy_(torch.stack([~unfinished.any(), bad]), non_blocking=True)
-        if self.events:
-            self.events[slot].record()
-        self.pushed += 1
+        running = self.unfinished
+        if call.eos is not None or call.criteria:
+            token = torch.where(running, token, call.pad)
+        out[:, column] = token
+        unfinished = running & ~torch.isin(token, call.eos) if call.eos is not None else running
+        for criterion in call.criteria:
+            unfinished = unfinished & ~criterion(out[:, :column + 1], None)
+        self.stopped_at = torch.where(running & ~unfinished, step, self.stopped_at)
+        self.unfinished = unfinished
+        return token, running
 
-    def stopped(self, call: DecodeCall) -> bool:
-        """Whether every row had stopped as of the latest push the GPU has carried out (False while it has not);
-        raises on a refused probability."""
-        slot = (self.pushed - 1) % 2
-        if self.events and not self.events[slot].query():
-            return False
-        every_row, bad = self.slots[slot].tolist()
-        refuse(bad, call)
-        return call.eos is not None and every_row
+    def length(self, steps: int) -> int:
+        """Where generate would have stopped: after the step the last row stopped at, or all `steps` if one ran on
+        (one wait for the GPU)."""
+        import torch
+
+        last = torch.where(self.unfinished, steps - 1, self.stopped_at).max()
+        return int(last) + 1 if steps else 0
 
 
 def refuse(bad: bool, call: DecodeCall) -> None:
@@ -195,18 +223,6 @@ def refuse(bad: bool, call: DecodeCall) -> None:
     if call.do_sample and bad:
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0 (the model's logits, "
                            "as generate's torch.multinomial would have refused them)")
-
-
-def generated_length(new: Any, eos: Any) -> int:
-    """Where generate would have stopped: after the token that stopped the last row to stop (every row padded past
-    its stop token), or all of `new` if a row never stopped."""
-    import torch
-
-    if eos is None or new.shape[1] == 0:
-        return new.shape[1]
-    is_stop = torch.isin(new, eos)
-    ends = torch.where(is_stop.any(dim=1), is_stop.int().argmax(dim=1) + 1, new.shape[1])
-    return int(ends.max())
 
 
 def step_mask(base: Any, padding: Any, positions: Any, cache_kwarg: str, cache: Any) -> Any:

@@ -47,6 +47,8 @@ def _stop_criterion(cancelled: threading.Event, deadline: float | None, stopped:
     from transformers import StoppingCriteria
 
     class CancelOrDeadline(StoppingCriteria):
+        host_only = True  # it reads a flag and the clock: the static decode loop may call it every step
+
         def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
             if deadline is not None and time.monotonic() >= deadline:
                 cancelled.set()

@@ -68,6 +68,7 @@ def test_a_static_chat_streams_the_dynamic_answers_on_one_cache(tiny_model):
     assert dynamic.decoding.decoder is None
     assert static.decoding.decoder is first and first.cache is cache and first.builds == 1  # reset, not made anew
     assert counters["stats"]["unique_graphs"] == 1
+    assert first.loop == "medgpt"  # streamed, with its cancel-or-deadline criterion, by the static decode loop
 
 
 def test_a_conversation_that_outgrows_the_static_cache_gets_a_longer_one(tiny_model, monkeypatch):

@@ -105,17 +105,69 @@ def test_what_the_loop_does_not_cover_goes_to_generate_with_the_reason(model, ex
     assert decoder.loop == f"generate ({why})"
 
 
-def test_a_streamer_goes_to_generate(model, tiny_model):
-    from transformers import AutoTokenizer, TextIteratorStreamer
+def streamed(model, tokenizer, decoder, ids, mask, **kw) -> tuple[torch.Tensor, str]:
+    """(the sequences, the text a TextIteratorStreamer got) of one call, `decoder`'s or (None) generate's."""
+    from transformers import TextIteratorStreamer
+
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        if decoder is None:
+            out = model.generate(ids, attention_mask=mask, pad_token_id=0, streamer=streamer, **kw)
+        else:
+            out = decoder.generate(model, ids, attention_mask=mask, pad_token_id=0, streamer=streamer, **kw)
+    return out, "".join(streamer)
+
+
+class StopAfter:
+    """A host-only stopping criterion (as chat's cancel and deadline are): every row stops at its `n`-th call."""
+
+    host_only = True
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls += 1
+        return torch.full((input_ids.shape[0],), self.calls >= self.n, dtype=torch.bool, device=input_ids.device)
+
+
+def test_a_streamer_and_a_host_only_criterion_as_chat_passes_them(model, tiny_model):
+    """Chat's call (generation/stream.py): a batch of one, a TextIteratorStreamer, a cancel-or-deadline criterion.
+    The loop streams the text generate streams and stops where the criterion fires, as generate does."""
+    from transformers import AutoTokenizer, StoppingCriteriaList
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids, mask = prompts(model.config.vocab_size)
+    one, one_mask = ids[:1], mask[:1]
+    decoder = StaticDecoder(9 + 20)
+    for kw in (dict(do_sample=True), dict(do_sample=False)):
+        ours = streamed(model, tokenizer, decoder, one, one_mask, max_new_tokens=20, **kw)
+        assert decoder.loop == "medgpt"
+        theirs = streamed(model, tokenizer, None, one, one_mask, max_new_tokens=20, **kw)
+        assert torch.equal(ours[0], theirs[0]) and ours[1] == theirs[1] and ours[1]
+    cut = {}
+    for who in ("ours", "theirs"):
+        stop = StoppingCriteriaList([StopAfter(6)])
+        cut[who] = streamed(model, tokenizer, decoder if who == "ours" else None, one, one_mask, max_new_tokens=20,
+                            do_sample=False, stopping_criteria=stop)
+    assert decoder.loop == "medgpt" and cut["ours"][0].shape[1] == 9 + 6
+    assert torch.equal(cut["ours"][0], cut["theirs"][0]) and cut["ours"][1] == cut["theirs"][1]
+
+
+def test_a_streamer_of_several_rows_and_a_criterion_that_may_read_the_gpu_go_to_generate(model, tiny_model):
+    from transformers import AutoTokenizer, MaxLengthCriteria, StoppingCriteriaList, TextIteratorStreamer
 
     ids, mask = prompts(model.config.vocab_size)
-    streamer = TextIteratorStreamer(AutoTokenizer.from_pretrained(tiny_model))
     decoder = StaticDecoder(64)
     with torch.no_grad():
-        decoder.generate(model, ids[:1], attention_mask=mask[:1], pad_token_id=0, max_new_tokens=4,
-                         streamer=streamer)
-    assert decoder.loop == "generate (generate's arguments ['streamer'])"
-    assert list(streamer)  # generate streamed it
+        decoder.generate(model, ids, attention_mask=mask, pad_token_id=0, max_new_tokens=4,
+                         stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(12)]))
+    assert decoder.loop == "generate (stopping criteria that may read the GPU)"
+    streamer = TextIteratorStreamer(AutoTokenizer.from_pretrained(tiny_model))
+    with pytest.raises(ValueError, match="batch size 1"), torch.no_grad():  # generate's own refusal
+        decoder.generate(model, ids, attention_mask=mask, pad_token_id=0, max_new_tokens=4, streamer=streamer)
+    assert decoder.loop == "generate (a streamer of more than one row)"
 
 
 def test_probabilities_generate_would_refuse_are_refused(model):

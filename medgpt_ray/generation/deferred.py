@@ -1,0 +1,78 @@
+"""What the static decode loop (generation/decode_loop.py) learns from the GPU without waiting for it: device values
+copied to pinned host memory with an event recorded behind the copy, read once the event has passed, a step or so
+after. transformers' own DeferredStopCheck does this on MPS; its CUDA loop reads every step. On the CPU a copy is the
+value at once, so the loop there behaves step for step as generate does."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+
+class _Copies:
+    """Device tensors copied to the host without waiting, each with the event behind its copy (none on the CPU)."""
+
+    def __init__(self, device: Any):
+        self.cuda = device.type == "cuda"
+
+    def copy(self, value: Any) -> tuple[Any, Any]:
+        import torch
+
+        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=self.cuda)
+        host.copy_(value, non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return host, event
+
+
+class DeferredFlags(_Copies):
+    """"Every row has stopped" and "a probability was refused", as of the latest step the GPU has carried out."""
+
+    def __init__(self, device: Any):
+        super().__init__(device)
+        self.latest: tuple[Any, Any] | None = None
+
+    def push(self, unfinished: Any, bad: Any) -> None:
+        import torch
+
+        self.latest = self.copy(torch.stack([~unfinished.any(), bad]))
+
+    def read(self) -> tuple[bool, bool]:
+        """(every row stopped, a probability refused) as of the latest push the GPU has done; (False, False) while
+        it has not (a push not yet carried out is not waited for)."""
+        if self.latest is None or self.latest[1] is not None and not self.latest[1].query():
+            return False, False
+        every_row, bad = self.latest[0].tolist()
+        return bool(every_row), bool(bad)
+
+
+class DeferredStream(_Copies):
+    """A transformers streamer (batch of one) fed each token once the GPU has produced it, in order, never waiting
+    until `close`; a token drawn after its row stopped (the loop learns of the stop a step or so late) is not fed."""
+
+    def __init__(self, streamer: Any, device: Any):
+        super().__init__(device)
+        self.streamer, self.pending = streamer, deque()
+
+    def push(self, token: Any, running: Any) -> None:
+        """`token` ([1]) and whether its row was still running when it was drawn ([1] bool)."""
+        import torch
+
+        self.pending.append(self.copy(torch.stack([token, running.long()], dim=1)))
+        self.feed(wait=False)
+
+    def feed(self, wait: bool) -> None:
+        while self.pending and (wait or self.pending[0][1] is None or self.pending[0][1].query()):
+            host, event = self.pending.popleft()
+            if event is not None:
+                event.synchronize()
+            token, running = host[0].tolist()
+            if running:
+                self.streamer.put(host[:, 0])
+
+    def close(self) -> None:
+        """Every token fed (this waits for the GPU), then the streamer's end."""
+        self.feed(wait=True)
+        self.streamer.end()
