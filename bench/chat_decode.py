@@ -57,6 +57,7 @@ def conversation(model_dir: Path, path: str, turns: int, new_tokens: int) -> lis
                "ms_per_token": round(1000 * seconds / n, 2), "new_tokens_per_s": round(n / seconds, 1)}
         if session.decoding.decoder is not None:
             row.update(cache_len=session.decoding.decoder.max_len, cache_builds=session.decoding.decoder.builds,
+                       loop=session.decoding.decoder.loop,
                        graphs_compiled_in_turn=counters["stats"]["unique_graphs"] - graphs,
                        cudagraph_skips=counters["inductor"]["cudagraph_skips"])
         print(json.dumps(row), flush=True)
