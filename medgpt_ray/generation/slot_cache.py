@@ -11,11 +11,17 @@ position of its own; it owns the cache columns its padding mask marks valid, and
 Moving a column does not change attention: the keys carry their rotary position from when they were computed, and
 each row's position ids are its own (the engine's). The cache's tensors stay where they are (moved in place), so the
 compiled decode step's graphs keep reading them. A free row's mask is all ones: it attends to whatever its columns
-hold (a row with nothing valid would give NaN), and its tokens are dropped."""
+hold (a row with nothing valid would give NaN), and its tokens are dropped. `slot_length` sizes the rows from the
+free memory; `slot_unsupported_reason` names the models whose layers keep something other than K and V."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from medgpt_ray.generation.continuous import PoolLimits
+from medgpt_ray.generation.decode_path import is_hybrid, static_cache_bytes
+
+MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
 
 
 class SlotCache:
@@ -113,3 +119,27 @@ class SlotCache:
         self.padding[~self.active] = 1
         self._set_position(keep)
         self.compactions += 1
+
+
+def slot_unsupported_reason(config: Any) -> str | None:
+    """Why a model of this config cannot decode on slots, or None."""
+    if is_hybrid(config):
+        return "linear-attention layers keep a state, not K and V a slot can hold"
+    if "sliding_attention" in (config.get_text_config().to_dict().get("layer_types") or ()):
+        return "sliding-window layers keep a cache shorter than the slots' columns"
+    return None
+
+
+def slot_length(model: Any, limits: PoolLimits, room: int | None) -> int:
+    """Columns per slot: twice a request's tokens (so a compaction frees at least half), as far as MEMORY_SHARE of
+    `room` (bytes; None: no limit, the CPU) holds for `limits.requests` rows."""
+    length = 2 * limits.tokens_per_request
+    element = next(model.parameters()).element_size()
+    if room is not None:
+        per_column = static_cache_bytes(model.config, limits.requests, 1, element)
+        length = min(length, int(MEMORY_SHARE * room) // per_column)
+    if length < min(limits.tokens_per_request + 1, 256):
+        raise ValueError(f"the free memory holds a slot cache of {length} tokens for {limits.requests} requests; "
+                         f"a request may need {limits.tokens_per_request}: lower --max-concurrent, --max-tokens-limit "
+                         "or --max-prompt-tokens")
+    return length

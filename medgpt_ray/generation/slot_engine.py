@@ -24,16 +24,15 @@ from typing import Any
 
 from medgpt_ray.generation import decode_loop
 from medgpt_ray.generation.continuous import PoolLimits, RequestEngine
-from medgpt_ray.generation.decode_path import cache_kwarg, free_device_bytes, is_hybrid, static_cache_bytes
+from medgpt_ray.generation.decode_path import cache_kwarg, free_device_bytes
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.row_sampling import sample_rows
-from medgpt_ray.generation.slot_cache import SlotCache
+from medgpt_ray.generation.slot_cache import SlotCache, slot_length, slot_unsupported_reason
 
 log = logging.getLogger(__name__)
 WARM_STEPS = 3  # compiled decode steps run before the first request: compilation, then CUDA graph trees' recording
-MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
 # A request's prompt room where the server sets no --max-prompt-tokens: every decode step reads every column of the
 # slot cache (masked or not), so its length is sized to the requests served, not to the model's context.
 PROMPT_TOKENS = 1024
@@ -69,30 +68,6 @@ class _Request:
         return True
 
 
-def slot_unsupported_reason(config: Any) -> str | None:
-    """Why a model of this config cannot decode on slots, or None."""
-    if is_hybrid(config):
-        return "linear-attention layers keep a state, not K and V a slot can hold"
-    if "sliding_attention" in (config.get_text_config().to_dict().get("layer_types") or ()):
-        return "sliding-window layers keep a cache shorter than the slots' columns"
-    return None
-
-
-def slot_length(model: Any, limits: PoolLimits, room: int | None) -> int:
-    """Columns per slot: twice a request's tokens (so a compaction frees at least half), as far as MEMORY_SHARE of
-    `room` (bytes; None: no limit, the CPU) holds for `limits.requests` rows."""
-    length = 2 * limits.tokens_per_request
-    element = next(model.parameters()).element_size()
-    if room is not None:
-        per_column = static_cache_bytes(model.config, limits.requests, 1, element)
-        length = min(length, int(MEMORY_SHARE * room) // per_column)
-    if length < min(limits.tokens_per_request + 1, 256):
-        raise ValueError(f"the free memory holds a slot cache of {length} tokens for {limits.requests} requests; "
-                         f"a request may need {limits.tokens_per_request}: lower --max-concurrent, --max-tokens-limit "
-                         "or --max-prompt-tokens")
-    return length
-
-
 class SlotEngine(RequestEngine):
     """One model's slot engine (a serve replica's): `limits.requests` rows, started once, answered from any number
     of concurrent requests on their callers' event loops. `compile_config`: transformers' CompileConfig for the
@@ -126,6 +101,7 @@ class SlotEngine(RequestEngine):
         self.top_p = torch.ones(rows, device=device)
         self.rows: dict[int, _Request] = {}
         self.pending: deque[_Request] = deque()
+        self.admitting: list[_Request] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -229,7 +205,9 @@ class SlotEngine(RequestEngine):
         if not self.slots.room(width):  # the rows in flight hold too much: these wait for some to finish
             self.pending.extendleft(reversed(batch))
             return
+        self.admitting = batch  # told of a failure too (_fail_all) until they hold their rows
         self._prefill(batch, free[:len(batch)], width)
+        self.admitting = []
 
     def _prefill(self, batch: list[_Request], rows: list[int], width: int) -> None:
         import torch
@@ -292,9 +270,11 @@ class SlotEngine(RequestEngine):
                 self._free(row)
 
     def _fail_all(self, error: str) -> None:
-        for req in [*self.rows.values(), *self.pending]:
+        held = {id(r) for r in self.rows.values()}
+        for req in [*self.rows.values(), *(r for r in self.admitting if id(r) not in held), *self.pending]:
             req.deliver(SlotOutput(list(req.tokens), error=error))
         for row in list(self.rows):
             self._free(row)
         self.pending.clear()
+        self.admitting = []
         self.slots.clear()

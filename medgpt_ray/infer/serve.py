@@ -78,7 +78,8 @@ def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
     sized for max_concurrent requests of a prompt and max_tokens each; slots: max_concurrent rows of a static cache),
     or where the model cannot run on it, one generate call per request in a thread of its own; and that choice in
     words (the responses' system_fingerprint)."""
-    from medgpt_ray.generation.slot_engine import PROMPT_TOKENS, SlotEngine, slot_unsupported_reason
+    from medgpt_ray.generation.slot_cache import slot_unsupported_reason
+    from medgpt_ray.generation.slot_engine import PROMPT_TOKENS, SlotEngine
 
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")

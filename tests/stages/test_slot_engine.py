@@ -15,7 +15,8 @@ import torch
 from medgpt_ray.generation.continuous import DeadlineExceeded, PoolLimits
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
-from medgpt_ray.generation.slot_engine import SlotEngine, slot_unsupported_reason
+from medgpt_ray.generation.slot_cache import slot_unsupported_reason
+from medgpt_ray.generation.slot_engine import SlotEngine
 from tests.stages.test_continuous_engine import (  # noqa: F401  (spread_model: the fixture)
     QUESTIONS,
     finish_order,
@@ -145,6 +146,18 @@ def test_a_request_no_row_can_hold_is_refused(engine):
     too_many = engine.request_room - len(prompt) + 1
     with pytest.raises(RuntimeError, match=f"exceed the {engine.request_room} a slot holds"):
         asyncio.run(engine.complete(prompt, GenerationParams(max_new_tokens=too_many)))
+
+
+def test_a_request_that_fails_is_told_and_the_engine_goes_on(engine):
+    """A prompt the model cannot read (a token id past its vocabulary) fails in its prefill: that request gets the
+    error, not a hang; the next request is answered."""
+    good = engine.prompt_ids(turns(QUESTIONS[0]), None)
+    with pytest.raises(RuntimeError, match="generation failed: IndexError"):
+        asyncio.run(engine.complete([*good, engine.gen.model.config.vocab_size + 5], GenerationParams(max_new_tokens=4),
+                                    deadline_s=20))  # a hang would end as DeadlineExceeded, failing the test
+    _, answer = asyncio.run(engine.complete(good, GenerationParams(max_new_tokens=4)))
+    assert answer.new_tokens == 4 or answer.finished
+    assert not engine.rows and not engine.admitting
 
 
 def test_a_hybrid_model_is_named_unsupported():
