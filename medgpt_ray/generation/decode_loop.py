@@ -68,7 +68,7 @@ def refusal(model: Any, input_ids: Any, kwargs: dict[str, Any]) -> str | None:
         return f"generate's arguments {sorted(set(kwargs) - CALL_KEYS)}"
     if kwargs.get("attention_mask") is None:
         return "no attention mask"
-    if not all(getattr(c, "host_only", False) for c in kwargs.get("stopping_criteria") or ()):
+    if not all(getattr(criterion, "host_only", False) for criterion in kwargs.get("stopping_criteria") or ()):
         return "stopping criteria that may read the GPU"
     peft = model.active_peft_config if hasattr(model, "active_peft_config") else None
     if peft is not None and peft.is_prompt_learning:

@@ -207,7 +207,6 @@ class SlotEngine(RequestEngine):
             return
         self.admitting = batch  # told of a failure too (_fail_all) until they hold their rows
         self._prefill(batch, free[:len(batch)], width)
-        self.admitting = []
 
     def _prefill(self, batch: list[_Request], rows: list[int], width: int) -> None:
         import torch
@@ -230,6 +229,7 @@ class SlotEngine(RequestEngine):
         self.positions[index] = mask.sum(-1)
         for row, req in zip(rows, batch, strict=True):
             self.rows[row] = req
+        self.admitting = []
         self._hand_out(dict(zip(rows, first.tolist(), strict=True)))
 
     @staticmethod
@@ -266,7 +266,9 @@ class SlotEngine(RequestEngine):
             req = self.rows[row]
             req.tokens.append(token)
             finished = token in self.gen.stops or len(req.tokens) >= req.params.max_new_tokens
-            if not req.deliver(SlotOutput(list(req.tokens), finished=finished)) or finished:
+            if finished:  # given back before the reader hears of it: a reader that finished sees its row free
+                self._free(row)
+            if not req.deliver(SlotOutput(list(req.tokens), finished=finished)) and not finished:
                 self._free(row)
 
     def _fail_all(self, error: str) -> None:
