@@ -199,7 +199,7 @@ class RowState:
         import torch
 
         running = self.unfinished
-        if call.eos is not None or call.criteria:
+        if call.eos is not None:  # as generate: padding after a stop only where stop tokens are among its criteria
             token = torch.where(running, token, call.pad)
         out[:, column] = token
         unfinished = running & ~torch.isin(token, call.eos) if call.eos is not None else running
