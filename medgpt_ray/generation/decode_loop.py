@@ -18,9 +18,10 @@ This loop keeps what generate decides and drops the waits:
 - the prefill runs eagerly and every decode step through the model's own compiled call (`get_compiled_call`, the
   graphs generate replays), given what generate gives it: the step's mask built outside the graph by transformers'
   `create_masks_for_generate` (about 60 us of host time on this CPU, now beside the GPU's work instead of before it);
-- whether every sequence has stopped is copied to the host without waiting and read once it is there (a step or
-  so late: generation/deferred.py); steps past the last stop only add padding, which is cut, so the sequences are
-  generate's; a streamer (a batch of one: chat) is fed each token the same way, a step or so late;
+- whether every sequence has stopped is copied to the host without waiting and read once it is there (a few steps
+  late at most: the host runs at most 3 steps in front of the GPU, generation/deferred.py); steps past the last stop
+  only add padding, which is cut, so the sequences are generate's; a streamer (a batch of one: chat) is fed each
+  token the same way;
 - stopping criteria are taken when they read only the host (`host_only`: chat's cancel and deadline).
 Anything else (beams, stop strings, a processor or criterion that may read the GPU) is generate's: `prepare` says
 why, and StaticDecoder records it."""

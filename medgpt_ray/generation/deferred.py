@@ -1,7 +1,8 @@
 """What the static decode loop (generation/decode_loop.py) learns from the GPU without waiting for it: device values
 copied to pinned host memory with an event recorded behind the copy, read once the event has passed, a step or so
-after. transformers' own DeferredStopCheck does this on MPS; its CUDA loop reads every step. On the CPU a copy is the
-value at once, so the loop there behaves step for step as generate does."""
+after. transformers' own DeferredStopCheck does this on MPS; its CUDA loop reads every step. The host waits only to
+stay at most DeferredFlags.AHEAD steps in front of the GPU. On the CPU a copy is the value at once, so the loop
+there behaves step for step as generate does."""
 
 from __future__ import annotations
 
@@ -28,23 +29,33 @@ class _Copies:
 
 
 class DeferredFlags(_Copies):
-    """"Every row has stopped" and "a probability was refused", as of the latest step the GPU has carried out."""
+    """"Every row has stopped" and "a probability was refused", as of the latest step the GPU has carried out. The
+    host runs at most AHEAD steps in front of the GPU (a push waits for the one AHEAD before it): enough to keep
+    the GPU fed, and a stop is learnt at most that many steps late."""
+
+    AHEAD = 3
 
     def __init__(self, device: Any):
         super().__init__(device)
-        self.latest: tuple[Any, Any] | None = None
+        self.pushed: deque[tuple[Any, Any]] = deque()
+        self.settled: Any = None  # the last push waited for (done)
 
     def push(self, unfinished: Any, bad: Any) -> None:
         import torch
 
-        self.latest = self.copy(torch.stack([~unfinished.any(), bad]))
+        self.pushed.append(self.copy(torch.stack([~unfinished.any(), bad])))
+        if len(self.pushed) > self.AHEAD:
+            self.settled, event = self.pushed.popleft()
+            if event is not None:
+                event.synchronize()
 
     def read(self) -> tuple[bool, bool]:
         """(every row stopped, a probability refused) as of the latest push the GPU has done; (False, False) while
-        it has not (a push not yet carried out is not waited for)."""
-        if self.latest is None or self.latest[1] is not None and not self.latest[1].query():
+        it has done none of those held (both only ever turn true, so an older one is a true answer, only later)."""
+        done = next((host for host, event in reversed(self.pushed) if event is None or event.query()), self.settled)
+        if done is None:
             return False, False
-        every_row, bad = self.latest[0].tolist()
+        every_row, bad = done.tolist()
         return bool(every_row), bool(bad)
 
 
