@@ -117,6 +117,11 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
                       list(kwargs.get("stopping_criteria") or ())), ""
 
 
+def prompt_positions(attention_mask: Any) -> Any:
+    """Left-padded prompts' position ids as generate makes them: counted over the real tokens, 0 on the padding."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
 def draw(scores: Any, do_sample: bool, bad: Any) -> Any:
     """The next token of each row: the argmax, or one sample as torch.multinomial(softmax(scores), 1) draws it (its
     one-sample algorithm, the same random numbers) without reading its validity checks; `bad` (a device flag) turns
@@ -147,7 +152,7 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     out[:, :width] = input_ids
     padding = torch.ones(rows, cache_len, dtype=attention_mask.dtype, device=device)
     padding[:, :width] = attention_mask
-    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    positions = prompt_positions(attention_mask)
     forward = {cache_kwarg: cache, "use_cache": True, "return_dict": True, **logits_to_keep(base)}
     stream = DeferredStream(call.streamer, device) if call.streamer is not None else None
     if stream is not None:

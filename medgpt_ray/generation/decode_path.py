@@ -108,7 +108,7 @@ def free_device_bytes(device: str) -> int | None:
 
 def cache_kwarg(model: Any) -> str:
     """generate's name for a cache passed in: `cache` (transformers 5.24) or `past_key_values` (5.17)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel's forward is *args
+    base = decode_loop.text_model(model)  # a PeftModel's forward is *args
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
@@ -204,7 +204,7 @@ def without_input_grad_hooks(model: Any) -> Iterator[None]:
     H200: 16 graphs, cudagraphs skipped for mutated inputs, 373 generated tokens/s against 2,888 for the same
     decode outside the trainer). Under no_grad the hook does nothing anyway. By name, not by the handles: a second
     enable_input_require_grads overwrites the first's handle, so disable_input_require_grads would leave one."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = decode_loop.text_model(model)
     embeddings = base.get_input_embeddings()
     hooks = embeddings._forward_hooks  # torch's own registry; no public API lists a module's hooks
     taken = {key: hook for key, hook in hooks.items() if getattr(hook, "__name__", "") == INPUT_GRAD_HOOK}

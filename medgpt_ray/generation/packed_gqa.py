@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from medgpt_ray.generation.decode_loop import text_model
+
 PACKED_GQA = "medgpt_packed_gqa_sdpa"
 
 
@@ -66,7 +68,7 @@ def applies(model: Any) -> bool:
 def packed_gqa_decoding(model: Any, enabled: bool = True) -> Iterator[bool]:
     """`model` (a PeftModel's base) on PACKED_GQA for the block where it would repeat K and V, back on SDPA after;
     yields whether it switched."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = text_model(model)
     if not enabled or not applies(base):
         yield False
         return

@@ -216,7 +216,7 @@ class SlotEngine(RequestEngine):
         ids = torch.tensor([[0] * (width - len(r.prompt_ids)) + r.prompt_ids for r in batch], device=device)
         mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch],
                             device=device)
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        positions = decode_loop.prompt_positions(mask)
         prefill = DynamicCache(config=self.base.config.get_text_config(decoder=True))
         logits = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                            **{self.key: prefill}, **decode_loop.logits_to_keep(self.base)).logits
