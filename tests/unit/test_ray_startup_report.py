@@ -17,6 +17,11 @@ def test_only_processes_naming_the_temp_dir_are_killed():
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     procs = [subprocess.Popen([*sleeper, str(d / "session_latest")]) for d in (ours, theirs)]
     try:
+        # Popen returns once exec has begun; the new command line shows in /proc a moment later (the kernel sets it
+        # after it closes the parent's exec-error pipe): a loaded box read it empty once.
+        deadline = time.monotonic() + 10
+        while pids_started_under(ours) != [procs[0].pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert pids_started_under(ours) == [procs[0].pid]
         kill_cluster_under(ours)
         deadline = time.monotonic() + 10
