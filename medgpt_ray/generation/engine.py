@@ -5,7 +5,8 @@ generate.
 A batch in: prompt_id, conversations and tools (JSON text). A batch out: one row per sample (prompt_id, sample,
 response, prompt_tokens, new_tokens, finished: the sample ended on its own stop token rather than at the limit;
 batch_seconds: the generate call's time, and decode_path: the path and why (DecodePath.describe), on the batch's
-first row, 0 and "" on the others).
+first row, 0 and "" on the others; warmup, on every row of the batch: whether its call built the static cache, so
+its seconds include compiling the decode step and capturing its graphs).
 
 The decode path (generation/decode_path.py) is chosen once, when the model is loaded: static on a GPU (one static
 cache for every batch, the decode step compiled by transformers with CUDA graphs), dynamic on the CPU or for a
@@ -37,7 +38,7 @@ from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.prompts import answer_until_stop, render_prompt, stop_token_ids
 
 ROW_COLUMNS = ("prompt_id", "sample", "response", "prompt_tokens", "new_tokens", "finished", "batch_seconds",
-               "decode_path")
+               "warmup", "decode_path")
 PROMPT_BUCKET = 128  # the static cache's least prompt room (tokens)
 
 
@@ -66,6 +67,7 @@ class Generator:
         self.rows = 0  # prompts per generate call on the static path (the cache's batch / num_samples)
         self.compile_config: Any = None  # transformers' CompileConfig for the decode step (None: its default)
         self.memory_room: int | None = None  # bytes a static cache may take (None: what the device has free)
+        self.warmup = False  # the last call built a static cache (its time includes compiling the decode step)
         torch.manual_seed(self.params.seed)  # after loading: sampled answers depend on the seed alone
 
     def render(self, turns: list[dict], tools: list[dict]) -> str:
@@ -78,7 +80,7 @@ class Generator:
         texts = [self.render(json.loads(c), json.loads(t)) for c, t in zip(batch["conversations"], batch["tools"],
                                                                             strict=True)]
         enc = self.tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(self.device)
-        t0 = time.monotonic()
+        t0, self.warmup = time.monotonic(), False
         kw = dict(max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples, eos_token_id=self.stops,
                   pad_token_id=self.tok.pad_token_id, **p.sampling())
         with torch.no_grad():
@@ -101,6 +103,7 @@ class Generator:
             if not self._fits(cache_rows * self.params.num_samples, max_len):
                 return self.model.generate(**enc, **kw)
             self.decoder, self.rows = StaticDecoder(max_len, self.compile_config), cache_rows
+            self.warmup = True
         fill = self.rows - rows
         if fill:
             ids = torch.cat([ids, ids[-1:].expand(fill, -1)])
@@ -135,5 +138,6 @@ class Generator:
             rows["new_tokens"].append(n)
             rows["finished"].append(finished)
             rows["batch_seconds"].append(seconds if i == 0 else 0.0)  # summed by the driver: once per batch
+            rows["warmup"].append(self.warmup)
             rows["decode_path"].append(self.path.describe() if i == 0 else "")  # the driver reports it
         return rows

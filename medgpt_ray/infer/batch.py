@@ -92,7 +92,7 @@ def _load(inputs: list[str], out: Path) -> tuple[list[dict], int]:
 def _write_part(out: Path, n: int, table: pa.Table) -> None:
     final = out / PARTS / f"part-{n:05d}.parquet"
     tmp = final.with_suffix(".parquet.tmp")
-    pq.write_table(table.drop_columns(["batch_seconds", "decode_path"]), tmp)
+    pq.write_table(table.drop_columns(["batch_seconds", "warmup", "decode_path"]), tmp)
     os.replace(tmp, final)
 
 
@@ -127,7 +127,7 @@ def generate(opts: GenerateOptions, echo: Callable[[str], None] = print) -> dict
          f"{len(prompts) - len(pending)} already generated, {len(pending)} to go")
     summary = {"prompts": len(prompts), "quarantined": quarantined, "already_done": len(prompts) - len(pending),
                "generated": 0, "samples": 0, "new_tokens": 0, "unfinished_samples": 0, "generate_seconds": 0.0,
-               "decode_path": None, **settings}
+               "warmup_seconds": 0.0, "warmup_new_tokens": 0, "decode_path": None, **settings}
     t0 = time.monotonic()
     if pending:
         _run(opts, settings, pending, summary, echo)
@@ -136,10 +136,17 @@ def generate(opts: GenerateOptions, echo: Callable[[str], None] = print) -> dict
     # Inside the generate calls only (no actor start, no model load), per actor:
     gen = summary["generate_seconds"]
     summary["new_tokens_per_s_per_actor"] = round(summary["new_tokens"] / gen, 1) if gen else None
+    # and without the calls that built a static cache (compiling the decode step, capturing its graphs: once a run)
+    warm_s, warm_tokens = gen - summary["warmup_seconds"], summary["new_tokens"] - summary["warmup_new_tokens"]
+    summary["warm_new_tokens_per_s_per_actor"] = (round(warm_tokens / warm_s, 1)
+                                                  if warm_s > 0 and summary["warmup_seconds"] else None)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
     echo(f"[generate] done: {summary['generated']} prompts, {summary['samples']} samples, {summary['new_tokens']:,} "
          f"new tokens in {summary['wall_s']:.1f}s ({summary['unfinished_samples']} stopped at --max-new-tokens); "
          f"outputs in {out / PARTS}")
+    if summary["warm_new_tokens_per_s_per_actor"]:
+        echo(f"[generate] {summary['warmup_seconds']:.1f}s of it built the static cache and compiled the decode step; "
+             f"after that {summary['warm_new_tokens_per_s_per_actor']:,.0f} new tokens/s per actor")
     return summary
 
 
@@ -172,6 +179,7 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
         summary["new_tokens"] += sum(table.column("new_tokens").to_pylist())
         summary["unfinished_samples"] += table.num_rows - sum(table.column("finished").to_pylist())
         summary["generate_seconds"] += sum(table.column("batch_seconds").to_pylist())
+        _count_warmup(table, summary)
         now = time.monotonic()
         if now - last >= 5 or summary["generated"] == len(pending):
             rate = summary["generated"] / (now - t0)
@@ -180,3 +188,14 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
                  f"{summary['new_tokens'] / (now - t0):,.0f} new tokens/s ({per_actor:,.0f} per actor while "
                  f"generating), ETA {format_eta((len(pending) - summary['generated']) / rate if rate else None)}")
             last = now
+
+
+
+def _count_warmup(table: pa.Table, summary: dict[str, Any]) -> None:
+    """Add the seconds and new tokens of the batches in `table` whose call built a static cache to the summary's
+    warm-up (every row of such a batch is flagged; its seconds are on its first row)."""
+    for flag, n, s in zip(table.column("warmup").to_pylist(), table.column("new_tokens").to_pylist(),
+                          table.column("batch_seconds").to_pylist(), strict=True):
+        if flag:
+            summary["warmup_seconds"] += s
+            summary["warmup_new_tokens"] += n

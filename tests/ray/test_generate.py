@@ -92,6 +92,16 @@ def test_greedy_answers_are_the_models_own_generate(ray_cluster, tiny_model, pro
     assert first["response"] == tok.decode(answer, skip_special_tokens=True)
 
 
+def test_the_static_paths_warm_up_is_counted_apart(ray_cluster, tiny_model, prompts, tmp_path):
+    opts = GenerateOptions(str(tiny_model), [str(prompts)], tmp_path, GenerationParams(max_new_tokens=6),
+                           template="chatml", batch_size=3, generation_path="static")
+    summary = generate(opts, lambda _: None)
+    assert summary["decode_path"].startswith("static")
+    # Three batches on one static cache: the first built it (on a GPU: the compile and the graphs' capture).
+    assert summary["warmup_seconds"] > 0 and 0 < summary["warmup_new_tokens"] <= 6 * 3  # one batch of 3 prompts
+    assert summary["warmup_new_tokens"] < summary["new_tokens"] and summary["warm_new_tokens_per_s_per_actor"] > 0
+
+
 def test_a_finished_stage_is_a_model_with_the_runs_template(tiny_run, tmp_path):
     source = resolve_model(str(tiny_run.run_dir / "sft"))
     assert source.path == tiny_run.run_dir / "sft" / "model" and source.template == tiny_run.cfg.template_for("sft")

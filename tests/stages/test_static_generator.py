@@ -50,8 +50,12 @@ def test_the_static_path_answers_as_the_dynamic_one_on_one_cache(tiny_model):
     torch._dynamo.reset()
     counters.clear()
     batches = [batch(TURNS[:2]), batch(TURNS[2:]), batch(TURNS[:2][::-1])]  # a longer one, a short last one
-    answers = [static(b)["response"] for b in batches]
-    assert answers == [dynamic(b)["response"] for b in batches]
+    outs = [static(b) for b in batches]
+    answers, dynamic_outs = [o["response"] for o in outs], [dynamic(b) for b in batches]
+    assert answers == [o["response"] for o in dynamic_outs]
+    # Only the call that built the cache (and compiled the decode step) is flagged as warm-up, on each of its rows.
+    assert [o["warmup"] for o in outs] == [[True, True], [False], [False, False]]
+    assert not any(flag for o in dynamic_outs for flag in o["warmup"])
     assert len({a for answer in answers for a in answer}) == 3  # three prompts, three answers
     assert static.decoder.builds == 1 and static.rows == 2 and counters["stats"]["unique_graphs"] == 1
     assert static.decoder.loop == "medgpt"
