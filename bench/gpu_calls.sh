@@ -22,8 +22,12 @@ M=/tmp/medgpt-rsr/models/qwen2.5-1.5b  # rl_stage_run builds it: random weights,
 G=/tmp/g/qwen2.5-1.5b  # the same shape, built by generation_throughput.random_model
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt"
 
+END=$((SECONDS + ${BUDGET:-580}))  # BUDGET: the seconds this call may run (a step is cut to what is left of them)
+
 step() {  # step NAME SECONDS COMMAND...: output in $W/NAME.log; its exit status and seconds printed
   local name=$1 limit=$2 start=$SECONDS; shift 2
+  (( limit > END - SECONDS - 5 )) && limit=$((END - SECONDS - 5))
+  (( limit < 30 )) && { echo "== $name skipped: $limit s left"; return; }
   echo "$*" >"$W/$name.cmd"
   timeout "$limit" "$@" >"$W/$name.log" 2>&1
   echo "== $name rc $? in $((SECONDS - start)) s"; tail -3 "$W/$name.log" | cut -c1-400
