@@ -167,14 +167,16 @@ def zero3_gather_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, n: int)
     return (4 if s.precision == "fp32" else 2) * elements * (n - 1) / n / (gpu.pcie_gbs * 1e9 / 2)
 
 
-# The static path's decode step (the step compiled into CUDA graphs), fitted on the H200's four points
-# (bench/results/generation_{1.5b,7b}_h200.json: 1.5B and 7B, 16 and 64 sequences, 384-token cache; least squares,
-# each point within 6 %: 5.66 ms predicted for 5.54, 7.80 for 8.27, 10.38 for 9.90, 15.31 for 15.44):
-# a fixed host cost a step (the generate loop and sampling run outside the graph) and the bytes the step moves at a
-# share of the memory bandwidth.
-# Fitted on transformers' generate loop, which waits for the GPU every token; the product's own loop
-# (generation/decode_loop.py) does not, and its host term is not measured yet: kept, an upper bound.
-STATIC_STEP_HOST_SECONDS = 4.0e-3
+# The static path's decode step (the step compiled into CUDA graphs): a fixed host cost a step (the loop and sampling
+# run outside the graph) and the bytes the step moves at a share of the memory bandwidth. Fitted on the H200's four
+# points in transformers' generate loop (bench/results/generation_{1.5b,7b}_h200.json: 1.5B and 7B, 16 and 64
+# sequences, 384-token cache; least squares, each point within 6 %: 5.66 ms predicted for 5.54, 7.80 for 8.27, 10.38
+# for 9.90, 15.31 for 15.44), which waits for the GPU every token: GENERATE_LOOP_HOST_SECONDS. The product's own loop
+# (generation/decode_loop.py) queues the next step while the GPU runs the last; its host term, at the same share, is
+# the mean of the H100's two points (generation_1.5b_h100_loop.json: 3.27 and 4.06 ms measured at 16 and 64
+# sequences, 3.55 and 3.79 predicted). A host's speed varies between machines: the term is a fit, not a bound.
+GENERATE_LOOP_HOST_SECONDS = 4.0e-3
+STATIC_STEP_HOST_SECONDS = 2.1e-3
 STATIC_BANDWIDTH_SHARE = 0.67  # of the spec sheet's bandwidth (GPU_SPECS)
 
 
@@ -194,8 +196,10 @@ def decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float
     return max(kernels * LAUNCH_SECONDS, 2 * shape.params / (gpu.mem_bw_gbs * 1e9))
 
 
-def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, repeat_kv: bool = False) -> float:
-    """A decode step replayed from CUDA graphs: STATIC_STEP_HOST_SECONDS, plus the bytes it moves at
+def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, repeat_kv: bool = False,
+                               generate_loop: bool = False) -> float:
+    """A decode step replayed from CUDA graphs: the loop's host term (STATIC_STEP_HOST_SECONDS for ours,
+    GENERATE_LOOP_HOST_SECONDS for transformers' generate loop, `generate_loop`), plus the bytes it moves at
     STATIC_BANDWIDTH_SHARE of the memory bandwidth: the weights once, and per sequence the static cache's K and V
     over its full length (seq_len). `repeat_kv`: transformers' SDPA attention as it is, which copies K and V to
     every query head, written and read (memory/generation.expanded_kv_bytes): how the H200's points were measured
@@ -203,7 +207,8 @@ def static_decode_step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec, r
     e = 4 if s.precision == "fp32" else 2
     copies = 2 * shape.attention_layers * expanded_kv_bytes(shape, s) if repeat_kv else 0.0
     moved = e * shape.params + kv_cache_bytes(shape, s) + copies
-    return STATIC_STEP_HOST_SECONDS + moved / (STATIC_BANDWIDTH_SHARE * gpu.mem_bw_gbs * 1e9)
+    host = GENERATE_LOOP_HOST_SECONDS if generate_loop else STATIC_STEP_HOST_SECONDS
+    return host + moved / (STATIC_BANDWIDTH_SHARE * gpu.mem_bw_gbs * 1e9)
 
 
 def tokens_per_second(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
