@@ -4,9 +4,10 @@
 # .whl and .whl-serve carried:
 #
 #   bash bench/gpu_calls.sh 1     # issue 35's 1.5B targets (grpo, the static loop, generate, serve on slots)
-#   bash bench/gpu_calls.sh 2     # serve on slots, the 7B grpo
-#   bash bench/gpu_calls.sh 3     # serve on transformers' engine, the 1.5B grpo's step times, the static step's profile
+#   bash bench/gpu_calls.sh 2     # serve on slots and on transformers' engine, the 1.5B grpo's step times
+#   bash bench/gpu_calls.sh 3     # the 1.5B static step's profile
 #   bash bench/gpu_calls.sh 5     # Qwen3.5 LoRA's residual (issue 34)
+#   bash bench/gpu_calls.sh 6     # the 7B grpo at 64 completions
 #   bash bench/gpu_calls.sh 4     # chat's loop, the serving engines compared in generation_throughput
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
@@ -61,14 +62,17 @@ call1() {
 call2() {
   model_1_5b
   serve slots "$G"
+  serve transformers "$G"
+  grpo_1_5b 4
+}
+
+call6() {
   step grpo_7b 280 python3 bench/rl_stage_run.py --model qwen2.5-7b --stages grpo --train-steps 0 --steps 3 \
     --num-generations 16 --prompts-per-step 4 --set stages.grpo.generation_path=static --out "$W/7b"
 }
 
 call3() {
   model_1_5b
-  serve transformers "$G"
-  grpo_1_5b 4
   step profile 110 python3 bench/generation_throughput.py --model-dir "$G" --batches 16 --paths merged-static \
     --profile --out "$W/profile_1.5b.json"
 }
@@ -85,4 +89,4 @@ call4() {
     --paths merged-static-sdpa,continuous,continuous-graphs --out "$W/generation_1.5b_engines.json"
 }
 
-"call${1:?which call: 1 to 5}"
+"call${1:?which call: 1 to 6}"
