@@ -3,12 +3,13 @@
 # committed results name the exact commands that made them. On the device machine, from the project root, with
 # .whl and .whl-serve carried:
 #
-#   bash bench/gpu_calls.sh 1     # issue 35's 1.5B targets (grpo, the static loop, generate, serve on slots)
-#   bash bench/gpu_calls.sh 2     # serve on slots and on transformers' engine, the 1.5B grpo's step times
-#   bash bench/gpu_calls.sh 3     # the 1.5B static step's profile
-#   bash bench/gpu_calls.sh 5     # Qwen3.5 LoRA's residual (issue 34)
-#   bash bench/gpu_calls.sh 6     # the 7B grpo at 64 completions
-#   bash bench/gpu_calls.sh 4     # chat's loop, the serving engines compared in generation_throughput
+#   bash bench/gpu_calls.sh 1     # issue 35's 1.5B targets (grpo, the static loop, generate, serve on slots): ran
+#                                 #   on an H100 on 2026-12-05 (bench/results/*_h100*.json)
+#   bash bench/gpu_calls.sh 2     # serve, 32 clients, on a model whose tokens decode: slots with pieces of 1 and 4
+#                                 #   tokens, transformers' engine with 4 (the comparison that picks `auto`)
+#   bash bench/gpu_calls.sh 3     # the 7B grpo at 64 completions (>= 1,200 generated tokens/s)
+#   bash bench/gpu_calls.sh 4     # the 1.5B static step's profile; Qwen3.5 LoRA's residual (issue 34)
+#   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -17,10 +18,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?the device run sets OUT}
 W=${W:-/tmp/calls}
 mkdir -p "$W"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl .whl-serve/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+  .whl-serve/*.whl 2>&1 | grep -v '^WARNING: Target directory' ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed's op builder fails on the image's 9.0a
 M=/tmp/medgpt-rsr/models/qwen2.5-1.5b  # rl_stage_run builds it: random weights, the tokenizer
 G=/tmp/g/qwen2.5-1.5b  # the same shape, built by generation_throughput.random_model
+D=/tmp/g/qwen2.5-1.5b-decodable  # and its tokens decoding to text (bench/decodable_model.py): serve_load's
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt"
 
 END=$((SECONDS + ${BUDGET:-580}))  # BUDGET: the seconds this call may run (a step is cut to what is left of them)
@@ -35,9 +38,10 @@ step() {  # step NAME SECONDS COMMAND...: output in $W/NAME.log; its exit status
   tar czf "$OUT/results.tgz" -C "$W" --exclude='*.parquet' --exclude='*.safetensors' .
 }
 
-model_1_5b() {  # the 1.5B shape with random weights where rl_stage_run would not build it
+model_1_5b() {  # the 1.5B shape with random weights where rl_stage_run would not build it, and its decodable copy
   [ -d "$G" ] || python3 -c "from pathlib import Path; from bench.generation_throughput import random_model; \
 random_model('qwen2.5-1.5b', Path('/tmp/g'))"
+  [ -d "$D" ] || python3 bench/decodable_model.py --src "$G" --dest "$D"
 }
 
 grpo_1_5b() {  # STEPS
@@ -45,9 +49,10 @@ grpo_1_5b() {  # STEPS
     --num-generations 16 --prompts-per-step 1 --set stages.grpo.generation_path=static --out "$W/grpo"
 }
 
-serve() {  # ENGINE MODEL
-  step "serve_$1" 130 python3 bench/serve_load.py --model "$2" --clients 32 --max-tokens 256 --engine "$1" \
-    --max-prompt-tokens 512 --max-tokens-limit 256 --out "$W/serve_load_1.5b_$1.json"
+serve() {  # ENGINE MODEL [STREAM_INTERVAL]
+  step "serve_$1_${3:-1}" 130 python3 bench/serve_load.py --model "$2" --clients 32 --max-tokens 256 --engine "$1" \
+    --max-prompt-tokens 512 --max-tokens-limit 256 --stream-interval "${3:-1}" --rounds 3 \
+    --out "$W/serve_load_1.5b_$1_${3:-1}.json"
 }
 
 call1() {
@@ -61,32 +66,29 @@ call1() {
 
 call2() {
   model_1_5b
-  serve slots "$G"
-  serve transformers "$G"
-  grpo_1_5b 4
-}
-
-call6() {
-  step grpo_7b 280 python3 bench/rl_stage_run.py --model qwen2.5-7b --stages grpo --train-steps 0 --steps 3 \
-    --num-generations 16 --prompts-per-step 4 --set stages.grpo.generation_path=static --out "$W/7b"
+  serve slots "$D" 1
+  serve slots "$D" 4
+  serve transformers "$D" 4
 }
 
 call3() {
+  step grpo_7b 300 python3 bench/rl_stage_run.py --model qwen2.5-7b --stages grpo --train-steps 0 --steps 3 \
+    --num-generations 16 --prompts-per-step 4 --set stages.grpo.generation_path=static --out "$W/7b"
+}
+
+call4() {
   model_1_5b
   step profile 110 python3 bench/generation_throughput.py --model-dir "$G" --batches 16 --paths merged-static \
     --profile --out "$W/profile_1.5b.json"
-}
-
-call5() {
   step q35_lora 150 python3 bench/cuda_trace.py --family qwen3.5-0.8b --method lora --ckpt 1.0 --steps 2048 \
     --steps 836 --out "$W/q35_lora.json"
 }
 
-call4() {
+call5() {
   step chat 120 python3 bench/chat_decode.py --shape qwen2.5-1.5b --turns 4 --new-tokens 256 \
     --out "$W/chat_decode_1.5b.json"
   step engines 250 python3 bench/generation_throughput.py --shape qwen2.5-1.5b --batches 16,64 \
     --paths merged-static-sdpa,continuous,continuous-graphs --out "$W/generation_1.5b_engines.json"
 }
 
-"call${1:?which call: 1 to 6}"
+"call${1:?which call: 1 to 5}"

@@ -43,9 +43,12 @@ step rl_stage_run "$OUT/rsr/rl_stage_run.json" "$PY" bench/rl_stage_run.py --mod
 PORT=$("$PY" -c 'from tests.promserver import free_port; print(free_port())')
 step serve_load "$OUT/serve_load.json" "$PY" bench/serve_load.py --model "$TINY" --clients 4 --max-tokens 8 \
   --port "$PORT" --out "$OUT/serve_load.json"
-step serve_load_slots "$OUT/serve_load_slots.json" "$PY" bench/serve_load.py --model "$TINY" --clients 4 \
-  --max-tokens 8 --port "$PORT" --engine slots --max-prompt-tokens 512 --max-tokens-limit 256 \
-  --out "$OUT/serve_load_slots.json"
+rm -rf "$OUT/decodable"
+"$PY" bench/decodable_model.py --src "$TINY" --dest "$OUT/decodable" >"$OUT/decodable.log" 2>&1 \
+  || { echo "== decodable_model FAILED (log: $OUT/decodable.log)"; failed=1; }
+step serve_load_slots "$OUT/serve_load_slots.json" "$PY" bench/serve_load.py --model "$OUT/decodable" --clients 4 \
+  --max-tokens 8 --port "$PORT" --engine slots --max-prompt-tokens 512 --max-tokens-limit 256 --stream-interval 4 \
+  --rounds 3 --out "$OUT/serve_load_slots.json"
 step chat_decode "$OUT/chat_decode.json" "$PY" bench/chat_decode.py --model-dir "$TINY" --device cpu --turns 2 \
   --new-tokens 8 --out "$OUT/chat_decode.json"
 if [ "${1:-}" = "--tests" ]; then

@@ -78,7 +78,8 @@ async def drive(url: str, model: str, clients: int, max_tokens: int, api_key: st
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p90_s": percentile(ttft, 0.9),
             "ttft_p99_s": percentile(ttft, 0.99),
             "client_tokens_per_s_median": statistics.median(r["completion_tokens"] / r["seconds"] for r in ok)
-            if ok else None, "serving_path": ok[0]["serving_path"] if ok else None}
+            if ok else None, "pieces_per_answer_median": statistics.median(r["pieces"] for r in ok) if ok else None,
+            "serving_path": ok[0]["serving_path"] if ok else None}
 
 
 def start_local(model: str, port: int, gpus: float | None, engine: str = "auto",
@@ -110,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", choices=("auto", "transformers", "slots"), default="auto", help="serve's --engine")
     ap.add_argument("--max-prompt-tokens", type=int, default=None, help="serve's --max-prompt-tokens")
     ap.add_argument("--max-tokens-limit", type=int, default=2048, help="serve's --max-tokens-limit")
+    ap.add_argument("--stream-interval", type=int, default=1, help="serve's --stream-interval")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not (args.model or args.url):
         ap.error("--model or --url is required")
     limits = {"max_prompt_tokens": args.max_prompt_tokens, "max_tokens_limit": args.max_tokens_limit,
-              "default_max_tokens": min(512, args.max_tokens_limit), "max_concurrent": max(32, args.clients)}
+              "default_max_tokens": min(512, args.max_tokens_limit), "max_concurrent": max(32, args.clients),
+              "stream_interval": args.stream_interval}
     url, name = (args.url, args.name) if args.url else start_local(args.model, args.port, args.gpus_per_replica,
                                                                    args.engine, limits)
     if name is None:

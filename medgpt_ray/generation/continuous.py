@@ -118,6 +118,9 @@ class RequestEngine:
 
     gen: Generator
     request_room: int | None = None  # the most prompt + new tokens one request may hold (None: no fixed limit)
+    # New tokens a streamed piece waits for after the first (serve's --stream-interval): each piece costs the
+    # replica and Serve's proxy the same whatever it holds, so under load pieces of one token cap the tokens/s.
+    stream_interval: int = 1
 
     def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        on_output: Any) -> None:
@@ -139,7 +142,7 @@ class RequestEngine:
         """The answer's text as it grows, piece by piece. Leaving early (a client gone, a deadline passed, an error)
         cancels the request, which frees its room for the others."""
         outputs: asyncio.Queue = asyncio.Queue()
-        start, done, emitted = time.monotonic(), False, ""
+        start, done, emitted, sent = time.monotonic(), False, "", 0
         self._start_request(answer.request_id, prompt_ids, params, outputs.put_nowait)
         try:
             while not done:
@@ -155,13 +158,15 @@ class RequestEngine:
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
                 done = out.is_finished()
+                if not done and emitted and len(out.generated_tokens) - sent < self.stream_interval:
+                    continue  # the first piece at once, then one per stream_interval tokens
                 text = self._text(out.generated_tokens, answer)
                 # A piece that ends inside a multi-byte character waits for the next token (unless it is the last).
                 if text.startswith(emitted) and len(text) > len(emitted) and (done or not text.endswith("\ufffd")):
                     if answer.ttft_s is None:
                         answer.ttft_s = time.monotonic() - start
                     yield text[len(emitted):]
-                    emitted = text
+                    emitted, sent = text, len(out.generated_tokens)
         finally:
             if not done:
                 self.cancel(answer.request_id)

@@ -32,9 +32,11 @@ class ServeLimits:
     max_n: int = 4  # choices per request
     request_timeout_s: float = 120.0  # past it a request is cancelled: its generation stops, its slot is freed
     max_concurrent: int = 32  # requests a replica takes at once (Serve's max_ongoing_requests; the page pool's size)
+    stream_interval: int = 1  # new tokens a streamed piece holds after the first (RequestEngine.stream_interval)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n", "max_concurrent"):
+        for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n", "max_concurrent",
+                     "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:

@@ -93,9 +93,11 @@ def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
     if slots:  # a slot's length is read every step: sized to the prompts served, not to the context
         per_request = (limits.max_prompt_tokens or PROMPT_TOKENS) + limits.max_tokens_limit
         eng = SlotEngine(gen, PoolLimits(limits.max_concurrent, min(per_request, context or per_request)))
+        eng.stream_interval = limits.stream_interval
         return eng, (f"continuous batching on static-cache slots: up to {limits.max_concurrent} requests at once, "
                      f"{eng.request_room} tokens each")
     eng = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
+    eng.stream_interval = limits.stream_interval
     return eng, f"continuous batching: up to {limits.max_concurrent} requests at once"
 
 

@@ -141,6 +141,39 @@ def test_a_reader_that_falls_behind_gets_what_it_missed_in_one_piece(engine):
     assert "".join(pieces) == whole and answer.new_tokens > 3 and len(pieces) <= 3
 
 
+def test_a_stream_interval_sends_the_first_token_at_once_then_fewer_pieces(engine):
+    """serve's --stream-interval: after the first piece a piece waits for that many new tokens; the text is the
+    same, the pieces (each costs the replica and Serve's proxy alike) fewer."""
+    prompt = engine.prompt_ids(turns(QUESTIONS[3]), None)
+    params = GenerationParams(max_new_tokens=24)
+
+    async def read(interval: int):
+        engine.stream_interval = interval
+        answer = engine.new_answer(prompt)
+        try:
+            return [p async for p in engine.stream(prompt, params, answer)], answer
+        finally:
+            engine.stream_interval = 1
+
+    (every, one), (grouped, four) = asyncio.run(read(1)), asyncio.run(read(4))
+    assert "".join(every) == "".join(grouped) and one.new_tokens == four.new_tokens > 8
+    assert four.ttft_s is not None and len(grouped) <= 1 + -(-(four.new_tokens - 1) // 4) < len(every)
+
+
+def test_serves_limits_reach_the_slot_engine(spread_model):  # noqa: F811
+    from medgpt_ray.infer.limits import ServeLimits
+    from medgpt_ray.infer.serve import serving_path
+
+    limits = ServeLimits(max_prompt_tokens=48, max_tokens_limit=16, default_max_tokens=16, max_concurrent=2,
+                         stream_interval=3)
+    eng, fingerprint = serving_path(Generator(str(spread_model), "chatml", {}), limits, 512, "slots")
+    try:
+        assert eng.stream_interval == 3 and eng.limits.requests == 2 and eng.request_room == 2 * (48 + 16) - 1
+        assert "static-cache slots: up to 2 requests" in fingerprint
+    finally:
+        eng.stop()
+
+
 def test_a_request_no_row_can_hold_is_refused(engine):
     prompt = engine.prompt_ids(turns(QUESTIONS[2]), None)
     too_many = engine.request_room - len(prompt) + 1
