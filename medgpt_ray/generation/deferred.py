@@ -87,3 +87,25 @@ class DeferredStream(_Copies):
         """Every token fed (this waits for the GPU), then the streamer's end."""
         self.feed(wait=True)
         self.streamer.end()
+
+
+class DeferredTokens(_Copies):
+    """The slot engine's tokens of each step, each with whom its rows belonged to when it ran, handed to the host a
+    step late: the GPU runs the next step while the last one's tokens are read and handed out."""
+
+    def __init__(self, device: Any):
+        super().__init__(device)
+        self.pending: deque[tuple[Any, Any, dict]] = deque()
+
+    def push(self, tokens: Any, owners: dict) -> None:
+        self.pending.append((*self.copy(tokens), owners))
+
+    def settle(self, keep: int) -> list[tuple[list[int], dict]]:
+        """The steps pushed before the last `keep`, oldest first: (their tokens, their owners), waited for."""
+        out = []
+        while len(self.pending) > keep:
+            host, event, owners = self.pending.popleft()
+            if event is not None:
+                event.synchronize()
+            out.append((host.tolist(), owners))
+        return out

@@ -25,6 +25,7 @@ from typing import Any
 from medgpt_ray.generation import decode_loop
 from medgpt_ray.generation.continuous import PoolLimits, RequestEngine
 from medgpt_ray.generation.decode_path import cache_kwarg, free_device_bytes
+from medgpt_ray.generation.deferred import DeferredTokens
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
 from medgpt_ray.generation.params import GenerationParams
@@ -100,6 +101,7 @@ class SlotEngine(RequestEngine):
         self.temperature = torch.zeros(rows, device=device)
         self.top_p = torch.ones(rows, device=device)
         self.rows: dict[int, _Request] = {}
+        self.readback = DeferredTokens(device)
         self.pending: deque[_Request] = deque()
         self.admitting: list[_Request] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -256,8 +258,9 @@ class SlotEngine(RequestEngine):
         self.tokens.copy_(following)
         self.positions += self.slots.active
         self.steps += 1
-        host = following.tolist()  # streaming needs the tokens: one wait for the GPU a step
-        self._hand_out({row: host[row] for row in self.rows})
+        self.readback.push(following, dict(self.rows))
+        for host, owners in self.readback.settle(keep=1):  # the last step's, while the GPU runs this one
+            self._hand_out({row: host[row] for row, req in owners.items() if self.rows.get(row) is req})
 
     def _hand_out(self, tokens: dict[int, int]) -> None:
         """Each row's new token to its request; a request that stopped (its stop token, its max_new_tokens) or whose
@@ -278,5 +281,6 @@ class SlotEngine(RequestEngine):
         for row in list(self.rows):
             self._free(row)
         self.pending.clear()
+        self.readback.pending.clear()
         self.admitting = []
         self.slots.clear()
