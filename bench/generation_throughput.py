@@ -17,6 +17,9 @@ Paths (--paths, all by default):
   merged-static-sdpa  the same with transformers' SDPA attention as it is (repeat_kv every step): the comparison
   merged-static-generate  merged-static decoded by transformers' generate loop (its stop check and multinomial
                   wait for the GPU every token): the comparison for the loop, and how the H200's first points ran
+  merged-static-cudagraphs  merged-static with the decode step captured by dynamo's `cudagraphs` backend (ATen's
+                  kernels in CUDA graphs, no inductor code generation): whether a shorter compile (every row's
+                  `warmup_s`: the untimed call, compile and capture included) costs decode speed
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
   continuous-graphs  the same with the engine's CUDA graphs forced on (use_cuda_graph=True; with SDPA attention it
@@ -42,8 +45,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.decode_profile import profiled  # noqa: E402
 
-PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "merged-static-generate", "continuous",
-         "continuous-graphs")
+PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "merged-static-generate",
+         "merged-static-cudagraphs", "continuous", "continuous-graphs")
 
 
 def hbm_bandwidth(device: str) -> float | None:
@@ -119,10 +122,12 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
     compilation, CUDA graphs)."""
     import torch
 
+    t0 = time.perf_counter()
     (warm or fn)()
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    LAST_CALL["warmup_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     fn()
     if device == "cuda":
@@ -130,7 +135,7 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
     # Reserved too: a CUDA-graph pool's free blocks stay the graphs' (no other allocation may use them) but are not
     # allocated memory, so only the reserved peak shows what the static path really holds.
-    RESERVED["gib"] = torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else 0.0
+    LAST_CALL["reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30 if device == "cuda" else 0.0
     seconds = time.perf_counter() - t0
     if PROFILE.get("steps"):  # the same call once more, under the profiler (after the timing: it slows the host)
         PROFILE["last"] = profiled(fn, device, PROFILE["steps"])
@@ -138,7 +143,8 @@ def timed(fn: Any, device: str, warm: Any = None) -> tuple[float, float]:
 
 
 PROFILE: dict[str, Any] = {}  # --profile: "steps" a call decodes; "last": the last timed call's profile
-RESERVED: dict[str, float] = {}  # the last timed call's peak of the allocator's reserved memory (GiB)
+# the last timed call's peak of the allocator's reserved memory ("reserved_gib") and its warm-up call's seconds
+LAST_CALL: dict[str, float] = {}
 
 
 def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> tuple[float, float]:
@@ -165,7 +171,8 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
             return timed(hf({}), device)
         if path.startswith("merged-static"):
             return static_call(model, ids, kw, new_tokens, device, packed_gqa=path != "merged-static-sdpa",
-                               own_loop=path != "merged-static-generate")
+                               own_loop=path != "merged-static-generate",
+                               cudagraphs_backend=path == "merged-static-cudagraphs")
         try:
             return timed(continuous_call(model, ids, new_tokens, graphs=path == "continuous-graphs"), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
@@ -173,15 +180,17 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
 
 
 def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str, packed_gqa: bool = True,
-                own_loop: bool = True) -> tuple[float, float]:
+                own_loop: bool = True, cudagraphs_backend: bool = False) -> tuple[float, float]:
     """The product's static path (StaticDecoder, one cache for both calls): warmed up on prompts 16 tokens shorter
     (left-padded), so the timed call shows whether another prompt length replays the compiled step."""
     import torch
     from torch._dynamo.utils import counters
+    from transformers import CompileConfig
 
     from medgpt_ray.generation.decode_path import StaticDecoder
 
-    decoder = StaticDecoder(ids.shape[1] + new_tokens, packed_gqa=packed_gqa, own_loop=own_loop)
+    config = CompileConfig(backend="cudagraphs", dynamic=False) if cudagraphs_backend else None
+    decoder = StaticDecoder(ids.shape[1] + new_tokens, config, packed_gqa=packed_gqa, own_loop=own_loop)
     rest = {k: v for k, v in kw.items() if k != "attention_mask"}
     short = ids.clone()
     short_mask = torch.ones_like(ids)
@@ -264,7 +273,8 @@ def measure(a: argparse.Namespace, on_row: Any) -> dict[str, Any]:
                                                                 path, device), 3)
             rows.append({**row, "new_tokens_per_s": round(batch * a.new_tokens / seconds, 1),
                          "ms_per_decode_step": round(step_ms, 2), "peak_gib": round(peak, 3),
-                         "peak_reserved_gib": round(RESERVED.get("gib", 0.0), 3),
+                         "peak_reserved_gib": round(LAST_CALL.get("reserved_gib", 0.0), 3),
+                         "warmup_s": round(LAST_CALL.get("warmup_s", 0.0), 2),
                          "decode_floor_ms": round(floor_ms, 3) if floor_ms else None,
                          "ratio_to_floor": round(step_ms / floor_ms, 1) if floor_ms else None,
                          **({"profile": PROFILE.pop("last")} if "last" in PROFILE else {})})
