@@ -190,7 +190,6 @@ def _run(opts: GenerateOptions, settings: dict[str, Any], pending: list[dict], s
             last = now
 
 
-
 def _count_warmup(table: pa.Table, summary: dict[str, Any]) -> None:
     """Add the seconds and new tokens of the batches in `table` whose call built a static cache to the summary's
     warm-up (every row of such a batch is flagged; its seconds are on its first row)."""
