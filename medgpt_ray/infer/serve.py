@@ -90,15 +90,17 @@ def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
         return None, f"one generate call per request, dynamic decode: {reason}"
     per_request = (limits.max_prompt_tokens or context or 2048) + limits.max_tokens_limit
     per_request = min(per_request, context) if context else per_request
+    eng: RequestEngine
     if slots:  # a slot's length is read every step: sized to the prompts served, not to the context
         per_request = (limits.max_prompt_tokens or PROMPT_TOKENS) + limits.max_tokens_limit
         eng = SlotEngine(gen, PoolLimits(limits.max_concurrent, min(per_request, context or per_request)))
-        eng.stream_interval = limits.stream_interval
-        return eng, (f"continuous batching on static-cache slots: up to {limits.max_concurrent} requests at once, "
-                     f"{eng.request_room} tokens each")
-    eng = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
+        path = f"continuous batching on static-cache slots: up to {limits.max_concurrent} requests at once, " \
+               f"{eng.request_room} tokens each"
+    else:
+        eng = ContinuousEngine(gen, PoolLimits(limits.max_concurrent, per_request))
+        path = f"continuous batching: up to {limits.max_concurrent} requests at once"
     eng.stream_interval = limits.stream_interval
-    return eng, f"continuous batching: up to {limits.max_concurrent} requests at once"
+    return eng, path
 
 
 class _Answers:
