@@ -7,7 +7,7 @@
 #                                 #   on an H100 on 2026-12-05 (bench/results/*_h100*.json)
 #   bash bench/gpu_calls.sh 2     # serve, 32 clients, on a model whose tokens decode: slots with pieces of 1 and 4
 #                                 #   tokens, transformers' engine with 4 (the comparison that picks `auto`)
-#   bash bench/gpu_calls.sh 3     # the 7B grpo at 64 completions (>= 1,200 generated tokens/s)
+#   bash bench/gpu_calls.sh 3     # the 7B grpo at 64 completions (>= 1,200 generated tokens/s), then the 1.5B profile
 #   bash bench/gpu_calls.sh 4     # the 1.5B static step's profile and compile backends; Qwen3.5 LoRA (issue 34)
 #   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
 #
@@ -71,15 +71,20 @@ call2() {
   serve transformers "$D" 4
 }
 
-call3() {
-  step grpo_7b 300 python3 bench/rl_stage_run.py --model qwen2.5-7b --stages grpo --train-steps 0 --steps 3 \
+call3() {  # the 7B's first step builds and compiles (~2 min); the profile after it if time is left
+  step grpo_7b 420 python3 bench/rl_stage_run.py --model qwen2.5-7b --stages grpo --train-steps 0 --steps 3 \
     --num-generations 16 --prompts-per-step 4 --set stages.grpo.generation_path=static --out "$W/7b"
+  profile_1_5b
 }
 
-call4() {
+profile_1_5b() {
   model_1_5b
   step profile 110 python3 bench/generation_throughput.py --model-dir "$G" --batches 16 --paths merged-static \
     --profile --out "$W/profile_1.5b.json"
+}
+
+call4() {
+  profile_1_5b
   step backends 150 python3 bench/generation_throughput.py --model-dir "$G" --batches 16,64 \
     --paths merged-static,merged-static-cudagraphs --out "$W/generation_1.5b_backends.json"
   step q35_lora 150 python3 bench/cuda_trace.py --family qwen3.5-0.8b --method lora --ckpt 1.0 --steps 2048 \
