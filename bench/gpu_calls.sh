@@ -10,6 +10,7 @@
 #   bash bench/gpu_calls.sh 3     # the 7B grpo at 64 completions (>= 1,200 generated tokens/s), then the 1.5B profile
 #   bash bench/gpu_calls.sh 4     # the 1.5B static step's profile and compile backends; Qwen3.5 LoRA (issue 34)
 #   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
+#   bash bench/gpu_calls.sh 6     # issue 34: lora.experts on the 8-layer MoE; the planner's own (padded) Qwen3.5 plan
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -98,4 +99,11 @@ call5() {
     --paths merged-static-sdpa,continuous,continuous-graphs --out "$W/generation_1.5b_engines.json"
 }
 
-"call${1:?which call: 1 to 5}"
+call6() {
+  step moe_experts 240 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 6 \
+    --sft-records 1000 --set stages.sft.lora.experts=true --set stages.sft.lora.dropout=0 --out "$W/moe-experts"
+  step q35_lora_plan 220 python3 bench/real_length_throughput.py --model qwen3.5-0.8b --stages sft --steps 3 \
+    --warmup 1 --sft-records 300 --out "$W/q35-lora-plan"
+}
+
+"call${1:?which call: 1 to 6}"
