@@ -5,16 +5,17 @@ random-init family shapes (bench/family_models.py). This script reads their JSON
 chosen configuration with this checkout's estimator (the plan the run made, at the sequence length and packing it
 was planned at), so a later change to the memory model is judged against the same measurements:
 
-    python bench/family_calibration.py --out bench/results/family_calibration_h200.json \\
+    python bench/family_calibration.py --out bench/results/family_calibration.json \\
         bench/results/real_length_throughput_qwen3-8b_h200.json ...
 
 Judged as in FIELD-NOTES: within max(10 %, 0.5 GiB) of the measured peak, and never below it.
 
 `predicted_now_gib` is the planner's answer: the worst moment of any step, the longest rows with AdamW's states.
-A run that trained the worker's unpacked fallback (a hybrid, whose packed plan the worker refused) ran its steps
-length-grouped, the longest step first (trainer_kit/shard_sampler.py): its longest rows ran before the first
-optimizer step created AdamW's states, and the later steps' rows were at most `--later-rows-max` tokens. Such a run
-is judged on `predicted_as_ran_gib`, the same estimator at those two moments (bench/README.md, "fake_trace.py").
+A run that trained the worker's unpacked fallback (a hybrid, whose packed plan the worker refused; micro-batch 1 at
+the packed plan's checkpointing, which the stage kept until a fix of 2026-12-05) ran its steps length-grouped, the
+longest step first (trainer_kit/shard_sampler.py): its longest rows ran before the first optimizer step created
+AdamW's states, and the later steps' rows were at most `--later-rows-max` tokens. Such a run is judged on
+`predicted_as_ran_gib`, the same estimator at those two moments (bench/README.md, "fake_trace.py").
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def as_ran(shape: Any, setup: Any, est: Any, later_rows_max: int) -> dict[str, A
 
 
 def repredict(run: dict[str, Any], work: Path, device: str, later_rows_max: int) -> dict[str, Any]:
+    from dataclasses import replace
+
     from medgpt_ray.config import load_config
     from medgpt_ray.memory.estimator import estimate
     from medgpt_ray.memory.shapes import load_shape
@@ -64,9 +67,12 @@ def repredict(run: dict[str, Any], work: Path, device: str, later_rows_max: int)
     out: dict[str, Any] = {}
     if shape.linear_layers and plan.packing is not None:
         # Planned in packed rows before the planner knew a hybrid never packs: the worker refused packing and
-        # trained the fallback (one conversation a micro-batch, every layer recomputed), which is what ran.
-        plan = unpacked(plan, stage_cfg)
-        out["ran"] = "the worker's unpacked fallback of a packed plan: micro-batch 1, full checkpointing"
+        # trained the fallback's one conversation a micro-batch, but with the packed plan's checkpointing (the sft
+        # stage handed its callbacks the packed plan until 2026-12-05, not the fallback's): that is what ran.
+        ckpt = plan.ckpt_fraction
+        plan = replace(unpacked(plan, stage_cfg), ckpt_fraction=ckpt)
+        out["ran"] = (f"the worker's unpacked fallback of a packed plan: micro-batch 1, the packed plan's "
+                      f"checkpointing ({ckpt:.0%} of the layers)")
     setup = plan.train_setup(stage_cfg)
     est = estimate(shape, setup)
     speed = tokens_per_second(shape, setup, spec_for(device))

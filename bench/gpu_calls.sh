@@ -106,4 +106,10 @@ call6() {
     --warmup 1 --sft-records 300 --out "$W/q35-lora-plan"
 }
 
-"call${1:?which call: 1 to 6}"
+call7() {  # call 6's MoE run without Liger: its SwiGLU kernel reads the experts' hidden_dim, which PEFT's wrapper hides
+  step moe_experts_nofused 280 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 6 \
+    --sft-records 1000 --set stages.sft.lora.experts=true --set stages.sft.lora.dropout=0 \
+    --set stages.sft.fused_kernels=false --out "$W/moe-experts-nofused"
+}
+
+"call${1:?which call: 1 to 7}"

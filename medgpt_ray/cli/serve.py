@@ -24,8 +24,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
     p.add_argument("--engine", choices=("auto", "transformers", "slots"), default="auto",
-                   help="how concurrent requests share the GPU: transformers' continuous batching (auto), or slots "
-                        "of a static cache decoded by one compiled step (CUDA graphs)")
+                   help="how concurrent requests share the GPU: slots of a static cache decoded by one compiled step "
+                        "(CUDA graphs), or transformers' continuous batching; auto: slots unless the model has "
+                        "linear-attention or sliding-window layers")
     add_limit_args(p)
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--log-file", default=None,
@@ -36,6 +37,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def add_limit_args(p: argparse.ArgumentParser) -> None:
     """What one request may ask (infer/limits.py ServeLimits has the defaults); past them: 400, 413 or 504."""
+    from medgpt_ray.infer.limits import ServeLimits
+
     p.add_argument("--max-new-tokens", type=positive_int, default=512,
                    help="a request's max_tokens when it names none (default 512)")
     p.add_argument("--max-tokens-limit", type=positive_int, default=2048,
@@ -47,9 +50,10 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-n", type=positive_int, default=4, help="the most choices (n) per request (default 4)")
     p.add_argument("--max-concurrent", type=positive_int, default=32,
                    help="requests a replica answers at once, batched continuously; more wait (default 32)")
-    p.add_argument("--stream-interval", type=positive_int, default=1,
-                   help="new tokens a streamed piece waits for after the first (default 1: every token; under many "
-                        "concurrent streams a few tokens a piece lift the tokens/s, as vLLM's option does)")
+    p.add_argument("--stream-interval", type=positive_int, default=ServeLimits.stream_interval,
+                   help=f"new tokens a streamed piece waits for after the first, which goes at once (default "
+                        f"{ServeLimits.stream_interval}; 1: a piece a token, as vLLM's option of this name; each "
+                        "piece costs the replica and Serve's proxy about the same, whatever its length)")
     p.add_argument("--request-timeout", type=positive_float, default=120.0,
                    help="seconds a request may take; past them its generation stops (504) (default 120)")
 

@@ -32,7 +32,10 @@ class ServeLimits:
     max_n: int = 4  # choices per request
     request_timeout_s: float = 120.0  # past it a request is cancelled: its generation stops, its slot is freed
     max_concurrent: int = 32  # requests a replica takes at once (Serve's max_ongoing_requests; the page pool's size)
-    stream_interval: int = 1  # new tokens a streamed piece holds after the first (RequestEngine.stream_interval)
+    # New tokens a streamed piece holds after the first (RequestEngine.stream_interval). 4: 32 streaming clients on a
+    # 1.5B (H100) got 4,198 tokens/s at 4 against 2,927 at 1 (bench/results/serve_load_1.5b_h100_slots_{1,4}.json);
+    # about 30 ms between a client's pieces at that rate.
+    stream_interval: int = 4
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens_limit", "default_max_tokens", "max_n", "max_concurrent",

@@ -67,9 +67,22 @@ def _model_context(gen: Generator) -> int | None:
     return int(context) if isinstance(context, int) and context > 0 else None
 
 
-# --engine: auto (transformers' continuous batching), transformers, or slots (ours on the static cache and its
-# compiled decode step, generation/slot_engine.py; faster per step by design, to be chosen by the H200's measurement)
+# --engine: slots (ours on the static cache and its compiled decode step, generation/slot_engine.py), transformers
+# (its continuous batching, eager steps on a page pool), or auto: slots where the model's layers fit them (not
+# linear-attention or sliding-window layers), else transformers'. Measured with 32 streaming clients x 256 tokens on a
+# 1.5B (bench/results/serve_load_1.5b_h100_{slots,transformers}_4.json): 4,198 tokens/s on slots, 636 on transformers'.
 ENGINES = ("auto", "transformers", "slots")
+
+
+def engine_for(engine: str, config: Any) -> str:
+    """The engine `--engine` names for a model of this config: auto resolved to slots or transformers."""
+    from medgpt_ray.generation.slot_cache import slot_unsupported_reason
+
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    if engine == "auto":
+        return "slots" if slot_unsupported_reason(config) is None else "transformers"
+    return engine
 
 
 def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
@@ -81,9 +94,7 @@ def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
     from medgpt_ray.generation.slot_cache import slot_unsupported_reason
     from medgpt_ray.generation.slot_engine import PROMPT_TOKENS, SlotEngine
 
-    if engine not in ENGINES:
-        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
-    slots = engine == "slots"
+    slots = engine_for(engine, gen.model.config) == "slots"
     reason = slot_unsupported_reason(gen.model.config) if slots else unsupported_reason(gen.model.config)
     if reason is not None:
         # each on the dynamic path (stream.py, no DecodeSession): concurrent requests cannot share a batch-1 cache

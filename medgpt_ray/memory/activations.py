@@ -19,6 +19,12 @@ PACKED_MASK_BYTES_PER_ELEMENT = 4.5
 # bitsandbytes' 4-bit layers keep ~15% less per token than bf16 LoRA layers (7B SFT/DPO, 1.5B SFT).
 QLORA_ACTIVATION_SCALE = 0.85
 LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
+# A hybrid's (Qwen3.5's) layers keep ~11-23 KiB a token and layer more than the terms below derive: the fake-tensor
+# trace of the whole 0.75B step (bench/fake_trace.py) against them, LoRA at 1,024 tokens with no layer checkpointed
+# and at 2,048 with 37.5 % of them, full at 2,048 with half; the GPU matches that trace (the H100's allocator within
+# 1.5 %, the H200's two SFT runs within 0.1 %: bench/README.md, "fake_trace.py"). Not yet attributed to tensors; per
+# hidden element, a little over the largest gap.
+HYBRID_UNATTRIBUTED_BYTES_PER_HIDDEN = 24
 
 
 # Gated DeltaNet (Qwen3.5's linear attention) through transformers' PyTorch fallbacks (torch_chunk_gated_delta_rule and
@@ -29,13 +35,9 @@ LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
 # value_head_dim] state per value head and chunk, saved for backward (so the states scale with tokens / chunk).
 DELTA_RULE_CHUNK = 64
 DELTA_RULE_CHUNK_MATRICES = 5  # the pairwise decay, the two [chunk x chunk] products and their decayed copies
-# Measured on the H200, not derived: the H200's peak of a 0.75B Qwen3.5 LoRA SFT (transformers 5.17's PyTorch path,
-# micro-batch 1 of 2,048 tokens, every layer checkpointed) was 7.99 GiB where the fake-tensor trace of the same
-# steps on CPU gives 2.17 (bench/README.md, "fake_trace.py"): ~2.9 MiB a token that no CPU-visible tensor holds (the
-# full run shows the same excess). Until a GPU allocator trace names it (bench/cuda_trace.py), it is counted as
-# three fp32 [key_head_dim x value_head_dim] states per value head and token in every linear-attention layer whose
-# activations are live, so a hybrid is never a fit on the strength of what the CPU trace sees.
-DELTA_RULE_FALLBACK_STATES = 3
+# Nothing more is counted for the fallback: the H200's 7.99 GiB that once looked like a GPU-only excess was the packed
+# plan's checkpointing (37.5 % of the layers) trained where the plan said all (fixed in kinds/sft/stage.py); the
+# fake-tensor trace at what ran gives 8.00, and the H100's allocator gives the trace's peak (bench/README.md).
 
 
 def layer_kinds(shape: ModelShape) -> list[tuple[bool, bool]]:
@@ -48,10 +50,11 @@ def _mixer_bytes(shape: ModelShape, e: int, linear: bool) -> float:
     """What the attention (or linear-attention) block saves per token, inside the layer."""
     if linear:
         return _linear_attention_bytes(shape, e)
-    # SDPA keeps q, k, v, out (+ fp32 logsumexp). HF repeats k/v to every head before SDPA whenever the batch
-    # carries an attention mask, which every stage's collator passes: GQA's small k/v save nothing here.
+    # SDPA keeps q, k, v, out (+ fp32 logsumexp), each heads x head_dim wide (q_dim: the hidden size in Qwen2.5,
+    # twice it in Qwen3-30B-A3B and Qwen3.5). HF repeats k/v to every head before SDPA whenever the batch carries an
+    # attention mask, which every stage's collator passes: GQA's small k/v save nothing here.
     # Qwen3.5's gated attention also keeps the output and the sigmoid of its gate.
-    return e * 4 * shape.hidden + 4 * shape.heads + (2 * e * shape.q_dim if shape.q_gate else 0)
+    return e * 4 * shape.q_dim + 4 * shape.heads + (2 * e * shape.q_dim if shape.q_gate else 0)
 
 
 def _linear_attention_bytes(shape: ModelShape, e: int) -> float:
@@ -129,6 +132,8 @@ def layer_activation_bytes(shape: ModelShape, s: TrainSetup, linear: bool = Fals
         # Unattributed, measured: bf16 LoRA layers keep ~8h bytes/token more than the terms above account
         # for (0.5B, 1.5B: 7-14h; 7B: ~3h). Kept on the safe side for the large models.
         total += LORA_UNATTRIBUTED_BYTES_PER_HIDDEN * h
+    if shape.linear_layers:
+        total += HYBRID_UNATTRIBUTED_BYTES_PER_HIDDEN * h
     return total
 
 
@@ -139,7 +144,13 @@ def loss_bytes(shape: ModelShape, s: TrainSetup, trainable_head: bool) -> float:
     if profile.score_head:
         return 0.0  # the score head gives one number per sequence
     if profile.chunked_head or s.fused_ce:
-        head_grad = 4 * shape.vocab * shape.hidden if (trainable_head and profile.fused_ce_head_grad) else 0
+        head = shape.vocab * shape.hidden
+        head_grad = 4 * head if (trainable_head and profile.fused_ce_head_grad) else 0
+        if trainable_head and profile.chunked_head and s.precision == "bf16":
+            # TRL's chunked head over bf16 weights sums the head's gradient in an fp32 buffer and hands back a bf16
+            # copy: both live at the loss (fake-traced on the 0.75B Qwen3.5, whose H200 full run it matched within
+            # 0.1 %: bench/results/fake_trace_qwen3.5-0.8b_full_*). Under amp-bf16 the fp32 gradient is the buffer.
+            head_grad = max(head_grad, (4 + 2) * head)
         return FUSED_HEAD_BYTES_PER_HIDDEN * tokens * shape.hidden + head_grad
     return profile.loss_bytes_per_logit(s.nll_term) * tokens * shape.vocab
 
@@ -171,11 +182,6 @@ def activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
         attention = sum(n for (linear, _), n in live.items() if not linear)  # linear attention takes no mask
         b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(attention, 1)
     b["recompute"] = tokens * recompute * scale
-    if shape.linear_layers:
-        # Under full checkpointing the live one is the layer being rebuilt.
-        layers = sum(n for (linear, _), n in live.items() if linear) + (k == shape.layers)
-        state = 4 * shape.linear_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim
-        b["linear_attention_fallback"] = tokens * DELTA_RULE_FALLBACK_STATES * state * layers
     # The gradients in flight inside the layer being back-propagated (SwiGLU's three, the attention output's), at
     # the widest MLP a token runs through (a routed layer's: its active experts' and shared expert's).
     e = 4 if s.precision == "fp32" else 2

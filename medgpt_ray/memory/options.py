@@ -153,13 +153,18 @@ def _fused_ce_options(stage: str, cfg: StageConfig, profile: MemoryProfile, shap
 
 def _kernel_options(where: str, cfg: StageConfig, profile: MemoryProfile, shape: ModelShape, use_gpu: bool,
                     note: Note) -> list[Any]:
-    # A hybrid is never compiled on `auto` (compiles()): only Liger would fuse its layers, and Liger has no RoPE
-    # for it.
-    compilable = cfg.compile is True or (cfg.compile == "auto" and not shape.linear_layers)
-    fusable = use_gpu and (liger_for(shape, "layers") or compilable)
+    # A hybrid, or a MoE with `lora.experts`, is never compiled on `auto` (compiles()): only Liger would fuse its
+    # layers. Liger has no RoPE for a hybrid, and its SwiGLU reads the experts' `hidden_dim`, which PEFT's wrapper
+    # of the adapted experts hides (the H100 run of lora.experts failed on it: bench/README.md).
+    compilable = cfg.compile is True or (cfg.compile == "auto" and not shape.linear_layers and not cfg.lora.experts)
+    wrapped_experts = cfg.lora.experts and shape.experts > 0
+    fusable = use_gpu and ((liger_for(shape, "layers") and not wrapped_experts) or compilable)
     if cfg.fused_kernels is True:
         if not profile.fused_kernels:
             raise ConfigError(f"{where}.fused_kernels: {profile.kernels_refusal}")
+        if wrapped_experts and not compilable:
+            raise ConfigError(f"{where}.fused_kernels: not with lora.experts unless compile is true: Liger's "
+                              "SwiGLU cannot run on the experts PEFT wraps to adapt them")
         if not fusable:
             raise ConfigError(f"{where}.fused_kernels: fused layer kernels need a GPU and either compile "
                               f"(not false) or liger-kernel (pip install 'medgpt-ray[gpu]') with kernels for "

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.ray
 KEY = "test-key-123"
 # A 2.5 s deadline. The tiny model never stops on its own: 4 choices of 2000 tokens each take ~10 s on a 2-core CPU
 # (and well over 2.5 s on a much faster one), so such a request runs into the deadline unless something else stops it.
-LIMITS = ServeLimits(default_max_tokens=8, max_tokens_limit=2047, request_timeout_s=2.5)
+# A piece a token: the streaming tests count pieces (the default, 4, is what serve_load measured on the GPU).
+LIMITS = ServeLimits(default_max_tokens=8, max_tokens_limit=2047, request_timeout_s=2.5, stream_interval=1)
 LONG = {"max_tokens": 2000, "n": 4}
 
 
@@ -35,7 +36,8 @@ def endpoint(ray_cluster, tiny_model):
     from ray import serve
 
     url = serve_model(ModelSource(tiny_model, "chatml", "sft"),
-                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, limits=LIMITS))
+                      ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, limits=LIMITS,
+                                   engine="transformers"))  # test_serve_slots.py runs these on slots
     yield url
     serve.shutdown()
 

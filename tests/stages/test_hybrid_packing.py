@@ -203,3 +203,23 @@ def test_the_driver_plans_a_hybrid_padded_from_packed_lengths_and_the_worker_tra
     args = built.trainer.args
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == \
         (inp.plan.micro_batch, inp.plan.grad_accum)
+
+
+def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback_says(data, hybrid, tmp_path):
+    """A packed plan reaching a worker whose model cannot pack (a plan made for another model, `packing: auto`) trains
+    one conversation a micro-batch with every layer recomputing (memory/stage_plan.unpacked); the checkpointing
+    trained is that plan's, not the packed plan's fraction (which trained the H200's Qwen3.5 runs at 8 GiB where the
+    fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
+    from dataclasses import replace
+
+    from medgpt_ray.memory.stage_plan import packed_rows
+    from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing
+
+    inp = stage_inputs(data, hybrid, tmp_path, "auto")
+    inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5), inp.cfg, 2, 2.0))
+    built = build_stage(inp)
+    assert built.extras["packing"]["planned_packed"]
+    selective = [cb.fraction for cb in built.trainer.callback_handler.callbacks
+                 if isinstance(cb, SelectiveCheckpointing)]
+    assert selective == [] and built.trainer.args.gradient_checkpointing
+    assert built.trainer.args.per_device_train_batch_size == 1

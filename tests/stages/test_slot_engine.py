@@ -160,13 +160,13 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_fewer_pieces(engin
     assert four.ttft_s is not None and len(grouped) <= 1 + -(-(four.new_tokens - 1) // 4) < len(every)
 
 
-def test_serves_limits_reach_the_slot_engine(spread_model):  # noqa: F811
+def test_serves_limits_reach_the_slot_engine_which_auto_picks(spread_model):  # noqa: F811
     from medgpt_ray.infer.limits import ServeLimits
     from medgpt_ray.infer.serve import serving_path
 
     limits = ServeLimits(max_prompt_tokens=48, max_tokens_limit=16, default_max_tokens=16, max_concurrent=2,
                          stream_interval=3)
-    eng, fingerprint = serving_path(Generator(str(spread_model), "chatml", {}), limits, 512, "slots")
+    eng, fingerprint = serving_path(Generator(str(spread_model), "chatml", {}), limits, 512, "auto")
     try:
         assert eng.stream_interval == 3 and eng.limits.requests == 2 and eng.request_room == 2 * (48 + 16) - 1
         assert "static-cache slots: up to 2 requests" in fingerprint
@@ -191,6 +191,23 @@ def test_a_request_that_fails_is_told_and_the_engine_goes_on(engine):
     _, answer = asyncio.run(engine.complete(good, GenerationParams(max_new_tokens=4)))
     assert answer.new_tokens == 4 or answer.finished
     assert not engine.rows and not engine.admitting
+
+
+def test_auto_serves_on_transformers_engine_where_slots_cannot_hold_the_layers(spread_model):  # noqa: F811
+    from transformers import AutoConfig, Qwen3_5TextConfig
+
+    from medgpt_ray.infer.serve import engine_for
+
+    dense = AutoConfig.from_pretrained(spread_model)
+    sliding = AutoConfig.from_pretrained(spread_model, use_sliding_window=True, sliding_window=16,
+                                         layer_types=["sliding_attention", "full_attention"])
+    hybrid = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    assert "sliding_attention" in sliding.layer_types
+    assert [engine_for("auto", c) for c in (dense, sliding, hybrid)] == ["slots", "transformers", "transformers"]
+    assert engine_for("slots", hybrid) == "slots"  # named: serving_path then says why it cannot
+    with pytest.raises(ValueError, match="engine 'fast': one of auto, transformers, slots"):
+        engine_for("fast", dense)
 
 
 def test_a_hybrid_model_is_named_unsupported():

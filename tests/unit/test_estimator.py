@@ -57,7 +57,7 @@ def test_full_amp_static_memory_is_16_bytes_per_parameter():
 
 
 def test_pure_bf16_full_training_keeps_everything_in_bf16():
-    est = estimate(Q05, setup(method="full", precision="bf16", seq_len=8))
+    est = estimate(Q05, setup(method="full", precision="bf16", seq_len=8, grad_accum=2))  # all grads live
     assert est.breakdown["weights"] == 2 * Q05.params
     assert est.breakdown["optimizer_states"] == 4 * Q05.params  # torch AdamW states follow the param dtype
     assert est.breakdown["gradients"] == 2 * Q05.params

@@ -69,6 +69,25 @@ def test_the_planner_refuses_experts_where_they_cannot_run():
         plan_stage("sft", stage(method="full"), 1, False, shape=PRESETS["qwen3-30b-a3b"])
 
 
+def test_expert_adapters_are_not_fused_by_liger_nor_compiled_on_auto(monkeypatch):
+    """The H100 run of lora.experts (bench/results/real_length_throughput_qwen3-moe-8l_lora_experts_liger_failure_
+    h100.json): PEFT wraps the adapted experts, Liger's SwiGLU then fails on them. Eager layers are left as they are,
+    whether liger-kernel is installed or not; compiled ones still fuse when compile is asked for."""
+    from medgpt_ray.memory import options
+
+    moe, budget = PRESETS["qwen3-30b-a3b"], make_budget(140, 2, "rtx4090", True, "test")
+    for installed in (False, True):
+        monkeypatch.setattr(options, "liger_available", lambda installed=installed: installed)
+        on = plan_stage("sft", stage(), 4, True, shape=moe, budget=budget)
+        assert not on.fused_kernels and not on.compile
+        assert any("fused_kernels: searched [False]" in r for r in on.reasons)
+        off = plan_stage("sft", stage(lora={"rank": 8, "dropout": 0.0}), 4, True, shape=moe, budget=budget)
+        assert any("fused_kernels: searched [False, True]" in r for r in off.reasons)
+    with pytest.raises(ConfigError, match="fused_kernels: not with lora.experts unless compile is true"):
+        plan_stage("sft", stage(fused_kernels=True), 4, True, shape=moe, budget=budget)
+    assert plan_stage("sft", stage(fused_kernels=True, compile=True), 4, True, shape=moe, budget=budget).fused_kernels
+
+
 def test_the_planner_counts_the_expert_adapters_and_never_searches_zero3_with_them():
     moe = PRESETS["qwen3-30b-a3b"]
     budget = make_budget(140, 2, "rtx4090", True, "test")  # room for the whole model on each of 4 workers

@@ -6,9 +6,8 @@ The trace isolates one layer kind by difference (a model of 4 layers of that kin
 the LM head left out), and the linear-attention layer's own term as (linear layer - full-attention layer), so what
 both kinds share (the MLP, norms, LoRA on the MLP) cancels. Target: the planner's term at least the traced one and
 within 25 %: the term is derived from the fallback's code read in fp32, and the trace runs as the stage does, under
-bf16 autocast (the Trainer's bf16=True), where the rule's matmuls keep bf16 copies: 15-18 % less on this shape. The
-GPU-only residual (DELTA_RULE_FALLBACK_STATES, measured on the H200, not seen by a CPU trace) is a separate
-breakdown term and not part of this comparison."""
+bf16 autocast (the Trainer's bf16=True), where the rule's matmuls keep bf16 copies: 15-18 % less on this shape. On
+the GPU the allocator's peak of the whole 0.75B step is the trace's (bench/results/cuda_trace_qwen3.5-0.8b_*)."""
 
 from __future__ import annotations
 

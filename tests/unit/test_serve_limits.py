@@ -155,8 +155,8 @@ def test_the_cli_limits_and_where_the_log_goes(tmp_path, monkeypatch, capsys):
     assert _limits(serve_args()) == ServeLimits()  # the flags' defaults are the documented ones
     limits = _limits(serve_args("--max-body-bytes", "4096", "--max-tokens-limit", "64", "--max-new-tokens", "32",
                                 "--max-prompt-tokens", "100", "--max-n", "1", "--request-timeout", "9.5",
-                                "--stream-interval", "4"))
-    assert limits == ServeLimits(4096, 100, 64, 32, 1, 9.5, stream_interval=4)
+                                "--stream-interval", "1"))
+    assert limits == ServeLimits(4096, 100, 64, 32, 1, 9.5, stream_interval=1)
     with pytest.raises(SystemExit) as e:
         serve_args("--max-tokens-limit", "0")
     assert e.value.code == 2
