@@ -22,7 +22,7 @@ LORA_UNATTRIBUTED_BYTES_PER_HIDDEN = 8
 # A hybrid's (Qwen3.5's) layers keep ~11-23 KiB a token and layer more than the terms below derive: the fake-tensor
 # trace of the whole 0.75B step (bench/fake_trace.py) against them, LoRA at 1,024 tokens with no layer checkpointed
 # and at 2,048 with 37.5 % of them, full at 2,048 with half; the GPU matches that trace (the H100's allocator within
-# 1.5 %, the H200's two SFT runs within 0.1 %: bench/README.md, "fake_trace.py"). Not yet attributed to tensors; per
+# 3 %, the H200's two SFT runs within 0.1 %: bench/README.md, "fake_trace.py"). Not yet attributed to tensors; per
 # hidden element, a little over the largest gap.
 HYBRID_UNATTRIBUTED_BYTES_PER_HIDDEN = 24
 
