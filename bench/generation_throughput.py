@@ -17,9 +17,6 @@ Paths (--paths, all by default):
   merged-static-sdpa  the same with transformers' SDPA attention as it is (repeat_kv every step): the comparison
   merged-static-generate  merged-static decoded by transformers' generate loop (its stop check and multinomial
                   wait for the GPU every token): the comparison for the loop, and how the H200's first points ran
-  merged-static-cudagraphs  merged-static with the decode step captured by dynamo's `cudagraphs` backend (ATen's
-                  kernels in CUDA graphs, no inductor code generation): whether a shorter compile (every row's
-                  `warmup_s`: the untimed call, compile and capture included) costs decode speed
   continuous      merged, transformers' continuous batching (generate_batch) with its page pool sized for the batch
                   (generation/continuous.py's sizing: the engine `serve` uses)
   continuous-graphs  the same with the engine's CUDA graphs forced on (use_cuda_graph=True; with SDPA attention it
@@ -45,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.decode_profile import profiled  # noqa: E402
 
-PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "merged-static-generate",
-         "merged-static-cudagraphs", "continuous", "continuous-graphs")
+PATHS = ("unmerged", "merged", "merged-static", "merged-static-sdpa", "merged-static-generate", "continuous",
+         "continuous-graphs")
 
 
 def hbm_bandwidth(device: str) -> float | None:
@@ -171,8 +168,7 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
             return timed(hf({}), device)
         if path.startswith("merged-static"):
             return static_call(model, ids, kw, new_tokens, device, packed_gqa=path != "merged-static-sdpa",
-                               own_loop=path != "merged-static-generate",
-                               cudagraphs_backend=path == "merged-static-cudagraphs")
+                               own_loop=path != "merged-static-generate")
         try:
             return timed(continuous_call(model, ids, new_tokens, graphs=path == "continuous-graphs"), device)
         finally:  # the warm-up call made it, the timed one reused it (its start-up is not decode time)
@@ -180,17 +176,15 @@ def run_path(path: str, model: Any, ids: Any, new_tokens: int, device: str) -> t
 
 
 def static_call(model: Any, ids: Any, kw: dict, new_tokens: int, device: str, packed_gqa: bool = True,
-                own_loop: bool = True, cudagraphs_backend: bool = False) -> tuple[float, float]:
+                own_loop: bool = True) -> tuple[float, float]:
     """The product's static path (StaticDecoder, one cache for both calls): warmed up on prompts 16 tokens shorter
     (left-padded), so the timed call shows whether another prompt length replays the compiled step."""
     import torch
     from torch._dynamo.utils import counters
-    from transformers import CompileConfig
 
     from medgpt_ray.generation.decode_path import StaticDecoder
 
-    config = CompileConfig(backend="cudagraphs", dynamic=False) if cudagraphs_backend else None
-    decoder = StaticDecoder(ids.shape[1] + new_tokens, config, packed_gqa=packed_gqa, own_loop=own_loop)
+    decoder = StaticDecoder(ids.shape[1] + new_tokens, packed_gqa=packed_gqa, own_loop=own_loop)
     rest = {k: v for k, v in kw.items() if k != "attention_mask"}
     short = ids.clone()
     short_mask = torch.ones_like(ids)

@@ -8,7 +8,7 @@
 #   bash bench/gpu_calls.sh 2     # serve, 32 clients, on a model whose tokens decode: slots with pieces of 1 and 4
 #                                 #   tokens, transformers' engine with 4 (the comparison that picks `auto`)
 #   bash bench/gpu_calls.sh 3     # the 7B grpo at 64 completions (>= 1,200 generated tokens/s), then the 1.5B profile
-#   bash bench/gpu_calls.sh 4     # the 1.5B static step's profile and compile backends; Qwen3.5 LoRA (issue 34)
+#   bash bench/gpu_calls.sh 4     # Qwen3.5 LoRA's peak on the GPU's allocator (issue 34)
 #   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
 #   bash bench/gpu_calls.sh 6     # issue 34: lora.experts on the 8-layer MoE; the planner's own (padded) Qwen3.5 plan
 #
@@ -85,9 +85,6 @@ profile_1_5b() {
 }
 
 call4() {
-  profile_1_5b
-  step backends 150 python3 bench/generation_throughput.py --model-dir "$G" --batches 16,64 \
-    --paths merged-static,merged-static-cudagraphs --out "$W/generation_1.5b_backends.json"
   step q35_lora 150 python3 bench/cuda_trace.py --family qwen3.5-0.8b --method lora --ckpt 1.0 --steps 2048 \
     --steps 836 --out "$W/q35_lora.json"
 }
