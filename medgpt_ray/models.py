@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from medgpt_ray.config.lora_targets import expert_parameters, resolve_lora_targets
+from medgpt_ray.hybrid.layers import install as install_hybrid_layers
 
 
 class ModelPathError(FileNotFoundError):
@@ -98,6 +99,9 @@ def load_causal_lm(path: Path, precision: str, method: str):
     # and the norms to fp32 (+2.2 GB on a 7B); they stay bf16 like the LoRA path, and PEFT freezes the base. TRL's
     # ORPO and CPO trainers would call it themselves: orpo and simpo go through lora_without_kbit_prep.
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    # A hybrid's linear-attention layers keep packed conversations apart and pick their kernels per call
+    # (hybrid/layers.py); a dense model is left as it is.
+    install_hybrid_layers(model)
     # Every generate on this model (rollouts, held-out greedy answers, the engine) keeps the KV cache. The Trainer
     # writes `use_cache: false` into every checkpoint's config.json (transformers 5.24's TrainingArguments.use_cache
     # defaults to False); a directory without generation_config.json gets its generation config from config.json,
@@ -115,6 +119,7 @@ def load_reward_model(path: Path, precision: str, method: str, pad_token_id: int
         kwargs["quantization_config"] = quant
     model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
     model.config.pad_token_id = pad_token_id
+    install_hybrid_layers(model)
     return model
 
 

@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.memory.throughput import GPU_SPECS, GPUSpec, spec_for
@@ -113,6 +114,9 @@ class Budget:
     gpus_per_node: int | None = None
     # A CPU run's limit: host RAM per worker (None: not known, not checked). Not a GPU budget: no GPU gauges.
     cpu_ram_gib: float | None = None
+    # What the GPU's probe of the linear-attention kernels found (hybrid/kernels.KernelProbe.as_dict), for a hybrid
+    # model's plan; None: not probed (a dense model, a CPU run, or a budget given in the config).
+    linear_kernels: dict[str, Any] | None = None
 
     @property
     def usable_gib(self) -> float:

@@ -37,7 +37,8 @@ def plan_line(p: StagePlan) -> str:
             f"{'' if p.offload == 'none' else ' offload ' + p.offload}: {fit}"
             f"{f'; reward model on {p.reward_model_on}' if p.reward_model_on else ''}"
             f"{f'; rollouts: {p.rollout}' if p.rollout else ''}"
-            f"{_clip(p.reward_clip)}")
+            f"{_clip(p.reward_clip)}"
+            f"{f'; linear attention on {p.linear_attention}' if p.linear_attention else ''}")
 
 
 def _clip(clip: dict[str, Any] | None) -> str:
@@ -67,6 +68,8 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  reward model: on {plan.reward_model_on}")
     if plan.rollout:
         rows.append(f"  rollouts: {plan.rollout}")
+    if plan.linear_attention:
+        rows.append(f"  linear attention: on {plan.linear_attention}")
     if plan.reward_clip:
         rows.append(f"  rewards clipped to [{plan.reward_clip['min']:g}, {plan.reward_clip['max']:g}]: "
                     f"{plan.reward_clip['applied_to']}")

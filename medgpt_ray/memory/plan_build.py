@@ -35,6 +35,21 @@ def _packing(cfg: StageConfig, num_workers: int, rows_per_step: int,
             "conversations_per_row": lengths.conversations_per_row if lengths else None}
 
 
+def linear_attention_line(shape: ModelShape, budget: Budget, use_gpu: bool) -> str | None:
+    """Which kernels a hybrid's linear-attention layers train on, and why (hybrid/kernels.py): what the GPU's probe
+    found before planning; packed conversations are kept apart on either path."""
+    if not shape.linear_layers:
+        return None
+    if not use_gpu:
+        return "the PyTorch reference (a CPU run)"
+    found = budget.linear_kernels
+    if found is None:
+        return ("not probed before planning: each worker probes flash-linear-attention on its GPU and trains on its "
+                "kernels where their backward passes, else on the PyTorch reference")
+    return ("flash-linear-attention's kernels" if found["training"] == "fla" else "the PyTorch reference") + \
+        f" ({found['why']})"
+
+
 def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, chosen: Candidate,
                cands: list[Candidate], fitting: int, layout: dict[str, Any], reasons: list[str]) -> StagePlan:
     """The plan for `chosen` among `cands` (`fitting` of them fit). `layout`: num_workers, use_gpu, seq_len (the
@@ -60,5 +75,6 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
         packing=_packing(cfg, num_workers, layout["rows_per_step"], lengths) if layout["packed"] else None,
         steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on,
         rollout=rollout_line(shape, s, host_room_gib(budget, s, chosen.est)),
-        generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip)
+        generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip,
+        linear_attention=linear_attention_line(shape, budget, use_gpu))
     return replace(plan, deepspeed=deepspeed_config(plan, cfg))

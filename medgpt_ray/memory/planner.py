@@ -12,7 +12,6 @@ that would), plan_build.py (the StagePlan of the chosen one); this module puts t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig
@@ -23,26 +22,11 @@ from medgpt_ray.memory.lengths import LengthProfile, packs, planned_seq_len
 from medgpt_ray.memory.no_fit import explain_no_fit
 from medgpt_ray.memory.options import options
 from medgpt_ray.memory.plan_build import build_plan
-from medgpt_ray.memory.profiles import stage_packing
 from medgpt_ray.memory.shapes import ModelShape, ShapeError, load_shape
 from medgpt_ray.memory.stage_plan import StagePlan
 
 # What callers import from here (the planner's front door); the parts live in the modules above.
 __all__ = ["PlanError", "model_shape", "plan_all", "plan_stage", "resolve_budget"]
-
-
-def _hybrid_unpacked(stage: str, cfg: StageConfig, shape: ModelShape, lengths: LengthProfile | None,
-                     reasons: list[str]) -> LengthProfile | None:
-    """`packing: auto` on a model with linear-attention layers is planned padded: the rows path never gives those
-    layers the conversations' boundaries, so the worker refuses to pack it (trainer_kit/linear_attention.py).
-    `packing: true` stays packed: the worker packs it on the boundary-aware kernels or stops with the reason."""
-    if not shape.linear_layers or lengths is None or lengths.conversations_per_row is None:
-        return lengths
-    if stage_packing(stage, cfg) is True:
-        return lengths
-    reasons.append(f"packing: auto, planned padded: {len(shape.linear_layers)} of {shape.layers} layers are linear "
-                   f"attention, which packed rows would leak state across (docs/ARCHITECTURE.md)")
-    return replace(lengths, conversations_per_row=None)
 
 
 def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, shape: ModelShape | None = None,
@@ -52,7 +36,6 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     shape = shape or load_shape("tiny")
     budget = budget or make_budget(None, 0.0, "auto", use_gpu, "none")
     reasons: list[str] = [f"budget: {budget.describe()}"]
-    lengths = _hybrid_unpacked(stage, cfg, shape, lengths, reasons)
     opts = options(stage, cfg, shape, num_workers, use_gpu, reasons, lengths)
     seq_len = planned_seq_len(stage, cfg, lengths, reasons)
     packed = packs(stage, cfg, lengths)

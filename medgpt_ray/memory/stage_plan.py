@@ -77,6 +77,9 @@ class StagePlan:
     # A stage that generates: its decode path, dynamic or static (memory/generation.py decode_path; the reason is in
     # `rollout`). None: no rollouts.
     generation_path: str | None = None
+    # A hybrid model (linear-attention layers): the kernels its training steps run those layers on, and why
+    # (memory/plan_build.linear_attention_line). None: no linear-attention layers.
+    linear_attention: str | None = None
     # Online-RL stages with reward_clip_range: {min, max, applied_to} (config/online_rl.py reward_clip); None: none.
     reward_clip: dict[str, Any] | None = None
 

@@ -9,6 +9,7 @@ step, so the same fingerprint, with memory and micro-batch chosen for the batche
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from medgpt_ray.config import ConfigError, PipelineConfig, stage_kind
@@ -18,14 +19,18 @@ from medgpt_ray.memory.format import plan_line
 from medgpt_ray.memory.planner import model_shape, plan_all, plan_stage
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.stage_plan import StagePlan
-from medgpt_ray.run.ray_env import probe_cluster_gpu
+from medgpt_ray.run.ray_env import probe_cluster_gpu, probe_cluster_linear_kernels
 from medgpt_ray.stages.length_profile import measure
 
 
 def run_budget(cfg: PipelineConfig) -> Budget:
     """The per-GPU budget a run (or a sweep's trials) is planned for: the config's, else the tightest GPU of the
-    cluster (read by a one-GPU task when the driver has none)."""
-    return resolve_budget(cfg, probe_cluster_gpu, None)
+    cluster (read by a one-GPU task when the driver has none). For a hybrid model on GPUs, also what a GPU runs its
+    linear attention on (one GPU task probing the kernels), which the plans name."""
+    budget = resolve_budget(cfg, probe_cluster_gpu, None)
+    if cfg.resources.use_gpu and model_shape(cfg).linear_layers:
+        budget = replace(budget, linear_kernels=probe_cluster_linear_kernels())
+    return budget
 
 
 def plan_before_data(cfg: PipelineConfig) -> tuple[dict[str, StagePlan], Budget]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -86,3 +87,19 @@ def probe_cluster_gpu() -> GPUMemory | None:
         return local
     probe = ray.remote(num_gpus=1, num_cpus=0)(tightest_local_gpu)
     return ray.get(probe.remote(), timeout=300)
+
+
+def _linear_kernels_here() -> dict[str, Any]:
+    from medgpt_ray.hybrid.kernels import probe
+
+    return probe().as_dict()
+
+
+def probe_cluster_linear_kernels() -> dict[str, Any] | None:
+    """What a GPU of the cluster runs a hybrid's linear attention on (hybrid/kernels.probe, forward and backward of
+    flash-linear-attention against the reference), read by a one-GPU task: CUDA never starts on the driver. None on a
+    cluster without GPUs."""
+    if not ray.cluster_resources().get("GPU"):
+        return None
+    probe = ray.remote(num_gpus=1, num_cpus=0)(_linear_kernels_here)
+    return ray.get(probe.remote(), timeout=600)

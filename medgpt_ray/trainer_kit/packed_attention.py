@@ -6,8 +6,9 @@ model for EVERY layer type it has (docs/ARCHITECTURE.md, issue 34's hybrid model
   gets TRL's padding-free flattened batches (its varlen kernel reads their cu_seq_lens);
 - linear-attention layers (Qwen3.5's Gated DeltaNet) take no attention mask: their recurrent state and short
   convolution run on through a whole row unless the kernels are given the boundaries (trainer_kit/linear_attention.py).
-  A model with any is packed only where those boundaries reach its first linear-attention layer and the kernels that
-  honour them are installed; everywhere else packing is refused with the reason."""
+  A model with any is packed only where its first linear-attention layer is hybrid/layers.py's subclass and gets the
+  boundaries (the position ids in our rows, cu_seq_lens in TRL's flattened batches); else packing is refused with
+  the reason."""
 
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ def _masked_layers_ok(model: Any, impl: str) -> str | None:
 def layers_refusal(model: Any, layout: str, impl: str) -> str | None:
     """None when every layer type of the model keeps the layout's conversations apart, else why not: the
     mask-reading layers as above (trusted under flash attention, whose varlen kernel reads cu_seq_lens), the
-    linear-attention ones only with their boundaries and kernels (trainer_kit/linear_attention.py)."""
+    linear-attention ones only where they get their boundaries (trainer_kit/linear_attention.py)."""
     types = layer_types(model)
     unknown = sorted(set(types) - {*MASKED, linear.LINEAR})
     if unknown:
@@ -143,12 +144,12 @@ def layers_refusal(model: Any, layout: str, impl: str) -> str | None:
             return why
     if linear.LINEAR not in types:
         return None
-    first = types.index(linear.LINEAR)
+    mixer = linear.token_mixer(_layers(model)[types.index(linear.LINEAR)])
     try:
-        seen = layer_inputs(model, probe_batch(layout), linear.token_mixer(_layers(model)[first]))
+        seen = layer_inputs(model, probe_batch(layout), mixer)
     except Exception as e:  # as above: a probe that cannot run packs nothing
         return f"the inputs of its first linear-attention layer could not be read ({type(e).__name__}: {e})"
-    return linear.refusal(seen, types, layout == FLAT, impl)
+    return linear.refusal(mixer, seen, types, layout == FLAT, impl)
 
 
 def attention_path(model: Any) -> tuple[str | None, str]:
@@ -164,7 +165,7 @@ def attention_path(model: Any) -> tuple[str | None, str]:
     if refused:
         return None, refused
     if linear.LINEAR in layer_types(model):
-        why += f"; {linear.ACCEPTED}"
+        why += f"; {linear.accepted()}"
     return mode, why
 
 

@@ -1,12 +1,13 @@
-"""Packing on a hybrid model (issue 34 item 3): tiny random Qwen3.5 text models, in both layer orders (the real one,
-linear attention first; and full attention first, the layout the old layer-0 probe would have packed). Linear
-attention takes no mask: packing is refused with the reason unless the boundaries and their kernels are there,
-`packing: auto` trains padded and says why, `packing: true` is a config error; the leak the refusal prevents is
-shown on transformers' PyTorch fallback, and where the kernels can run, packed equals unpacked."""
+"""Packing on a hybrid model (issues 34 and 47): tiny random Qwen3.5 text models, in both layer orders (the real one,
+linear attention first; and full attention first). Linear attention takes no mask and transformers hands it no
+boundaries; the layer models.load_causal_lm installs (hybrid/layers.py) takes them from the position ids, so a packed
+row trains exactly as its conversations alone (loss within 1e-4, gradients atol 1e-4 / rtol 1e-3) on whichever
+kernels the process chooses: the PyTorch reference here, flash-linear-attention's on a GPU whose probe passed.
+transformers' own layer leaks, and a model loaded without ours is refused packing, with the reason."""
 
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from medgpt_ray import models
 from medgpt_ray.config import ConfigError, LoraConfig, SFTStageConfig
 from medgpt_ray.data.prepare import prepare_kind
+from medgpt_ray.hybrid import layers as hybrid_layers
 from medgpt_ray.memory.lengths import LengthProfile
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.memory.shapes import load_shape
@@ -27,8 +29,6 @@ LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_
               linear_conv_kernel_dim=3)
 LAYOUTS = {"linear-first": None,  # Qwen3_5TextConfig's own pattern: 3 linear, then full attention
            "full-first": ["full_attention"] + ["linear_attention"] * 3}
-KERNELS_RUN = torch.cuda.is_available() and not linear_attention.missing_kernels()
-NO_KERNELS = "boundary-aware linear-attention kernels need CUDA: fla + causal-conv1d"
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
@@ -48,10 +48,15 @@ def hybrid(request, tiny_model, tmp_path_factory) -> Path:
     return out
 
 
-def load(path: Path, attn: str = "sdpa"):
+def load(path: Path, attn: str = "sdpa", ours: bool = True):
+    """The checkpoint as the stages load it (models.load_causal_lm: our linear-attention layer installed), or as
+    transformers alone builds it (`ours` False). fp32, eval mode."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, attn_implementation=attn).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, attn_implementation=attn)
+    if ours:
+        assert hybrid_layers.install(model) == 3
+    return model.float().eval()
 
 
 def test_the_layouts_are_the_ones_meant(hybrid):
@@ -60,106 +65,111 @@ def test_the_layouts_are_the_ones_meant(hybrid):
     assert types[0] == ("linear_attention" if hybrid.name.startswith("linear-first") else "full_attention")
 
 
-def test_packing_is_refused_on_a_hybrid_with_the_reason(hybrid):
-    """Whatever layer 0 is: the full-attention layers do get a block-diagonal mask (the old probe, which looked at
-    layer 0 only, would have packed the full-first layout), the linear-attention layers get no boundaries."""
+def test_the_stages_loader_installs_the_layer_that_keeps_conversations_apart(hybrid):
+    model = models.load_causal_lm(hybrid, "amp-bf16", "lora")
+    mixers = [m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet"]
+    assert len(mixers) == 3 and all(hybrid_layers.is_installed(m) for m in mixers)
+
+
+def test_packing_is_accepted_with_our_layer_and_refused_without_it(hybrid):
+    """Whatever layer 0 is: the full-attention layers get a block-diagonal mask, and our linear-attention layers get
+    the boundaries. transformers' own layer (a model loaded without models.load_causal_lm) is refused, with why."""
     model = load(hybrid)
     positions = torch.tensor(packed_attention.PROBE_POSITIONS)
     mask = packed_attention.allowed_pairs(packed_attention.mask_the_model_builds(model, positions))
     assert torch.equal(mask, packed_attention.block_diagonal(positions))
     mode, why = packed_attention.resolve("auto", model, "sft")
-    assert mode is None
-    assert why.startswith("3 of its 4 layers are linear attention") and "no sequence boundaries" in why
-    if linear_attention.missing_kernels():  # the one sentence naming the packages
-        assert "kernels are missing here: flash-linear-attention" in why and "causal-conv1d" in why
-    with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but 3 of its 4 layers are linear attention"):
-        packed_attention.resolve(True, model, "sft")
+    assert mode == packed_attention.ROWS
+    assert "linear-attention layers start every conversation from a zero state, on the PyTorch reference" in why
+    mode, why = packed_attention.resolve("auto", load(hybrid, ours=False), "sft")
+    assert mode is None and why.startswith("3 of its 4 layers are linear attention, loaded without medgpt-ray's")
+    with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but 3 of its 4 layers are linear"):
+        packed_attention.resolve(True, load(hybrid, ours=False), "sft")
 
 
-def test_only_trl_padding_free_batches_carry_the_boundaries_to_a_linear_layer(hybrid):
-    """What transformers hands the first linear-attention layer: nothing about boundaries in our rows (SDPA/eager
-    path), cu_seq_lens_q and seq_idx in TRL's flattened batches; there the kernels decide."""
+def test_our_rows_and_trl_padding_free_batches_carry_the_boundaries_to_a_linear_layer(hybrid):
+    """What the first linear-attention layer receives: the position ids in our rows (transformers alone hands it
+    none), cu_seq_lens_q and the position ids in TRL's flattened batches."""
     model = load(hybrid)
     first = packed_attention.layer_types(model).index("linear_attention")
     mixer = linear_attention.token_mixer(packed_attention._layers(model)[first])
     rows = packed_attention.layer_inputs(model, packed_attention.probe_batch(packed_attention.ROWS), mixer)
-    assert rows.get("attention_mask") is None and not set(linear_attention.BOUNDARIES) & set(rows)
+    assert rows.get("attention_mask") is None
+    assert rows[hybrid_layers.POSITIONS].tolist() == packed_attention.PROBE_POSITIONS
     flat = packed_attention.layer_inputs(model, packed_attention.probe_batch(packed_attention.FLAT), mixer)
     assert flat["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 8, 12]
-    assert flat["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 2, 3, 3, 4, 4, 4, 4]]
-    refused = packed_attention.layers_refusal(model, packed_attention.FLAT, "flash_attention_2")
-    if linear_attention.missing_kernels():
-        assert refused is not None and "kernels are missing here" in refused
-    else:
-        assert refused is None
-
-
-def _conversations(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    return torch.randint(5, vocab, (11,), generator=g), torch.randint(5, vocab, (9,), generator=g)
-
-
-def _b_packed_and_alone(model, a: torch.Tensor, b: torch.Tensor, batch: dict | None = None):
-    """(loss, logits) of conversation b in one row after a, and alone. The row is as collate_rows makes it
-    (position ids restarting at b, b's first token no target) unless `batch` gives another layout of a then b."""
-    ids = torch.cat([a, b])[None]
-    batch = batch or {"input_ids": ids, "position_ids": torch.cat([torch.arange(len(a)), torch.arange(len(b))])[None],
-                      "labels": torch.cat([torch.full_like(a, -100), torch.tensor([-100]), b[1:]])[None]}
-    with torch.no_grad():
-        packed = model(**batch, use_cache=False)
-        alone = model(input_ids=b[None], labels=b[None], use_cache=False)
-    return (packed.loss.item(), packed.logits[0, len(a):]), (alone.loss.item(), alone.logits[0])
-
-
-def _leaks(packed, alone) -> bool:
-    """b's loss off by more than the 1e-4 packing may change it, and its logits visibly moved."""
-    return abs(packed[0] - alone[0]) > 1e-4 and (packed[1] - alone[1]).abs().max().item() > 1e-2
-
-
-@pytest.mark.skipif(KERNELS_RUN, reason="the kernels are here: the equality test below covers this process")
-def test_on_the_torch_fallback_a_packed_conversation_sees_the_one_before_it(hybrid, tiny_model):
-    """The leak the refusal prevents. The dense tiny model is the control: the same construction gives the same
-    loss and logits there (its attention is block-diagonal); the hybrid's linear layers carry a's state into b."""
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
-    dense, model = load(tiny_model), load(hybrid)
-    a, b = _conversations(model.config.vocab_size)
-    packed, alone = _b_packed_and_alone(dense, a, b)
-    assert packed[0] == pytest.approx(alone[0], abs=1e-5)
-    torch.testing.assert_close(packed[1], alone[1], atol=1e-5, rtol=1e-5)
-    assert _leaks(*_b_packed_and_alone(model, a, b))  # our rows: silently wrong
-    flat = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
-        [{"input_ids": a.tolist(), "labels": [-100] * len(a)}, {"input_ids": b.tolist()}])
-    try:  # TRL's flattened batch: transformers 5.24's fallback refuses the boundaries; 5.17's drops them silently
-        assert _leaks(*_b_packed_and_alone(model, a, b, flat))
-    except ValueError as e:
-        assert "can't keep packed sequences apart" in str(e)
-
-
-@pytest.mark.skipif(not KERNELS_RUN, reason=NO_KERNELS)
-def test_with_the_kernels_a_flat_packed_batch_equals_each_conversation_alone(hybrid):
-    """The boundary-aware path: TRL's padding-free batch, the boundaries reaching flash-linear-attention and
-    causal-conv1d; each conversation's loss and the gradients equal those of the conversations alone."""
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
-
-    model = load(hybrid).cuda()
     assert packed_attention.layers_refusal(model, packed_attention.FLAT, "flash_attention_2") is None
-    a, b = _conversations(model.config.vocab_size)
-    flat = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(
-        [{"input_ids": a.tolist()}, {"input_ids": b.tolist()}])
+    stock = load(hybrid, ours=False)
+    mixer = linear_attention.token_mixer(packed_attention._layers(stock)[first])
+    rows = packed_attention.layer_inputs(stock, packed_attention.probe_batch(packed_attention.ROWS), mixer)
+    assert hybrid_layers.POSITIONS not in rows
+
+
+def _conversations(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three conversations, the second longer than a delta-rule chunk (64 tokens) so the chunked path is crossed."""
+    g = torch.Generator().manual_seed(1)
+    return tuple(torch.randint(5, vocab, (n,), generator=g) for n in (11, 70, 9))
+
+
+def _packed_row(convs, width: int) -> dict[str, torch.Tensor]:
+    """One row as collate_rows makes it: the conversations back to back, position ids restarting at each, the first
+    token of each no target, tail padding of its own."""
+    from medgpt_ray.trainer_kit.packed_rows import collate_rows
+
+    example = {"input_ids": torch.cat(convs).tolist(), "labels": torch.cat(convs).tolist(),
+               "seq_lengths": [len(c) for c in convs]}
+    return collate_rows([example], pad_id=0, width=width)
+
+
+def _loss_and_grads(model, batches: list[dict]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The token-weighted mean loss over `batches` (each a forward), and every parameter's gradient of it."""
     model.zero_grad()
-    packed = model(**{k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in flat.items()}, use_cache=False)
-    packed.loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
-    targets = (len(a) - 1, len(b) - 1)  # the packed loss is the mean over both conversations' targets
-    alone = sum(model(input_ids=x[None].cuda(), labels=x[None].cuda(), use_cache=False).loss * n
-                for x, n in zip((a, b), targets, strict=True)) / sum(targets)
-    alone.backward()
-    assert packed.loss.item() == pytest.approx(alone.item(), abs=1e-4)
-    for n, p in model.named_parameters():
-        if p.grad is not None:
-            torch.testing.assert_close(grads[n], p.grad, atol=1e-4, rtol=1e-3, msg=n)
+    targets = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
+    total = sum(model(**b, use_cache=False).loss * n for b, n in zip(batches, targets, strict=True)) / sum(targets)
+    total.backward()
+    return total.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _alone(convs) -> list[dict[str, torch.Tensor]]:
+    return [{"input_ids": c[None], "labels": torch.cat([torch.tensor([-100]), c[1:]])[None]} for c in convs]
+
+
+def test_a_packed_row_trains_exactly_as_its_conversations_alone(hybrid):
+    """Loss within 1e-4 and every gradient within atol 1e-4 / rtol 1e-3 of the conversations run one by one: on the
+    kernels this process chooses (the PyTorch reference on CPU; fla's with their backward where the probe passed)."""
+    model = load(hybrid)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    convs = _conversations(model.config.vocab_size)
+    dev = next(model.parameters()).device
+    packed = {k: v.to(dev) for k, v in _packed_row(convs, 96).items()}
+    alone = [{k: v.to(dev) for k, v in b.items()} for b in _alone(convs)]
+    loss_p, grads_p = _loss_and_grads(model, [packed])
+    loss_a, grads_a = _loss_and_grads(model, alone)
+    assert loss_p == pytest.approx(loss_a, abs=1e-4)
+    assert grads_p.keys() == grads_a.keys() and len(grads_p) > 10
+    for n in grads_a:
+        torch.testing.assert_close(grads_p[n], grads_a[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_transformers_own_layer_leaks_a_conversation_into_the_next(hybrid, tiny_model):
+    """The leak our layer prevents, shown on transformers' layer; the dense tiny model is the control (its attention
+    is block-diagonal, so the same construction changes nothing there)."""
+    for model, leaks in ((load(tiny_model, ours=False), False), (load(hybrid, ours=False), True),
+                         (load(hybrid), False)):
+        convs = _conversations(model.config.vocab_size)
+        with torch.no_grad():
+            packed = model(**_packed_row(convs, 96), use_cache=False).logits[0, 11:81]
+            alone = model(input_ids=convs[1][None], use_cache=False).logits[0]
+        assert ((packed - alone).abs().max().item() > 1e-2) is leaks
+
+
+def test_generation_on_our_layer_equals_transformers_own(hybrid):
+    """With a cache (generate's prefill and decode) the layer is transformers' own: the same greedy tokens."""
+    ours, stock = load(hybrid), load(hybrid, ours=False)
+    prompt = _conversations(ours.config.vocab_size)[1][None]
+    kw = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    assert torch.equal(ours.generate(prompt, **kw), stock.generate(prompt, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -178,47 +188,59 @@ def stage_inputs(data, model: Path, out: Path, packing, lengths: LengthProfile |
     return StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file, str(out))
 
 
-def test_packing_auto_trains_a_hybrid_in_padded_batches_and_says_why(data, hybrid, tmp_path, capsys):
+def test_packing_auto_packs_a_hybrid_and_trains_it(data, hybrid, tmp_path):
     built = build_stage(stage_inputs(data, hybrid, tmp_path / "auto", "auto"))
     report = built.extras["packing"]
-    assert report["mode"] is None and report["why"].startswith("3 of its 4 layers are linear attention")
-    line = next(x for x in capsys.readouterr().out.splitlines() if "packing: auto" in x)
-    assert re.match(r"\[sft\] packing: auto -> padded micro-batches of \d+.*, not packed: 3 of its 4 layers", line)
-    assert built.trainer.train_collate is None  # TRL's own padded collator
+    assert report["mode"] == packed_attention.ROWS and report["conversations"] > report["rows"]
+    assert built.trainer.train_collate is not None
     built.trainer.train()
     losses = [h["loss"] for h in built.trainer.state.log_history if "loss" in h]
     assert len(losses) == 1 and losses[0] == losses[0]  # a real, finite step
-    with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but 3 of its 4 layers are linear"):
-        build_stage(stage_inputs(data, hybrid, tmp_path / "true", True))
 
 
-def test_the_driver_plans_a_hybrid_padded_from_packed_lengths_and_the_worker_trains_that_plan(data, hybrid, tmp_path):
-    """The driver plans from the data's lengths before any model is loaded: on `packing: auto` a hybrid shape is
-    planned padded (memory/planner.py), so the worker trains the plan's own micro-batches, not the one-conversation
-    fallback a packed plan refused on the worker would get (memory/stage_plan.unpacked)."""
+def test_the_driver_plans_a_hybrid_packed_and_names_the_linear_attention_path(data, hybrid, tmp_path):
+    """The driver plans from the data's lengths before any model is loaded: a hybrid is planned in packed rows like a
+    dense model, and plan.json (and the plan line) say what its linear attention trains on."""
+    from medgpt_ray.memory.format import plan_line
+
     inp = stage_inputs(data, hybrid, tmp_path, "auto", LengthProfile.of([90] * 10, 10, SEQ_LEN, 4.0))
-    assert inp.plan.packing is None and any("planned padded" in r for r in inp.plan.reasons)
+    assert inp.plan.packing is not None
+    assert inp.plan.linear_attention == "the PyTorch reference (a CPU run)"
+    assert plan_line(inp.plan).endswith("; linear attention on the PyTorch reference (a CPU run)")
     built = build_stage(inp)
-    assert built.extras["packing"]["mode"] is None and "planned_packed" not in built.extras["packing"]
-    args = built.trainer.args
-    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == \
+    assert built.extras["packing"]["mode"] == packed_attention.ROWS
+    assert (built.trainer.args.per_device_train_batch_size, built.trainer.args.gradient_accumulation_steps) == \
         (inp.plan.micro_batch, inp.plan.grad_accum)
 
 
-def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback_says(data, hybrid, tmp_path):
-    """A packed plan reaching a worker whose model cannot pack (a plan made for another model, `packing: auto`) trains
-    one conversation a micro-batch with every layer recomputing (memory/stage_plan.unpacked); the checkpointing
-    trained is that plan's, not the packed plan's fraction (which trained the H200's Qwen3.5 runs at 8 GiB where the
-    fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
+@pytest.fixture
+def flex_model(tiny_model, tmp_path) -> Path:
+    """The tiny model asking for flex attention in its config.json: an attention packing is not checked for (no
+    hybrid does: transformers' Qwen3.5 refuses flex attention)."""
+    import shutil
+
+    out = tmp_path / "flex"
+    shutil.copytree(tiny_model, out)
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**cfg, "attn_implementation": "flex_attention"}))
+    return out
+
+
+def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback_says(data, flex_model, tmp_path):
+    """A packed plan reaching a worker whose model cannot pack (here: flex attention, which packing is not checked
+    for; once a Qwen3.5 hybrid) trains one conversation a micro-batch with every layer recomputing (memory/stage_plan.unpacked); the
+    checkpointing trained is that plan's, not the packed plan's fraction (which trained the H200's Qwen3.5 runs at
+    8 GiB where the fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
     from dataclasses import replace
 
     from medgpt_ray.memory.stage_plan import packed_rows
     from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing
 
-    inp = stage_inputs(data, hybrid, tmp_path, "auto")
+    inp = stage_inputs(data, flex_model, tmp_path, "auto")
     inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5), inp.cfg, 2, 2.0))
     built = build_stage(inp)
     assert built.extras["packing"]["planned_packed"]
+    assert "attention 'flex_attention' is not one packing is checked for" in built.extras["packing"]["why"]
     selective = [cb.fraction for cb in built.trainer.callback_handler.callbacks
                  if isinstance(cb, SelectiveCheckpointing)]
     assert selective == [] and built.trainer.args.gradient_checkpointing

@@ -1,5 +1,6 @@
-"""Issue 34: what the planner may choose for a family is what runs on it. A hybrid (Qwen3.5) model is planned padded on
-`packing: auto` and never compiled on `auto`; liger-kernel's coverage of each family decides whether Liger's layer
+"""Issues 34 and 47: what the planner may choose for a family is what runs on it. A hybrid (Qwen3.5) model is planned
+packed like a dense one (its linear-attention layer keeps conversations apart: hybrid/layers.py), its plan names the
+kernels the GPU's probe found, and it is never compiled on `auto`; liger-kernel's coverage of each family decides whether Liger's layer
 kernels or fused CE can stand behind an estimate (found on the H200: Liger raises on Qwen3.5's RoPE)."""
 
 from __future__ import annotations
@@ -27,22 +28,34 @@ def shape_of(tmp_path, settings: dict):
 
 
 def sft(**kw) -> SFTStageConfig:
-    return SFTStageConfig(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=2048, effective_batch=32,
-                          **kw)
+    return SFTStageConfig(**{"method": "lora", "lora": LoraConfig(rank=8), "precision": "bf16", "seq_len": 2048,
+                             "effective_batch": 32, **kw})
 
 
 PACKED = LengthProfile.of([40] * 900 + [400] * 100, records=1000, seq_len=2048, conversations_per_row=8.0)
 
 
-def test_a_hybrid_is_planned_padded_on_auto_and_packed_only_when_asked(tmp_path):
+def test_a_hybrid_is_planned_packed_and_its_plan_names_the_linear_attention_kernels(tmp_path):
+    from dataclasses import replace
+
+    from medgpt_ray.memory.format import plan_line
+
     hybrid = shape_of(tmp_path, QWEN3_5_TEXT)
-    padded = plan_stage("sft", sft(), 1, True, hybrid, CARD, PACKED)
-    assert padded.packing is None
-    assert any("planned padded: 18 of 24 layers are linear attention" in r for r in padded.reasons)
-    # The same data on a dense model of the same size is packed; `packing: true` keeps the hybrid packed (the
-    # worker then packs on the boundary-aware kernels or stops with the reason).
-    assert plan_stage("sft", sft(), 1, True, PRESETS["qwen2.5-0.5b"], CARD, PACKED).packing is not None
-    assert plan_stage("sft", sft(packing=True), 1, True, hybrid, CARD, PACKED).packing is not None
+    unprobed = plan_stage("sft", sft(), 1, True, hybrid, CARD, PACKED)
+    assert unprobed.packing is not None
+    assert unprobed.linear_attention.startswith("not probed before planning: each worker probes")
+    refused = {"device": "NVIDIA H100 80GB HBM3", "forward": True, "backward": False, "training": "reference",
+               "why": "flash-linear-attention's backward refused on NVIDIA H100 80GB HBM3: RuntimeError: Triton"}
+    plan = plan_stage("sft", sft(), 1, True, hybrid, replace(CARD, linear_kernels=refused), PACKED)
+    assert plan.linear_attention == f"the PyTorch reference ({refused['why']})"
+    assert plan_line(plan).endswith(f"; linear attention on the PyTorch reference ({refused['why']})")
+    ran = {**refused, "backward": True, "training": "fla", "why": "matched"}
+    assert plan_stage("sft", sft(), 1, True, hybrid, replace(CARD, linear_kernels=ran), PACKED).linear_attention \
+        == "flash-linear-attention's kernels (matched)"
+    dense = plan_stage("sft", sft(), 1, True, PRESETS["qwen2.5-0.5b"], CARD, PACKED)
+    assert dense.packing is not None and dense.linear_attention is None
+    assert plan_stage("sft", sft(precision="fp32"), 1, False, hybrid, None, PACKED).linear_attention == \
+        "the PyTorch reference (a CPU run)"
 
 
 def test_a_hybrid_is_not_compiled_on_auto(tmp_path):

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[2] / "medgpt_ray"
 # generation/ (the Ray-free engine) sits below memory (which plans its decode path: generation/decode_path.py),
 # trainer_kit, stages and the kinds' stage modules, which may generate with it; infer/ puts it on Ray from above.
 LAYERS: list[list[str]] = [
-    ["config", "templates", "tiny", "models", "metrics", "progress"],
+    ["config", "templates", "tiny", "hybrid", "models", "metrics", "progress"],
     ["data", "placement", "generation", "memory", "trainer_kit", "stages", "kinds", "report"],
     ["infer", "run"],
     ["tune"],

@@ -1,45 +1,49 @@
-"""The decision for a hybrid's linear-attention layers (trainer_kit/linear_attention.py): packed only with the
-boundaries in hand AND both kernel packages importable; each refusal says which is missing. (The probe that reads
-what a real model's layer receives: tests/stages/test_hybrid_packing.py.)"""
+"""The pieces of a hybrid's linear-attention layer that need no model (hybrid/segments.py, hybrid/kernels.py,
+trainer_kit/linear_attention.py): where a packed row's conversations start, their gather into a batch of their own
+and back, which kernels a call takes here, and the refusal of a layer that is not ours. (The layer on real tiny
+models: tests/stages/test_hybrid_packing.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
 
+from medgpt_ray.hybrid import kernels
+from medgpt_ray.hybrid.segments import SegmentBatch, cu_seqlens, is_packed, row_starts
 from medgpt_ray.trainer_kit import linear_attention as la
 
 TYPES = ["linear_attention"] * 3 + ["full_attention"]
-BOUNDS = {"cu_seq_lens_q": torch.tensor([0, 3, 5]), "seq_idx": torch.tensor([[0, 0, 0, 1, 1]])}
 
 
-def test_the_missing_kernels_are_the_packages_this_process_cannot_import():
-    def importable(module: str) -> bool:
-        try:
-            return importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # fla.ops... when fla itself is absent
-            return False
-
-    missing = {dist for dist, _ in la.missing_kernels()}
-    for module, _, dist, _ in la.KERNELS:
-        if not importable(module):
-            assert dist in missing
+def test_segments_start_where_positions_restart_and_at_every_row():
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0], [1, 1, 0, 1, 2, 3]])  # packed; left-padded prompt
+    cu = cu_seqlens(positions)
+    assert cu.tolist() == [0, 3, 5, 6, 8, 12] and cu.dtype == torch.int32
+    assert is_packed(cu, rows=2) and not is_packed(row_starts(2, 6, cu.device), rows=2)
+    assert row_starts(2, 6, cu.device).tolist() == [0, 6, 12]
 
 
-@pytest.mark.parametrize("missing", [[], [("causal-conv1d", "a CUDA build")],
-                                     [("flash-linear-attention", "pip"), ("causal-conv1d", "a CUDA build")]])
-def test_boundaries_and_kernels_both_or_refused(missing, monkeypatch):
-    monkeypatch.setattr(la, "missing_kernels", lambda: missing)
-    with_bounds = la.refusal(BOUNDS, TYPES, True, "flash_attention_2")
-    if not missing:
-        assert with_bounds is None
-    else:
-        assert with_bounds.startswith("3 of its 4 layers are linear attention, and the boundary-aware")
-        assert all(f"{dist} ({how})" in with_bounds for dist, how in missing)
-    for seen in ({}, {"cu_seq_lens_q": BOUNDS["cu_seq_lens_q"]}, {"seq_idx": None, "attention_mask": None}):
-        why = la.refusal(seen, TYPES, False, "sdpa")  # one of the two is not enough: conv1d and the delta rule
-        assert why is not None and "get no sequence boundaries (cu_seq_lens_q, seq_idx)" in why
-        assert "sdpa rows with per-conversation position ids" in why
-        assert ("kernels are missing here" in why) == bool(missing)
+def test_a_segment_batch_gathers_each_conversation_from_its_start_and_puts_it_back():
+    cu = torch.tensor([0, 3, 5, 6, 8, 12])
+    flat = torch.arange(12.0)[:, None].repeat(1, 2) + 1
+    seg = SegmentBatch.of(cu)
+    padded = seg.gather(flat)
+    assert padded.shape == (5, 4, 2)
+    assert padded[:, :, 0].tolist() == [[1, 2, 3, 0], [4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 0, 0], [9, 10, 11, 12]]
+    assert torch.equal(seg.scatter(padded), flat)
+
+
+def test_without_cuda_every_call_takes_the_reference():
+    x = torch.randn(2, 4, requires_grad=True)
+    assert kernels.route(x) == kernels.REFERENCE
+    with torch.no_grad():
+        assert kernels.route(x) == kernels.REFERENCE
+    if not torch.cuda.is_available():
+        found = kernels.probe()
+        assert (found.forward, found.backward, found.training) == (False, False, kernels.REFERENCE)
+        assert la.kernels_sentence() == f"on the PyTorch reference ({found.why})"
+
+
+def test_a_layer_that_is_not_ours_or_got_no_boundaries_is_refused():
+    plain = torch.nn.Linear(2, 2)
+    why = la.refusal(plain, {la.ROWS_KEY: torch.zeros(1, 3)}, TYPES, False, "sdpa")
+    assert why.startswith("3 of its 4 layers are linear attention, loaded without medgpt-ray's")

@@ -11,6 +11,9 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "medgpt_ray"
+# The one module class swap the design asks for (issue 47): a loaded model's linear-attention modules become our
+# subclass (hybrid/layers.install). A model's modules, never a trainer; the weights are untouched.
+CLASS_SWAPS = {"hybrid/layers.py"}
 SIDE_CHANNEL = re.compile(r"^_*medgpt_")
 ATTRIBUTE_CALLS = {"setattr", "getattr", "hasattr", "delattr"}
 
@@ -53,8 +56,13 @@ def patches(source: str) -> list[str]:
 
 
 def test_the_package_has_no_runtime_patches():
-    found = {str(p.relative_to(PACKAGE)): hits for p in sorted(PACKAGE.rglob("*.py"))
-             if (hits := patches(p.read_text(encoding="utf-8")))}
+    found = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        name = str(p.relative_to(PACKAGE))
+        hits = [h for h in patches(p.read_text(encoding="utf-8"))
+                if not (name in CLASS_SWAPS and h.endswith("assignment to __class__"))]
+        if hits:
+            found[name] = hits
     assert not found, f"use a trainer subclass (trainer_kit/compose.py) or a callback instead: {found}"
 
 

@@ -1,0 +1,61 @@
+"""A row's conversations, from its position ids (trainer_kit/packed_rows.py restarts them at 0 at every
+conversation and at the tail padding): as the `cu_seqlens` of one flattened sequence, what flash-linear-attention's
+delta rule and causal convolution take (at batch size 1 only), and as a padded batch of segments, what the PyTorch
+reference takes (each segment from a zero state, so nothing leaks from one conversation into the next)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
+    """[rows, L] position ids -> int32 [N + 1]: the start of every segment of the rows flattened to [1, rows * L],
+    and the end. A segment starts where the position restarts at 0 and at every row's first token (left-padded
+    prompts count from their first real token; the padding before it is a segment of its own)."""
+    starts = position_ids == 0
+    starts[:, 0] = True
+    flat = starts.reshape(-1).nonzero().flatten()
+    end = torch.tensor([starts.numel()], device=flat.device, dtype=flat.dtype)
+    return torch.cat([flat, end]).to(torch.int32)
+
+
+def row_starts(rows: int, width: int, device: torch.device) -> torch.Tensor:
+    """cu_seqlens of `rows` rows of `width` tokens, one sequence a row (no packing)."""
+    return torch.arange(0, (rows + 1) * width, width, device=device, dtype=torch.int32)
+
+
+def is_packed(cu: torch.Tensor, rows: int) -> bool:
+    """Whether a row holds more than one segment."""
+    return cu.numel() - 1 > rows
+
+
+@dataclass(frozen=True)
+class SegmentBatch:
+    """The segments of a flattened sequence gathered into [N, longest] (right-padded with zeros): `index` [N, longest]
+    the flat position of each slot, `valid` which slots are real. Causal layers see no padding before a real token,
+    so the real slots' outputs are the segment's own."""
+
+    index: torch.Tensor
+    valid: torch.Tensor
+
+    @classmethod
+    def of(cls, cu: torch.Tensor) -> SegmentBatch:
+        cu = cu.long()
+        lengths = cu[1:] - cu[:-1]
+        longest = int(lengths.max())
+        offsets = torch.arange(longest, device=cu.device)
+        valid = offsets[None, :] < lengths[:, None]
+        index = (cu[:-1, None] + offsets[None, :]).clamp(max=int(cu[-1]) - 1)
+        return cls(index, valid)
+
+    def gather(self, flat: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [N, longest, ...], zeros in the padding slots."""
+        out = flat[self.index]
+        shape = (*self.valid.shape, *([1] * (flat.dim() - 1)))
+        return out * self.valid.reshape(shape).to(out.dtype)
+
+    def scatter(self, padded: torch.Tensor) -> torch.Tensor:
+        """[N, longest, ...] -> [T, ...]: the real slots, in order (segments are contiguous and in order)."""
+        return padded[self.valid]
