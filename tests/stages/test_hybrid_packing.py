@@ -80,7 +80,8 @@ def test_packing_is_accepted_with_our_layer_and_refused_without_it(hybrid):
     assert torch.equal(mask, packed_attention.block_diagonal(positions))
     mode, why = packed_attention.resolve("auto", model, "sft")
     assert mode == packed_attention.ROWS
-    assert "linear-attention layers start every conversation from a zero state, on the PyTorch reference" in why
+    assert why.endswith(f"linear-attention layers start every conversation from a zero state, "
+                        f"{linear_attention.kernels_sentence()}")
     mode, why = packed_attention.resolve("auto", load(hybrid, ours=False), "sft")
     assert mode is None and why.startswith("3 of its 4 layers are linear attention, loaded without medgpt-ray's")
     with pytest.raises(ConfigError, match=r"stages\.sft\.packing: true, but 3 of its 4 layers are linear"):

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 47's Hopper question in one Ray-free GPU run (bench/README.md, "Qwen3.5 packed"): does tilelang install on
+# the image and run flash-linear-attention's backward, and what do packed and padded Qwen3.5 SFT steps run at beside
+# the dense Qwen2.5-1.5B baseline, on each path. Carry [".whl-hybrid", ".tl"] (bench/make_hybrid_wheelhouse.sh):
+#
+#   bash bench/gpu_hybrid_call.sh [STEPS...]     # default: every step below, in order, inside BUDGET seconds
+#
+# Three Python paths, so one run compares them: /tmp/site (trl, peft, datasets...: no fla, so the PyTorch reference),
+# + /tmp/site-fla (fla: its forward; its backward where the probe passes), + /tmp/site-tl (tilelang, which fla uses
+# for the gated backward kernel it refuses on Hopper under Triton < 3.7.1). Results: $OUT/results.tgz after each step.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?the device run sets OUT}
+W=${W:-/tmp/hyb}
+mkdir -p "$W" /tmp/site-fla /tmp/site-tl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl-hybrid/*.whl | grep -v -e fla_core -e flash_linear) 2>&1 | grep -v '^WARNING: Target' ; \
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-hybrid/fla_core*.whl .whl-hybrid/flash_linear*.whl 2>&1 | grep -v '^WARNING: Target'
+T0=$SECONDS; tar xJf .tl/tilelang.tar.xz -C /tmp/site-tl && ln -sf libz3.so.4.15 /tmp/site-tl/z3/lib/libz3.so
+echo "tilelang unpacked in $((SECONDS - T0)) s: $(du -sh /tmp/site-tl | cut -f1)"
+export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+BASE=/tmp/site:${PYTHONPATH:-}; FLA=/tmp/site-fla:$BASE; TL=/tmp/site-tl:$FLA
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt"
+python3 -c "import triton, torch; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$W/gpu.txt"
+END=$((SECONDS + ${BUDGET:-570}))
+
+step() {  # step NAME SECONDS PYTHONPATH COMMAND...
+  local name=$1 limit=$2 path=$3 start=$SECONDS; shift 3
+  (( limit > END - SECONDS - 5 )) && limit=$((END - SECONDS - 5))
+  (( limit < 20 )) && { echo "== $name skipped: $limit s left"; return; }
+  echo "PYTHONPATH=$path $*" >"$W/$name.cmd"
+  PYTHONPATH=$path timeout "$limit" "$@" >"$W/$name.log" 2>&1
+  echo "== $name rc $? in $((SECONDS - start)) s"; tail -4 "$W/$name.log" | cut -c1-300
+  tar czf "$OUT/results.tgz" -C "$W" --exclude=models --exclude='prepared*' --exclude=corpus --exclude='run-*' .
+}
+
+sft() {  # NAME PATH MODEL PACKING STEPS
+  step "sft_$1" 150 "$2" python3 bench/hybrid_sft.py --model "$3" --packing "$4" --steps "$5" --warmup 2 \
+    --work "$W" --out "$W/sft_$1.json"
+}
+
+all() {
+  step probe_tilelang 150 "$TL" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_tilelang.json"
+  step probe_fla 90 "$FLA" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_fla.json"
+  local best=$FLA
+  grep -q '"backward": true' "$W/hybrid_kernels_tilelang.json" 2>/dev/null && best=$TL
+  echo "best path: $best" | tee "$W/best_path.txt"
+  sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12
+  sft qwen3.5_packed_best "$best" qwen3.5-0.8b auto 12
+  sft qwen3.5_padded_best "$best" qwen3.5-0.8b false 12
+  step pytest_hybrid 120 "$best" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
+    -k "trains_exactly or leaks or generation or installs or carry"
+  sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6
+}
+
+if [ $# = 0 ]; then all; else for s in "$@"; do "$s"; done; fi

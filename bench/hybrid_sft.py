@@ -1,0 +1,147 @@
+"""SFT tokens/s of a hybrid (Qwen3.5) beside a dense model on real-length medical conversations, one stage in this
+process, Ray-free (issue 47 items 2, 3 and 5): the stage code the pipeline runs (stages.run_stage: build, train,
+finish), planned by the planner for a --cap GiB card at the data's own lengths, with the linear-attention path this
+process's kernel probe chose named in the plan. Used where Ray cannot travel with a GPU run (tilelang's wheels fill
+its 64 MiB); the pipeline's own bench is real_length_throughput.py.
+
+The data: bench/make_real_length_corpus.py's SFT mix (55 % short QA, 35 % consultations, 10 % long dialogues), the
+model random-init weights of its shape (bench/family_models.py, memory_calibration.prepare_model) with the tiny
+preset's tokenizer. Measured from the stage's metrics.jsonl: tokens/s of every step (non-padding tokens), their
+median after --warmup steps, all measured steps' tokens over their time, the peak allocated GiB against the plan.
+
+    python3 bench/hybrid_sft.py --model qwen3.5-0.8b --packing auto --steps 12 --work /tmp/hs --out $OUT/a.json
+    python3 bench/hybrid_sft.py --model-dir DIR --cap 0 ...     # a model directory as it is (CPU: a tiny one)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def model_dir(name: str, work: Path) -> Path:
+    from medgpt_ray.tiny import ensure_tiny
+
+    if name in ("qwen3.5-0.8b", "qwen3-8b", "qwen3-moe-8l"):
+        from family_models import prepare_family_model
+
+        return prepare_family_model(name, work / "models", ensure_tiny())
+    from memory_calibration import prepare_model
+
+    return prepare_model(name, work / "models", ensure_tiny())
+
+
+def prepared(work: Path, records: int) -> Any:
+    from make_real_length_corpus import make_corpus
+
+    from medgpt_ray.data.prepare import prepare_kind
+
+    corpus = work / "corpus"
+    if not (corpus / "sft.jsonl").is_file():
+        make_corpus(corpus, records, 0)
+    return prepare_kind("sft", [str(corpus / "sft.jsonl")], work / f"prepared-{records}", 0.01)
+
+
+def plan_for(model: Path, cfg: Any, data: Any, cap: float) -> Any:
+    from dataclasses import replace
+
+    import torch
+
+    from medgpt_ray.hybrid import kernels
+    from medgpt_ray.memory.budget import make_budget
+    from medgpt_ray.memory.planner import plan_stage
+    from medgpt_ray.memory.shapes import load_shape
+    from medgpt_ray.stages.length_profile import measure
+
+    gpu = torch.cuda.is_available()
+    budget = make_budget(cap if gpu and cap else None, 2.0 if gpu and cap else 0.0, "auto", gpu, f"bench cap {cap}",
+                         detected_name=torch.cuda.get_device_name() if gpu else None)
+    shape = load_shape(str(model))
+    if gpu and shape.linear_layers:
+        budget = replace(budget, linear_kernels=kernels.probe().as_dict())
+    lengths = measure("sft", cfg, "chatml", model, data.train_file)
+    return plan_stage("sft", cfg, 1, gpu, shape, budget, lengths), lengths
+
+
+def steps_of(metrics: Path, warmup: int) -> dict[str, Any]:
+    """Per-step tokens/s (StageProgress's metrics.jsonl: non-padding tokens), and over the steps after `warmup`:
+    their median, and their tokens over their seconds."""
+    steps = [r for r in (json.loads(x) for x in metrics.read_text().splitlines() if x.strip()) if "tokens_per_s" in r]
+    times = [0.0] + [r["time_s"] for r in steps]
+    seconds = [b - a for a, b in zip(times, times[1:], strict=False)]
+    out: dict[str, Any] = {"steps": len(steps), "tokens_per_s": [round(r["tokens_per_s"]) for r in steps],
+                           "step_seconds": [round(x, 2) for x in seconds],
+                           "losses": [round(r["loss"], 4) for r in steps if "loss" in r]}
+    measured = list(zip(steps, seconds, strict=True))[warmup:]
+    if measured:
+        out["median_after_warmup"] = round(statistics.median(r["tokens_per_s"] for r, _ in measured))
+        secs = sum(dt for _, dt in measured)
+        out["overall"] = round(sum(r["tokens_per_s"] * dt for r, dt in measured) / max(secs, 1e-9))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3.5-0.8b")
+    ap.add_argument("--model-dir", type=Path, help="a model directory instead of --model's random weights")
+    ap.add_argument("--packing", default="auto", choices=["auto", "false"])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--records", type=int, default=3000)
+    ap.add_argument("--effective-batch", type=int, default=16)
+    ap.add_argument("--cap", type=float, default=24.0, help="GiB the CUDA allocator is capped at (0: none)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/hybrid_sft"))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    import torch
+    from memory_calibration import cap_allocator, single_process_env
+
+    from medgpt_ray.config import LoraConfig, SFTStageConfig
+    from medgpt_ray.memory.format import plan_line
+    from medgpt_ray.stages import run_stage
+    from medgpt_ray.stages.inputs import StageInputs
+
+    single_process_env()
+    if torch.cuda.is_available() and args.cap:
+        cap_allocator(args.cap)
+    model = args.model_dir or model_dir(args.model, args.work)
+    data = prepared(args.work, args.records)
+    gpu = torch.cuda.is_available()
+    cfg = SFTStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=1e-4, seq_len=2048,
+                         precision="bf16" if gpu else "fp32", effective_batch=args.effective_batch,
+                         max_steps=args.steps, logging_steps=1, save_steps=10**6, warmup_ratio=0.0,
+                         packing="auto" if args.packing == "auto" else False)
+    plan, lengths = plan_for(model, cfg, data, args.cap)
+    print("plan:", plan_line(plan), flush=True)
+    out = args.work / f"run-{model.name}-{args.packing}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.monotonic()
+    result = run_stage(StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file,
+                                   str(out), resume=False))
+    doc = {"command": " ".join(sys.argv), "model": args.model_dir and str(args.model_dir) or args.model,
+           "device": torch.cuda.get_device_name() if gpu else "cpu", "packing_setting": args.packing,
+           "plan_line": plan_line(plan), "plan": plan.to_dict(), "lengths": lengths.describe() if lengths else None,
+           "wall_s": round(time.monotonic() - t0, 1), "packing": result.get("packing"),
+           "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if gpu else None,
+           "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,
+           **steps_of(out / "metrics.jsonl", args.warmup)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str))
+    print(json.dumps({k: v for k, v in doc.items() if k != "plan"}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
