@@ -38,18 +38,21 @@ sft() {  # NAME PATH MODEL PACKING STEPS
     --work "$W" --out "$W/sft_$1.json"
 }
 
-all() {
-  step probe_tilelang 150 "$TL" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_tilelang.json"
-  step probe_fla 90 "$FLA" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_fla.json"
-  local best=$FLA
-  grep -q '"backward": true' "$W/hybrid_kernels_tilelang.json" 2>/dev/null && best=$TL
-  echo "best path: $best" | tee "$W/best_path.txt"
-  sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12
-  sft qwen3.5_packed_best "$best" qwen3.5-0.8b auto 12
-  sft qwen3.5_padded_best "$best" qwen3.5-0.8b false 12
-  step pytest_hybrid 120 "$best" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
-    -k "trains_exactly or leaks or generation or installs or carry"
-  sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6
+best() {  # the fastest path whose probe passed fla's backward: with tilelang, else fla alone (its forward)
+  if grep -q '"backward": true' "$W/hybrid_kernels_tilelang.json" 2>/dev/null; then echo "$TL"; else echo "$FLA"; fi
 }
+probe_tl() { step probe_tilelang 150 "$TL" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_tilelang.json"; }
+probe_fla() { step probe_fla 90 "$FLA" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_fla.json"; }
+sft_dense() { sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12; }
+sft_packed() { sft qwen3.5_packed_best "$(best)" qwen3.5-0.8b auto 12; }
+sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }
+sft_reference() { sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6; }
+pytest_best() {
+  step pytest_hybrid 120 "$(best)" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
+    -k "trains_exactly or leaks or generation or installs or carry"
+}
+
+# The first run (2026-12-06): every step. Later runs name theirs.
+all() { probe_tl; probe_fla; sft_dense; sft_packed; sft_padded; pytest_best; sft_reference; }
 
 if [ $# = 0 ]; then all; else for s in "$@"; do "$s"; done; fi

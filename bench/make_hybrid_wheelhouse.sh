@@ -5,8 +5,9 @@
 #   .tl/tilelang.tar.xz  tilelang 0.1.15 with what it needs that the image lacks (apache-tvm-ffi, torch-c-dlpack-ext,
 #                     z3-solver), unpacked and re-packed with xz: as wheels they are ~82 MB (tilelang's libtvm_compiler
 #                     and libtilelang alone 35 MB deflated; z3's wheel holds libz3 twice), over a run's 64 MiB. Left out:
-#                     TVM's C++ sources, cutlass's tools, the Ascend and HIP parts, z3's second copy of libz3
-#                     (libz3.so; the run links it back to libz3.so.4.15). ~42 MB.
+#                     TVM's C++ sources, cutlass's tools, z3's second copy of libz3 (libz3.so; the run links it back
+#                     to libz3.so.4.15). ~42 MB. (tilelang loads its HIP and Ascend stub libraries at import even on
+#                     CUDA: without libstub_hip.so it fails, and so does `import fla` with it on the path.)
 #
 #   bash bench/make_hybrid_wheelhouse.sh        # from the project root, once .venv exists (~4 min: xz -9e)
 set -euo pipefail
@@ -22,9 +23,8 @@ if [ ! -f .tl/tilelang.tar.xz ]; then
   T=$(mktemp -d); mkdir -p "$T/w" "$T/site" .tl
   dl "$T/w" tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0
   for w in "$T"/w/*.whl; do unzip -q -o "$w" -d "$T/site"; done
-  (cd "$T/site" && rm -rf tilelang/3rdparty/tvm/src tilelang/3rdparty/cutlass/tools tilelang/ascend tilelang/src/ascend \
-     tilelang/lib/libstub_ascendcl.so tilelang/lib/libstub_hip*.so tilelang/lib/tilelang_ascend_npu_exchange.abi3.so \
-     z3/lib/libz3.so && tar cf - . | xz -9e -T0 > "$OLDPWD/.tl/tilelang.tar.xz")
+  (cd "$T/site" && rm -rf tilelang/3rdparty/tvm/src tilelang/3rdparty/cutlass/tools z3/lib/libz3.so \
+     && tar cf - . | xz -9e -T0 > "$OLDPWD/.tl/tilelang.tar.xz")
   rm -rf "$T"
 fi
 du -sh .whl-hybrid .tl

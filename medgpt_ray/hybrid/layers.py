@@ -6,8 +6,8 @@ subclass, and of their decoder layers for one that hands the layer the position 
 to full attention). Nothing inside transformers is reassigned; the weights and state dicts are untouched.
 
 Per call:
-- with a cache (generation, prefill and decode): transformers' own forward, with the kernels its decorators bound
-  (fla's where installed; forward-only, which the Hopper backward check does not touch);
+- with a cache (generation, prefill and decode): hybrid/cached.py, transformers' own steps with the delta rule on
+  fla's kernels on CUDA (forward-only: the Hopper backward check is not met), else on the PyTorch reference;
 - without one (training, scoring, reference log-probs): each row's conversations are found from its position ids
   (hybrid/segments.py; TRL's padding-free batches bring `cu_seq_lens_q` too) and every conversation starts from a
   zero state, on fla's kernels with `cu_seqlens` where hybrid/kernels.route allows, else on transformers' PyTorch
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from medgpt_ray.hybrid import kernels
+from medgpt_ray.hybrid.cached import cached_mix
 from medgpt_ray.hybrid.mixing import Conv, Heads, mix_kernels, mix_reference
 from medgpt_ray.hybrid.segments import cu_seqlens, row_starts
 
@@ -40,8 +41,15 @@ class PackedDeltaNet:
         positions = kwargs.pop(POSITIONS, None)
         cache = cache if cache is not None else kwargs.pop("cache_params", None)  # 5.24 says cache, 5.17 cache_params
         if cache is not None:
-            return super().forward(hidden_states, cache, attention_mask, **kwargs)
+            return self._cached(hidden_states, attention_mask, cache)
         return self._mix(hidden_states, attention_mask, positions, kwargs.get("cu_seq_lens_q"))
+
+    def _cached(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import apply_mask_to_padding_states
+
+        hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
+        out, z = cached_mix(self, hidden_states, cache)
+        return self.out_proj(self.norm(out.reshape(-1, self.head_v_dim), z).reshape(*hidden_states.shape[:2], -1))
 
     def _segments(self, rows: int, width: int, positions: torch.Tensor | None, flat_cu: torch.Tensor | None,
                   device: torch.device) -> torch.Tensor:

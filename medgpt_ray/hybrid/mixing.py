@@ -11,6 +11,8 @@ import torch
 
 from medgpt_ray.hybrid.segments import SegmentBatch, is_packed
 
+CHUNK = 64  # the reference's chunk (torch_chunk_gated_delta_rule's default)
+
 
 @dataclass(frozen=True)
 class Heads:
@@ -32,6 +34,14 @@ class Heads:
         lead = qkv.shape[:-1]
         return (q.reshape(*lead, self.k_heads, self.k_dim), k.reshape(*lead, self.k_heads, self.k_dim),
                 v.reshape(*lead, self.v_heads, self.v_dim))
+
+    def repeated(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k repeated to the value heads, for the PyTorch reference: transformers 5.17's expects them so (its
+        layer repeats them before the call), 5.24's repeats them itself when they are not."""
+        if self.v_heads == self.k_heads:
+            return q, k
+        n = self.v_heads // self.k_heads
+        return q.repeat_interleave(n, dim=2), k.repeat_interleave(n, dim=2)
 
 
 @dataclass(frozen=True)
@@ -58,19 +68,26 @@ def mix_kernels(ops: tuple[Callable, Callable], qkv: torch.Tensor, conv: Conv, g
 
 def mix_reference(ops: tuple[Callable, Callable], qkv: torch.Tensor, conv: Conv, g: torch.Tensor,
                   beta: torch.Tensor, cu: torch.Tensor, heads: Heads) -> torch.Tensor:
-    """transformers' PyTorch reference on the same inputs. A row of several conversations is cut into its segments,
-    padded into a batch of their own (the reference takes no cu_seqlens), and put back."""
-    chunk_rule, causal_conv = ops
+    """transformers' PyTorch reference on the same inputs. Rows of several conversations are cut into their
+    conversations, run in batches of equal chunk counts (the reference takes no cu_seqlens), and put back."""
     rows, width = qkv.shape[:2]
-    segments = SegmentBatch.of(cu) if is_packed(cu, rows) else None
-    if segments is not None:
-        qkv, g, beta = (segments.gather(t.reshape(rows * width, *t.shape[2:])) for t in (qkv, g, beta))
+    if not is_packed(cu, rows):
+        return _reference(ops, qkv, conv, g, beta, heads)
+    flat_qkv, flat_g, flat_beta = (t.reshape(rows * width, *t.shape[2:]) for t in (qkv, g, beta))
+    out = None
+    for batch in SegmentBatch.buckets(cu, CHUNK):
+        part = _reference(ops, batch.gather(flat_qkv), conv, batch.gather(flat_g), batch.gather(flat_beta), heads)
+        out = batch.scatter_into(part.new_zeros(rows * width, *part.shape[2:]) if out is None else out, part)
+    return out.reshape(rows, width, heads.v_heads, heads.v_dim)
+
+
+def _reference(ops: tuple[Callable, Callable], qkv: torch.Tensor, conv: Conv, g: torch.Tensor, beta: torch.Tensor,
+               heads: Heads) -> torch.Tensor:
+    """[N, L, C] sequences, each from a zero state -> [N, L, HV, V]."""
+    chunk_rule, causal_conv = ops
     x = causal_conv(qkv.transpose(1, 2), conv.weight, conv.bias, activation=conv.activation).transpose(1, 2)
     q, k, v = heads.split(x)
-    if heads.v_heads != heads.k_heads:  # transformers 5.17's reference expects q and k repeated to the value heads
-        q, k = (t.repeat_interleave(heads.v_heads // heads.k_heads, dim=2) for t in (q, k))
+    q, k = heads.repeated(q, k)
     out, _ = chunk_rule(q, k, v, g=g, beta=beta, initial_state=None, output_final_state=False,
                         use_qk_l2norm_in_kernel=True)
-    if segments is not None:
-        out = segments.scatter(out)
-    return out.reshape(rows, width, heads.v_heads, heads.v_dim)
+    return out

@@ -33,22 +33,30 @@ def is_packed(cu: torch.Tensor, rows: int) -> bool:
 
 @dataclass(frozen=True)
 class SegmentBatch:
-    """The segments of a flattened sequence gathered into [N, longest] (right-padded with zeros): `index` [N, longest]
-    the flat position of each slot, `valid` which slots are real. Causal layers see no padding before a real token,
-    so the real slots' outputs are the segment's own."""
+    """Segments of a flattened sequence gathered into [N, longest] (right-padded with zeros): `index` [N, longest] the
+    flat position of each slot, `valid` which slots are real. Causal layers see no padding before a real token, so
+    the real slots' outputs are the segment's own."""
 
     index: torch.Tensor
     valid: torch.Tensor
 
     @classmethod
-    def of(cls, cu: torch.Tensor) -> SegmentBatch:
-        cu = cu.long()
-        lengths = cu[1:] - cu[:-1]
+    def of(cls, starts: torch.Tensor, lengths: torch.Tensor, total: int) -> SegmentBatch:
         longest = int(lengths.max())
-        offsets = torch.arange(longest, device=cu.device)
+        offsets = torch.arange(longest, device=starts.device)
         valid = offsets[None, :] < lengths[:, None]
-        index = (cu[:-1, None] + offsets[None, :]).clamp(max=int(cu[-1]) - 1)
+        index = (starts[:, None] + offsets[None, :]).clamp(max=total - 1)
         return cls(index, valid)
+
+    @classmethod
+    def buckets(cls, cu: torch.Tensor, chunk: int) -> list[SegmentBatch]:
+        """The segments of `cu` in batches of the same number of `chunk`-token chunks: each padded by less than one
+        chunk (the reference pads every sequence to whole chunks anyway), so memory stays that of the tokens, not of
+        as many copies of the longest conversation as the row holds."""
+        cu = cu.long()
+        starts, lengths = cu[:-1], cu[1:] - cu[:-1]
+        chunks = (lengths + chunk - 1) // chunk
+        return [cls.of(starts[chunks == n], lengths[chunks == n], int(cu[-1])) for n in chunks.unique().tolist()]
 
     def gather(self, flat: torch.Tensor) -> torch.Tensor:
         """[T, ...] -> [N, longest, ...], zeros in the padding slots."""
@@ -56,6 +64,7 @@ class SegmentBatch:
         shape = (*self.valid.shape, *([1] * (flat.dim() - 1)))
         return out * self.valid.reshape(shape).to(out.dtype)
 
-    def scatter(self, padded: torch.Tensor) -> torch.Tensor:
-        """[N, longest, ...] -> [T, ...]: the real slots, in order (segments are contiguous and in order)."""
-        return padded[self.valid]
+    def scatter_into(self, flat: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+        """`flat` [T, ...] with the real slots of `padded` [N, longest, ...] written at their positions (out of place,
+        so gradients flow to both)."""
+        return flat.index_put((self.index[self.valid],), padded[self.valid])

@@ -166,11 +166,15 @@ def test_transformers_own_layer_leaks_a_conversation_into_the_next(hybrid, tiny_
 
 
 def test_generation_on_our_layer_equals_transformers_own(hybrid):
-    """With a cache (generate's prefill and decode) the layer is transformers' own: the same greedy tokens."""
+    """With a cache (generate's prefill, then a token a step; hybrid/cached.py) our layer decodes as transformers'
+    own: the same greedy tokens, for a left-padded batch too."""
     ours, stock = load(hybrid), load(hybrid, ours=False)
-    prompt = _conversations(ours.config.vocab_size)[1][None]
-    kw = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
-    assert torch.equal(ours.generate(prompt, **kw), stock.generate(prompt, **kw))
+    a, b, _ = _conversations(ours.config.vocab_size)
+    prompts = torch.stack([b[:40], torch.cat([torch.zeros(29, dtype=torch.long), a])])
+    mask = torch.stack([torch.ones(40, dtype=torch.long), (torch.arange(40) >= 29).long()])
+    kw = {"attention_mask": mask, "max_new_tokens": 12, "do_sample": False, "pad_token_id": 0}
+    got = ours.generate(prompts, **kw)
+    assert got.shape == (2, 52) and torch.equal(got, stock.generate(prompts, **kw))
 
 
 @pytest.fixture(scope="module")

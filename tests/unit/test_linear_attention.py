@@ -22,14 +22,17 @@ def test_segments_start_where_positions_restart_and_at_every_row():
     assert row_starts(2, 6, cu.device).tolist() == [0, 6, 12]
 
 
-def test_a_segment_batch_gathers_each_conversation_from_its_start_and_puts_it_back():
-    cu = torch.tensor([0, 3, 5, 6, 8, 12])
-    flat = torch.arange(12.0)[:, None].repeat(1, 2) + 1
-    seg = SegmentBatch.of(cu)
-    padded = seg.gather(flat)
-    assert padded.shape == (5, 4, 2)
-    assert padded[:, :, 0].tolist() == [[1, 2, 3, 0], [4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 0, 0], [9, 10, 11, 12]]
-    assert torch.equal(seg.scatter(padded), flat)
+def test_segments_gather_in_batches_of_equal_chunk_counts_and_go_back_in_place():
+    cu = torch.tensor([0, 3, 5, 6, 8, 12, 21])  # lengths 3, 2, 1, 2, 4, 9
+    flat = torch.arange(21.0)[:, None].repeat(1, 2) + 1
+    batches = SegmentBatch.buckets(cu, chunk=4)
+    assert [b.valid.sum(1).tolist() for b in batches] == [[3, 2, 1, 2, 4], [9]]  # 1 chunk of 4; 3 chunks
+    assert batches[0].gather(flat)[:, :, 0].tolist() == [[1, 2, 3, 0], [4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 0, 0],
+                                                        [9, 10, 11, 12]]
+    out = torch.zeros_like(flat)
+    for b in batches:
+        out = b.scatter_into(out, b.gather(flat))
+    assert torch.equal(out, flat)
 
 
 def test_without_cuda_every_call_takes_the_reference():
