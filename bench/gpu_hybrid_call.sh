@@ -47,6 +47,13 @@ sft_dense() { sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12; }
 sft_packed() { sft qwen3.5_packed_best "$(best)" qwen3.5-0.8b auto 12; }
 sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }
 sft_reference() { sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6; }
+decode() {  # the static decode path (compiled, CUDA graphs) against generate's dynamic one, hybrid and dense
+  for m in qwen3.5-0.8b qwen2.5-1.5b; do
+    [ -d "$W/models/$m" ] || continue
+    step "decode_$m" 150 "$(best)" python3 bench/generation_throughput.py --model-dir "$W/models/$m" --batches 16 \
+      --paths merged,merged-static --out "$W/generation_$m.json"
+  done
+}
 pytest_best() {
   step pytest_hybrid 120 "$(best)" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
     -k "trains_exactly or leaks or generation or installs or carry"

@@ -47,8 +47,10 @@ def _states(cache: Any, idx: int) -> tuple[torch.Tensor | None, torch.Tensor | N
 
 
 def _delta_rule(decode: bool, x: torch.Tensor) -> tuple[Callable, bool]:
-    """(the delta rule for this call, whether it is the reference)."""
-    if kernels.route(x) == kernels.KERNELS:
+    """(the delta rule for this call, whether it is the reference). Inside a compiled decode step (the static path's,
+    generation/decode_path.py) the reference's few tensor ops for one token are traced into the step's graph; fla's
+    autotuned Triton launch would be a call dynamo has to trace through or break at."""
+    if kernels.route(x) == kernels.KERNELS and not (decode and torch.compiler.is_compiling()):
         fla = _fla_recurrent() if decode else kernels.fla_ops()[0]
         if fla is not None:
             return fla, False
