@@ -87,12 +87,37 @@ def is_hybrid(config: Any) -> bool:
 
 
 def static_cache_bytes(config: Any, batch: int, max_len: int, dtype_bytes: int = 2) -> int:
-    """A StaticCache's K and V for `batch` sequences of `max_len` tokens on every decoder layer (a sliding-window
-    layer's is smaller: an upper bound there)."""
+    """A StaticCache for `batch` sequences of `max_len` tokens: K and V on every attention layer (a sliding-window
+    layer's is smaller: an upper bound there) and, on a hybrid's linear-attention layers, each row's state instead:
+    the fp32 recurrent state and the short convolution's last kernel-width inputs (memory/generation.py
+    linear_state_bytes prices the same for the plan)."""
+    return batch * (max_len * kv_bytes_per_token(config, dtype_bytes) + state_bytes_per_row(config, dtype_bytes))
+
+
+def _layer_types(text: Any) -> list[str]:
+    return list(getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers)
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int = 2) -> int:
+    """K and V of one token of one sequence, over the layers that keep them (not linear attention)."""
     text = config.get_text_config(decoder=True)
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    return 2 * text.num_hidden_layers * kv_heads * head_dim * dtype_bytes * batch * max_len
+    layers = sum(t != "linear_attention" for t in _layer_types(text))
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def state_bytes_per_row(config: Any, dtype_bytes: int = 2) -> int:
+    """What a hybrid's linear-attention layers hold per sequence, whatever its length; 0 without them."""
+    text = config.get_text_config(decoder=True)
+    layers = _layer_types(text).count("linear_attention")
+    if not layers:
+        return 0
+    k_heads, v_heads = text.linear_num_key_heads, text.linear_num_value_heads
+    k_dim, v_dim = text.linear_key_head_dim, text.linear_value_head_dim
+    recurrent = 4 * v_heads * k_dim * v_dim
+    conv = dtype_bytes * (2 * k_heads * k_dim + v_heads * v_dim) * text.linear_conv_kernel_dim
+    return layers * (recurrent + conv)
 
 
 def free_device_bytes(device: str) -> int | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from medgpt_ray.generation.continuous import PoolLimits
-from medgpt_ray.generation.decode_path import is_hybrid, static_cache_bytes
+from medgpt_ray.generation.decode_path import is_hybrid, kv_bytes_per_token
 
 MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
 
@@ -136,7 +136,7 @@ def slot_length(model: Any, limits: PoolLimits, room: int | None) -> int:
     length = 2 * limits.tokens_per_request
     element = next(model.parameters()).element_size()
     if room is not None:
-        per_column = static_cache_bytes(model.config, limits.requests, 1, element)
+        per_column = limits.requests * kv_bytes_per_token(model.config, element)
         length = min(length, int(MEMORY_SHARE * room) // per_column)
     if length < min(limits.tokens_per_request + 1, 256):
         raise ValueError(f"the free memory holds a slot cache of {length} tokens for {limits.requests} requests; "

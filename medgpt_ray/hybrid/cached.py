@@ -18,14 +18,17 @@ import torch
 from medgpt_ray.hybrid import kernels
 from medgpt_ray.hybrid.mixing import Heads
 
+_REFERENCE: dict[str, Callable] = {}  # filled once; a plain dict, which a compiled decode step reads as a constant
 
-@functools.cache
+
 def _reference() -> dict[str, Callable]:
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    if not _REFERENCE:
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
-    return {name: inspect.unwrap(getattr(m, name)) for name in (
-        "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
-        "causal_conv1d_update")}
+        _REFERENCE.update({name: inspect.unwrap(getattr(m, name)) for name in (
+            "torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+            "causal_conv1d_update")})
+    return _REFERENCE
 
 
 @functools.cache
@@ -47,10 +50,10 @@ def _states(cache: Any, idx: int) -> tuple[torch.Tensor | None, torch.Tensor | N
 
 
 def _delta_rule(decode: bool, x: torch.Tensor) -> tuple[Callable, bool]:
-    """(the delta rule for this call, whether it is the reference). Inside a compiled decode step (the static path's,
+    """(the delta rule for this call, whether it is the reference). Inside a compiled step (the static path's decode,
     generation/decode_path.py) the reference's few tensor ops for one token are traced into the step's graph; fla's
     autotuned Triton launch would be a call dynamo has to trace through or break at."""
-    if kernels.route(x) == kernels.KERNELS and not (decode and torch.compiler.is_compiling()):
+    if not torch.compiler.is_compiling() and kernels.route(x) == kernels.KERNELS:
         fla = _fla_recurrent() if decode else kernels.fla_ops()[0]
         if fla is not None:
             return fla, False

@@ -233,9 +233,9 @@ def flex_model(tiny_model, tmp_path) -> Path:
 
 def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback_says(data, flex_model, tmp_path):
     """A packed plan reaching a worker whose model cannot pack (here: flex attention, which packing is not checked
-    for; once a Qwen3.5 hybrid) trains one conversation a micro-batch with every layer recomputing (memory/stage_plan.unpacked); the
-    checkpointing trained is that plan's, not the packed plan's fraction (which trained the H200's Qwen3.5 runs at
-    8 GiB where the fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
+    for; once a Qwen3.5 hybrid) trains one conversation a micro-batch with every layer recomputing
+    (memory/stage_plan.unpacked); the checkpointing trained is that plan's, not the packed plan's fraction (which
+    trained the H200's Qwen3.5 runs at 8 GiB where the fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
     from dataclasses import replace
 
     from medgpt_ray.memory.stage_plan import packed_rows

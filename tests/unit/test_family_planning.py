@@ -1,7 +1,8 @@
 """Issues 34 and 47: what the planner may choose for a family is what runs on it. A hybrid (Qwen3.5) model is planned
 packed like a dense one (its linear-attention layer keeps conversations apart: hybrid/layers.py), its plan names the
-kernels the GPU's probe found, and it is never compiled on `auto`; liger-kernel's coverage of each family decides whether Liger's layer
-kernels or fused CE can stand behind an estimate (found on the H200: Liger raises on Qwen3.5's RoPE)."""
+kernels the GPU's probe found, and it is never compiled on `auto`; liger-kernel's coverage of each family decides
+whether Liger's layer kernels or fused CE can stand behind an estimate (found on the H200: Liger raises on Qwen3.5's
+RoPE)."""
 
 from __future__ import annotations
 
