@@ -12,14 +12,16 @@ Moving a column does not change attention: the keys carry their rotary position 
 each row's position ids are its own (the engine's). The cache's tensors stay where they are (moved in place), so the
 compiled decode step's graphs keep reading them. A free row's mask is all ones: it attends to whatever its columns
 hold (a row with nothing valid would give NaN), and its tokens are dropped. `slot_length` sizes the rows from the
-free memory; `slot_unsupported_reason` names the models whose layers keep something other than K and V."""
+free memory; `slot_unsupported_reason` names the models whose layers the slots cannot hold (sliding windows). A
+hybrid's (Qwen3.5's) linear-attention layers keep no columns but a state per row (its convolution's last inputs and
+the delta rule's matrix): a joining request's prefill state is copied into its row, compaction leaves them be."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from medgpt_ray.generation.continuous import PoolLimits
-from medgpt_ray.generation.decode_path import is_hybrid, kv_bytes_per_token
+from medgpt_ray.generation.decode_path import kv_bytes_per_token, state_bytes_per_row
 
 MEMORY_SHARE = 0.8  # of the free memory the slot cache may take: the step's own tensors sit beside it
 
@@ -42,7 +44,7 @@ class SlotCache:
             model(input_ids=torch.zeros(rows, 1, dtype=torch.long, device=device), attention_mask=self.padding,
                   position_ids=torch.zeros(rows, 1, dtype=torch.long, device=device), use_cache=True,
                   **{cache_kwarg: self.cache})
-        self.cache.reset()
+        self._reset()
         self.t = 0
         self.compactions = 0
 
@@ -50,10 +52,24 @@ class SlotCache:
     def layers(self) -> list[Any]:
         return self.cache.layers
 
+    @property
+    def attention_layers(self) -> list[Any]:
+        """The layers that keep K and V in columns (a hybrid's linear-attention layers keep a state per row)."""
+        return [layer for layer in self.cache.layers if not _is_linear(layer)]
+
     def _set_position(self, t: int) -> None:
-        for layer in self.layers:
+        for layer in self.attention_layers:
             layer.cumulative_length.fill_(t)
         self.t = t
+
+    def _reset(self) -> None:
+        """The cache zeroed. A linear-attention layer's zeroed state is an empty history (its convolution over zeros is
+        a sequence's left edge, its delta rule starts from the zero matrix), so it stays marked as a state the decode
+        step continues from: the compiled step then sees one layout from its warm-up on (no recompilation)."""
+        self.cache.reset()
+        for layer in self.layers:
+            if _is_linear(layer):
+                layer.has_previous_state[0] = True
 
     def room(self, width: int) -> bool:
         """Whether a prompt of `width` columns fits beside the rows' current columns now (else: compact first)."""
@@ -71,6 +87,9 @@ class SlotCache:
         index = torch.tensor(rows, device=self.padding.device)
         start = self.t - width
         for layer, new in zip(self.layers, prefill.layers, strict=True):
+            if _is_linear(layer):
+                _place_state(layer, new, index)
+                continue
             layer.keys[index, :, start:self.t] = new.keys.to(layer.keys.dtype)
             layer.values[index, :, start:self.t] = new.values.to(layer.values.dtype)
         self.padding[index] = 0
@@ -88,7 +107,7 @@ class SlotCache:
 
     def clear(self) -> None:
         """Every row given back and the cache zeroed (after a failed step, whose writes are not to be trusted)."""
-        self.cache.reset()
+        self._reset()
         self.active.zero_()
         self.padding.fill_(1)
         self._set_position(0)
@@ -109,7 +128,7 @@ class SlotCache:
             raise RuntimeError(f"a request holds all {self.length} columns of the slot cache; a request may hold at "
                                "most one less than the cache's length")
         take = torch.sort(valid.int(), dim=1, stable=True).indices[:, t - keep:]  # each row's valid ones, last
-        for layer in self.layers:
+        for layer in self.attention_layers:
             for tensor in (layer.keys, layer.values):
                 heads, dim = tensor.shape[1], tensor.shape[3]
                 moved = tensor[:, :, :t].gather(2, take[:, None, :, None].expand(-1, heads, -1, dim))
@@ -121,10 +140,22 @@ class SlotCache:
         self.compactions += 1
 
 
+def _is_linear(layer: Any) -> bool:
+    """A cache layer of a hybrid's linear attention (transformers' LinearAttentionLayer, 5.17 and 5.24)."""
+    return hasattr(layer, "recurrent_states")
+
+
+def _place_state(layer: Any, new: Any, index: Any) -> None:
+    """The prompts' conv and recurrent states (a prefill's cache layer) into rows `index` of a linear-attention layer,
+    in place; from then on the decode steps take the state path (a free row's state runs on unread, as its K/V do)."""
+    for mine, theirs in ((layer.conv_states, new.conv_states), (layer.recurrent_states, new.recurrent_states)):
+        mine[0][index] = theirs[0].to(mine[0].dtype)
+    layer.has_previous_state[0] = True
+
+
 def slot_unsupported_reason(config: Any) -> str | None:
-    """Why a model of this config cannot decode on slots, or None."""
-    if is_hybrid(config):
-        return "linear-attention layers keep a state, not K and V a slot can hold"
+    """Why a model of this config cannot decode on slots, or None. A hybrid's linear-attention layers can: their
+    state is per row, taken with the row and overwritten when the next request joins (SlotCache.place)."""
     if "sliding_attention" in (config.get_text_config().to_dict().get("layer_types") or ()):
         return "sliding-window layers keep a cache shorter than the slots' columns"
     return None
@@ -137,7 +168,8 @@ def slot_length(model: Any, limits: PoolLimits, room: int | None) -> int:
     element = next(model.parameters()).element_size()
     if room is not None:
         per_column = limits.requests * kv_bytes_per_token(model.config, element)
-        length = min(length, int(MEMORY_SHARE * room) // per_column)
+        states = limits.requests * state_bytes_per_row(model.config, element)  # a hybrid's, whatever the length
+        length = min(length, int(MEMORY_SHARE * room - states) // per_column)
     if length < min(limits.tokens_per_request + 1, 256):
         raise ValueError(f"the free memory holds a slot cache of {length} tokens for {limits.requests} requests; "
                          f"a request may need {limits.tokens_per_request}: lower --max-concurrent, --max-tokens-limit "

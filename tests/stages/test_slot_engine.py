@@ -202,18 +202,45 @@ def test_auto_serves_on_transformers_engine_where_slots_cannot_hold_the_layers(s
     sliding = AutoConfig.from_pretrained(spread_model, use_sliding_window=True, sliding_window=16,
                                          layer_types=["sliding_attention", "full_attention"])
     hybrid = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                               layer_types=["linear_attention", "full_attention"])
     assert "sliding_attention" in sliding.layer_types
-    assert [engine_for("auto", c) for c in (dense, sliding, hybrid)] == ["slots", "transformers", "transformers"]
-    assert engine_for("slots", hybrid) == "slots"  # named: serving_path then says why it cannot
+    assert [engine_for("auto", c) for c in (dense, sliding, hybrid)] == ["slots", "transformers", "slots"]
+    assert engine_for("slots", sliding) == "slots"  # named: serving_path then says why it cannot
+    assert "sliding-window" in slot_unsupported_reason(sliding) and slot_unsupported_reason(hybrid) is None
     with pytest.raises(ValueError, match="engine 'fast': one of auto, transformers, slots"):
         engine_for("fast", dense)
 
 
-def test_a_hybrid_model_is_named_unsupported():
-    from transformers import Qwen3_5TextConfig
+@pytest.fixture(scope="module")
+def spread_hybrid(spread_model, tmp_path_factory):  # noqa: F811
+    """A tiny Qwen3.5 (linear attention, then full attention, twice) with the spread model's tokenizer and weights
+    drawn as wide: its greedy answers depend on the prompt."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    config = Qwen3_5TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                               layer_types=["linear_attention", "full_attention"])
-    assert "linear-attention" in slot_unsupported_reason(config)
+    from medgpt_ray import models
+
+    tok = models.load_tokenizer(spread_model)
+    cfg = Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
+                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, linear_num_key_heads=2,
+                            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                            linear_conv_kernel_dim=3, layer_types=["linear_attention", "full_attention"] * 2)
+    torch.manual_seed(0)
+    model = Qwen3_5ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    out = tmp_path_factory.mktemp("spread-hybrid")
+    model.save_pretrained(out)
+    for f in spread_model.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+def test_a_hybrid_on_slots_gives_each_request_its_own_tokens(spread_hybrid):
+    """Linear-attention layers keep a state per row: requests joining while others decode, and past the cache's end
+    (compacted), each get the greedy answer their prompt gets alone, in one compiled graph."""
+    test_requests_joining_mid_decode_and_past_the_caches_end_get_their_own_tokens(spread_hybrid)
