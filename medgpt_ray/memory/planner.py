@@ -12,6 +12,7 @@ that would), plan_build.py (the StagePlan of the chosen one); this module puts t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from medgpt_ray.config import ConfigError, PipelineConfig, StageConfig
@@ -29,6 +30,17 @@ from medgpt_ray.memory.stage_plan import StagePlan
 __all__ = ["PlanError", "model_shape", "plan_all", "plan_stage", "resolve_budget"]
 
 
+def linear_kernels(shape: ModelShape, budget: Budget, use_gpu: bool) -> bool | None:
+    """Whether a hybrid trains its linear attention on flash-linear-attention's kernels, as the GPU's probe found
+    (hybrid/kernels.py); False on the CPU (the reference); None where nobody probed (and for a dense model)."""
+    if not shape.linear_layers:
+        return None
+    if not use_gpu:
+        return False
+    found = budget.linear_kernels
+    return None if found is None else found["training"] == "fla"
+
+
 def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, shape: ModelShape | None = None,
                budget: Budget | None = None, lengths: LengthProfile | None = None) -> StagePlan:
     """The fastest configuration predicted to fit; `lengths` (the train data's, stages/length_profile.py) plans
@@ -40,7 +52,9 @@ def plan_stage(stage: str, cfg: StageConfig, num_workers: int, use_gpu: bool, sh
     seq_len = planned_seq_len(stage, cfg, lengths, reasons)
     packed = packs(stage, cfg, lengths)
     cands = []
+    linear = linear_kernels(shape, budget, use_gpu)
     for setup in setups(stage, cfg, shape, opts, num_workers, use_gpu, seq_len, packed):
+        setup = replace(setup, linear_kernels=linear)
         try:
             cands.append(candidate(shape, setup, budget))
         except SetupError:

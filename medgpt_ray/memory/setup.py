@@ -33,6 +33,9 @@ class TrainSetup:
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed rows with a block-diagonal mask (sft: stages/packing.py, rm: reward_packing.py)
+    # A hybrid's linear attention in training: on flash-linear-attention's kernels (True), on the PyTorch reference
+    # (False), or not known (None: the GPU was not probed; priced by whether fla imports here).
+    linear_kernels: bool | None = None
     generations: int = 0  # GRPO: completions per prompt (0: no generation phase; memory/generation.peak adds it)
     completion_len: int = 0  # GRPO: max completion tokens (seq_len is prompt + completion)
     reward_network: bool = False  # GRPO: a reward model network is resident (the reward_model reward)

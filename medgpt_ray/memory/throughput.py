@@ -114,7 +114,7 @@ def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     seconds = tokens * flops_per_token(shape, s) / (gpu.bf16_tflops * 1e12 * eff)
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
-    kernels += delta_rule_ops(shape, s.seq_len)
+    kernels += delta_rule_ops(shape, s.seq_len, s.linear_kernels)
     seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
     profile = memory_profile(s.stage)
     if not (profile.score_head or profile.chunked_head) and not s.fused_ce:  # a loss over the full logits
@@ -148,10 +148,11 @@ def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def delta_rule_ops(shape: ModelShape, seq_len: int) -> int:
-    """The ops of one pass of a hybrid's linear-attention layers on transformers' PyTorch delta rule (none with
-    flash-linear-attention's kernels installed here, or for a model without linear attention)."""
-    if not shape.linear_layers or fla_installed():
+def delta_rule_ops(shape: ModelShape, seq_len: int, on_kernels: bool | None = None) -> int:
+    """The ops of one pass of a hybrid's linear-attention layers on transformers' PyTorch delta rule (none on
+    flash-linear-attention's kernels, or for a model without linear attention). `on_kernels`: what the GPU's probe
+    said training runs on (TrainSetup.linear_kernels); None: not probed, the kernels where fla imports here."""
+    if not shape.linear_layers or (fla_installed() if on_kernels is None else on_kernels):
         return 0
     chunks = -(-seq_len // DELTA_RULE_CHUNK_TOKENS)
     return len(shape.linear_layers) * (DELTA_RULE_OPS + DELTA_RULE_OPS_PER_CHUNK * chunks)

@@ -103,6 +103,15 @@ def test_the_pytorch_delta_rule_is_priced_as_the_launch_bound_loop_it_is(tmp_pat
                        fused_ce=True, zero=0, offload="none", gpus=1, optim="adamw")
     h200 = spec_for("NVIDIA H200")
     assert tokens_per_second(hybrid, setup, h200) < tokens_per_second(dense, setup, h200) / 5
+    # The GPU's probe decides, not this machine: kernels that passed their backward cost no reference ops.
+    assert delta_rule_ops(hybrid, 2048, on_kernels=True) == 0 and delta_rule_ops(hybrid, 2048, on_kernels=False) > 0
+    from dataclasses import replace
+
+    probed = {"device": "H100", "forward": True, "backward": True, "training": "fla", "why": "matched"}
+    fast = plan_stage("sft", sft(), 1, True, hybrid, replace(CARD, linear_kernels=probed), PACKED)
+    slow = plan_stage("sft", sft(), 1, True, hybrid,
+                      replace(CARD, linear_kernels={**probed, "backward": False, "training": "reference"}), PACKED)
+    assert fast.prediction.tokens_per_s_per_gpu > 2 * slow.prediction.tokens_per_s_per_gpu
 
 
 def test_the_gpu_measured_qwen3_5_peaks_stay_covered(repo, tmp_path):
