@@ -48,7 +48,9 @@ class OnlineRLStageConfig(OverlongStageConfig):
     generation_path: GenerationPath = "auto"
     """How the rollouts decode: static (one static KV cache for the run, the decode step compiled by transformers
     with CUDA graphs), dynamic (HF generate's growing cache, eager), or auto: static on a GPU unless QLoRA, ZeRO-3 or
-    linear-attention layers, dynamic on the CPU. plan.json's generation_path and `rollout` say which and why."""
+    linear-attention layers (a forced `static` decodes a Qwen3.5 on one static cache, its linear layers' state held in
+    place: CPU-tested, not yet measured on a GPU), dynamic on the CPU. plan.json's generation_path and `rollout` say
+    which and why."""
     reward_model_gpu: bool = False
     """Hold the reward model (the reward_model reward) in one Ray actor of its own, on a GPU of its own that the
     placement picks beside the stage's GPUs (plan.json's reward_model_gpu; a CPU run: a process of its own),
