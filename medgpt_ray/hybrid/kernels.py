@@ -57,10 +57,22 @@ def route(x: torch.Tensor) -> str:
     and for a call that builds a graph, only where the device's probe passed fla's backward."""
     if x.device.type != "cuda" or isinstance(fla_ops(), str):
         return REFERENCE
+    found = probed(x.device)
     if torch.is_grad_enabled() and x.requires_grad:
-        found = probed(x.device)
         return KERNELS if found is not None and found.backward else REFERENCE
-    return KERNELS
+    return REFERENCE if found is not None and not found.forward else KERNELS
+
+
+def demote(device: torch.device, error: Exception) -> KernelProbe:
+    """fla's kernels failed in a call on `device` after its probe passed (a shape the probe did not meet): from now on
+    this process runs the reference there, and says so once, with the error's first line."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    name = _PROBED[index].device if index in _PROBED else str(device)
+    found = KernelProbe(name, False, False, f"{FLA} failed in a call on {name} ({_first_line(error)}); the PyTorch "
+                                            f"reference from then on")
+    _PROBED[index] = found
+    print(f"[linear attention] {found.why}", flush=True)
+    return found
 
 
 def _device_name(index: int | None) -> str:
@@ -110,4 +122,5 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0][:240] if text else ''}"
 
 
-__all__ = ["FLA", "KERNELS", "REFERENCE", "KernelProbe", "fla_ops", "probe", "probed", "reference_ops", "route"]
+__all__ = ["FLA", "KERNELS", "REFERENCE", "KernelProbe", "demote", "fla_ops", "probe", "probed", "reference_ops",
+           "route"]

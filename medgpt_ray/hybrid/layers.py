@@ -72,9 +72,13 @@ class PackedDeltaNet:
         # In fp32: in fp16/bf16 exp(A_log) could overflow (transformers computes the decay the same way).
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
         conv = Conv(self.conv1d.weight.squeeze(1), self.conv1d.bias, self.activation)
+        out = None
         if kernels.route(qkv) == kernels.KERNELS:
-            out = mix_kernels(kernels.fla_ops(), qkv, conv, g, beta, cu, Heads.of(self))
-        else:
+            try:
+                out = mix_kernels(kernels.fla_ops(), qkv, conv, g, beta, cu, Heads.of(self))
+            except Exception as e:  # said once, and the device runs the reference from then on (kernels.demote)
+                kernels.demote(qkv.device, e)
+        if out is None:
             out = mix_reference(kernels.reference_ops(), qkv, conv, g, beta, cu, Heads.of(self))
         out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(rows, width, -1)
         return self.out_proj(out)

@@ -50,3 +50,18 @@ def test_a_layer_that_is_not_ours_or_got_no_boundaries_is_refused():
     plain = torch.nn.Linear(2, 2)
     why = la.refusal(plain, {la.ROWS_KEY: torch.zeros(1, 3)}, TYPES, False, "sdpa")
     assert why.startswith("3 of its 4 layers are linear attention, loaded without medgpt-ray's")
+
+
+def test_a_kernel_that_fails_after_its_probe_demotes_its_device_to_the_reference(capsys):
+    """A device whose probe passed, then whose kernels failed in a call: every later call there takes the reference
+    (forward too), and the reason is said once, naming the error."""
+    device = torch.device("cuda", 7)  # no such GPU is touched: only this process's record of it
+    kernels._PROBED[7] = kernels.KernelProbe("GPU 7", True, True, "matched")
+    try:
+        found = kernels.demote(device, RuntimeError("Triton: out of shared memory\nmore"))
+        assert (found.forward, found.backward, found.training) == (False, False, kernels.REFERENCE)
+        assert kernels.probed(device) is found
+        assert "failed in a call on GPU 7 (RuntimeError: Triton: out of shared memory)" in found.why
+        assert capsys.readouterr().out.startswith("[linear attention] flash-linear-attention failed in a call")
+    finally:
+        del kernels._PROBED[7]
