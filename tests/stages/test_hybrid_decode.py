@@ -12,24 +12,12 @@ import torch
 
 from medgpt_ray import models
 from medgpt_ray.generation.decode_path import StaticDecoder, static_cache_bytes
-
-LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-              linear_conv_kernel_dim=3)
+from tests.stages.hybrid_models import save_tiny_hybrid
 
 
 @pytest.fixture(scope="module")
 def hybrid(tiny_model, tmp_path_factory) -> Path:
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    tok = models.load_tokenizer(tiny_model)
-    cfg = Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **LINEAR)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("hybrid-decode")
-    Qwen3_5ForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_hybrid(tiny_model, tmp_path_factory.mktemp("hybrid-decode"))
 
 
 def _prompts(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,10 +23,9 @@ from medgpt_ray.memory.shapes import load_shape
 from medgpt_ray.stages import build_stage
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit import linear_attention, packed_attention
+from tests.stages.hybrid_models import save_tiny_hybrid
 
 SEQ_LEN = 512
-LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-              linear_conv_kernel_dim=3)
 LAYOUTS = {"linear-first": None,  # Qwen3_5TextConfig's own pattern: 3 linear, then full attention
            "full-first": ["full_attention"] + ["linear_attention"] * 3}
 
@@ -34,18 +33,7 @@ LAYOUTS = {"linear-first": None,  # Qwen3_5TextConfig's own pattern: 3 linear, t
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def hybrid(request, tiny_model, tmp_path_factory) -> Path:
     """A tiny random Qwen3.5 text model with the tiny tokenizer, saved as a checkpoint directory."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    tok = models.load_tokenizer(tiny_model)
-    kw = {"layer_types": LAYOUTS[request.param]} if LAYOUTS[request.param] else {}
-    cfg = Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **LINEAR, **kw)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp(request.param)
-    Qwen3_5ForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_hybrid(tiny_model, tmp_path_factory.mktemp(request.param), LAYOUTS[request.param])
 
 
 def load(path: Path, attn: str = "sdpa", ours: bool = True):

@@ -17,6 +17,7 @@ from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.slot_cache import slot_unsupported_reason
 from medgpt_ray.generation.slot_engine import SlotEngine
+from tests.stages.hybrid_models import save_tiny_hybrid
 from tests.stages.test_continuous_engine import (  # noqa: F401  (spread_model: the fixture)
     QUESTIONS,
     finish_order,
@@ -214,28 +215,12 @@ def test_auto_serves_on_transformers_engine_where_slots_cannot_hold_the_layers(s
 
 @pytest.fixture(scope="module")
 def spread_hybrid(spread_model, tmp_path_factory):  # noqa: F811
-    """A tiny Qwen3.5 (linear attention, then full attention, twice) with the spread model's tokenizer and weights
-    drawn as wide: its greedy answers depend on the prompt."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    from medgpt_ray import models
-
-    tok = models.load_tokenizer(spread_model)
-    cfg = Qwen3_5TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
-                            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, linear_num_key_heads=2,
-                            linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-                            linear_conv_kernel_dim=3, layer_types=["linear_attention", "full_attention"] * 2)
-    torch.manual_seed(0)
-    model = Qwen3_5ForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.3)
-    out = tmp_path_factory.mktemp("spread-hybrid")
-    model.save_pretrained(out)
+    """A tiny Qwen3.5 (linear attention, then full attention, twice) with the spread model's tokenizer and chat
+    template and weights drawn as wide: its greedy answers depend on the prompt."""
+    out = save_tiny_hybrid(spread_model, tmp_path_factory.mktemp("spread-hybrid"),
+                           ["linear_attention", "full_attention"] * 2, spread=0.3)
     for f in spread_model.iterdir():
-        if "token" in f.name or f.name.endswith(".jinja"):
+        if f.name.endswith(".jinja"):
             (out / f.name).write_bytes(f.read_bytes())
     return out
 
