@@ -71,6 +71,7 @@ class ChatRequest:
     n: int = 1
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage (OpenAI's)
+    stop: tuple[str, ...] = ()  # OpenAI's stop strings (generation/stop_text.py)
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
@@ -135,6 +136,21 @@ def _messages(body: dict) -> list[dict]:
     return turns
 
 
+def _stops(body: dict) -> tuple[str, ...]:
+    """OpenAI's `stop`: null, a string, or a list of up to MAX_STOPS strings; each non-empty and bounded."""
+    from medgpt_ray.generation.stop_text import MAX_STOP_CHARS, MAX_STOPS
+
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise RequestError("stop", f"a string or a list of at most {MAX_STOPS} strings is required")
+    if not all(0 < len(s) <= MAX_STOP_CHARS for s in stops):
+        raise RequestError("stop", f"each stop string needs 1 to {MAX_STOP_CHARS} characters")
+    return tuple(stops)
+
+
 def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     """A /v1/chat/completions body, read and bounded; RequestError (400) naming the field otherwise."""
     try:
@@ -160,4 +176,4 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise RequestError("stream_options", 'an object such as {"include_usage": true} is required')
     params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p)
-    return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")))
+    return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body))

@@ -29,6 +29,7 @@ from medgpt_ray.generation.continuous import (
 )
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.stop_text import StopText
 from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
 from medgpt_ray.infer.limits import ChatRequest, RequestError, ServeLimits, parse_chat, read_body
 from medgpt_ray.infer.source import ModelSource
@@ -159,13 +160,19 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
     for i in range(answers.req.n):
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
+        stop = StopText(answers.req.stop)
         async for piece in answer.pieces():
-            if piece:
-                yield chunk(i, {"content": piece})
-        if answer.stopped:  # the deadline: say so in the stream (OpenAI's clients raise on an error event)
+            if text := stop.feed(piece):
+                yield chunk(i, {"content": text})
+            if stop.hit:  # a stop string: the rest is not wanted, its generation stops
+                answer.cancel()
+                break
+        if tail := stop.flush():
+            yield chunk(i, {"content": tail})
+        if answer.stopped and not stop.hit:  # the deadline: said in the stream (OpenAI's clients raise on an error)
             yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
             break
-        yield chunk(i, {}, "stop" if answer.finished else "length")
+        yield chunk(i, {}, "stop" if answer.finished or stop.hit else "length")
         completion += answer.new_tokens
     else:
         if answers.req.include_usage:  # OpenAI's stream_options.include_usage: a last chunk with no choices
@@ -191,17 +198,28 @@ class _CancellingStream(StreamingResponse):
             self.answers.cancel()
 
 
+async def _text_until_stop(answer: Any, stops: tuple[str, ...]) -> tuple[str, StopText]:
+    """An answer's whole text, ended before the first stop string (its generation cancelled there)."""
+    stop, parts = StopText(stops), []
+    async for piece in answer.pieces():
+        parts.append(stop.feed(piece))
+        if stop.hit:
+            answer.cancel()
+            break
+    return "".join(parts) + stop.flush(), stop
+
+
 async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]) -> JSONResponse:
     choices, prompt, new = [], first.prompt_tokens, 0
     try:
         for i in range(answers.req.n):
             answer = first if i == 0 else await answers.next()
-            text = "".join([piece async for piece in answer.pieces()])
-            if answer.stopped:
+            text, stop = await _text_until_stop(answer, answers.req.stop)
+            if answer.stopped and not stop.hit:
                 return JSONResponse({"error": _deadline_error(answers.model.limits)}, status_code=504)
             new += answer.new_tokens
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop" if answer.finished else "length"})
+                            "finish_reason": "stop" if answer.finished or stop.hit else "length"})
     finally:  # a cancelled request (client gone, Serve's own timeout) stops its generation too
         answers.cancel()
     usage = {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new}

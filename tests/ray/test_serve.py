@@ -147,10 +147,30 @@ def test_the_openai_client_whole_streamed_and_n(endpoint, replica):
     healthy(endpoint, replica)
 
 
+def test_a_stop_string_ends_the_answer_before_it_whole_and_streamed(endpoint, replica):
+    """OpenAI's `stop`: the answer ends before the first stop string, with finish_reason "stop", whole and streamed;
+    a stop string the answer never holds changes nothing."""
+    c = client(endpoint)
+    full = c.chat.completions.create(model="sft", messages=USER, max_tokens=8).choices[0]
+    text = full.message.content
+    assert full.finish_reason == "length" and len(text) >= 3  # the tiny model never stops on its own
+    cut = text[1:3]
+    want = text[:text.find(cut)]
+    whole = c.chat.completions.create(model="sft", messages=USER, max_tokens=8, stop=[cut, "从不出现"]).choices[0]
+    assert (whole.message.content, whole.finish_reason) == (want, "stop")
+    chunks = list(c.chat.completions.create(model="sft", messages=USER, max_tokens=8, stop=cut, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    same = c.chat.completions.create(model="sft", messages=USER, max_tokens=8, stop="从不出现").choices[0]
+    assert (same.message.content, same.finish_reason) == (text, "length")
+    healthy(endpoint, replica)
+
+
 @pytest.mark.parametrize("kwargs, param", [
     ({"max_tokens": 1_000_000_000}, "max_tokens"), ({"max_tokens": -5}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"temperature": -1}, "temperature"), ({"top_p": 5}, "top_p"), ({"top_p": 0}, "top_p"), ({"n": 0}, "n"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"n": 100}, "n"), ({"messages": []}, "messages"), ({"messages": [{"role": "doctor", "content": "x"}]},
                                                        "messages[0].role"),
     ({"messages": [{"role": "user", "content": "头痛" * 3000}]}, "messages"),  # over the 2048-token context

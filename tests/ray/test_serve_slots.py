@@ -20,6 +20,7 @@ from tests.ray.test_serve import (  # noqa: F401  (fixtures and tests pytest col
     replica,
     test_a_client_that_drops_its_stream_stops_the_generation,
     test_a_request_past_its_deadline_is_stopped,
+    test_a_stop_string_ends_the_answer_before_it_whole_and_streamed,
     test_concurrent_streams_are_batched_and_a_slow_reader_stalls_nobody,
     test_whole_and_streamed_answers_agree,
 )
