@@ -238,3 +238,23 @@ def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback
                  if isinstance(cb, SelectiveCheckpointing)]
     assert selective == [] and built.trainer.args.gradient_checkpointing
     assert built.trainer.args.per_device_train_batch_size == 1
+
+
+def test_the_moe_family_gets_the_same_layer_and_packs_exactly():
+    """Qwen3.5-MoE's Gated DeltaNet and decoder layers are their own classes in transformers: they get the layer too,
+    and a packed row's loss equals its conversations' alone."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from tests.stages.hybrid_models import LINEAR
+
+    cfg = Qwen3_5MoeTextConfig(vocab_size=300, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32, shared_expert_intermediate_size=32, **LINEAR)
+    torch.manual_seed(0)
+    model = Qwen3_5MoeForCausalLM(cfg).float().eval()
+    assert hybrid_layers.install(model) == 3
+    convs = _conversations(cfg.vocab_size)
+    with torch.no_grad():
+        packed = model(**_packed_row(convs, 96), use_cache=False).logits[0, 11:81]
+        alone = model(input_ids=convs[1][None], use_cache=False).logits[0]
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
