@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from medgpt_ray.hybrid import probe_inputs
-from medgpt_ray.hybrid.ops import FLA, fla_ops, reference_ops
+from medgpt_ray.hybrid.ops import FLA, fla_kernels, kernel_ops
 
 KERNELS, REFERENCE = "fla", "reference"
 TOLERANCE = 3e-2  # bf16 kernels against the fp32 reference: max |difference| over max |reference|
@@ -47,15 +47,19 @@ class KernelProbe:
 _PROBED: dict[int, KernelProbe] = {}
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def probed(device: torch.device) -> KernelProbe | None:
     """This process's probe of `device`, if it ran."""
-    return _PROBED.get(device.index if device.index is not None else torch.cuda.current_device())
+    return _PROBED.get(_index(device))
 
 
 def route(x: torch.Tensor) -> str:
     """KERNELS or REFERENCE for a call on `x` (the projected q/k/v): fla where it is importable on x's CUDA device,
     and for a call that builds a graph, only where the device's probe passed fla's backward."""
-    if x.device.type != "cuda" or isinstance(fla_ops(), str):
+    if x.device.type != "cuda" or isinstance(fla_kernels(), str):
         return REFERENCE
     found = probed(x.device)
     if torch.is_grad_enabled() and x.requires_grad:
@@ -66,7 +70,7 @@ def route(x: torch.Tensor) -> str:
 def demote(device: torch.device, error: Exception) -> KernelProbe:
     """fla's kernels failed in a call on `device` after its probe passed (a shape the probe did not meet): from now on
     this process runs the reference there, and says so once, with the error's first line."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     name = _PROBED[index].device if index in _PROBED else str(device)
     found = KernelProbe(name, False, False, f"{FLA} failed in a call on {name} ({_first_line(error)}); the PyTorch "
                                             f"reference from then on")
@@ -88,11 +92,9 @@ def probe(index: int | None = None) -> KernelProbe:
     if index in _PROBED:
         return _PROBED[index]
     name = _device_name(index)
-    ops = fla_ops()
-    if isinstance(ops, str):
-        found = KernelProbe(name, False, False, ops)
-    else:
-        found = _probe_kernels(name, index, ops)
+    missing = fla_kernels()
+    found = KernelProbe(name, False, False, missing) if isinstance(missing, str) else \
+        _probe_kernels(name, index, kernel_ops())
     _PROBED[index] = found
     return found
 
@@ -121,6 +123,3 @@ def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:240] if text else ''}"
 
-
-__all__ = ["FLA", "KERNELS", "REFERENCE", "KernelProbe", "demote", "fla_ops", "probe", "probed", "reference_ops",
-           "route"]

@@ -20,11 +20,11 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from medgpt_ray.hybrid import kernels
 from medgpt_ray.hybrid.cached import cached_mix
-from medgpt_ray.hybrid.mixing import Conv, Heads, mix_kernels, mix_reference
+from medgpt_ray.hybrid.mixing import Conv, Heads, gates, mix_kernels, mix_reference
+from medgpt_ray.hybrid.ops import kernel_ops, reference_ops
 from medgpt_ray.hybrid.segments import cu_seqlens, row_starts
 
 POSITIONS = "medgpt_linear_positions"  # the keyword the decoder layer hands the position ids on under
@@ -38,17 +38,16 @@ class PackedDeltaNet:
 
     def forward(self, hidden_states: torch.Tensor, cache: Any = None, attention_mask: torch.Tensor | None = None,
                 **kwargs: Any) -> torch.Tensor:
-        positions = kwargs.pop(POSITIONS, None)
-        cache = cache if cache is not None else kwargs.pop("cache_params", None)  # 5.24 says cache, 5.17 cache_params
-        if cache is not None:
-            return self._cached(hidden_states, attention_mask, cache)
-        return self._mix(hidden_states, attention_mask, positions, kwargs.get("cu_seq_lens_q"))
-
-    def _cached(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any) -> torch.Tensor:
         from transformers.models.qwen3_5.modeling_qwen3_5 import apply_mask_to_padding_states
 
+        positions = kwargs.pop(POSITIONS, None)
+        cache = cache if cache is not None else kwargs.pop("cache_params", None)  # 5.24 says cache, 5.17 cache_params
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
-        out, z = cached_mix(self, hidden_states, cache)
+        if cache is not None:
+            out = cached_mix(self, hidden_states, cache)
+        else:
+            out = self._mix(hidden_states, positions, kwargs.get("cu_seq_lens_q"))
+        z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
         return self.out_proj(self.norm(out.reshape(-1, self.head_v_dim), z).reshape(*hidden_states.shape[:2], -1))
 
     def _segments(self, rows: int, width: int, positions: torch.Tensor | None, flat_cu: torch.Tensor | None,
@@ -59,29 +58,20 @@ class PackedDeltaNet:
             return flat_cu.to(device=device, dtype=torch.int32)
         return row_starts(rows, width, device)
 
-    def _mix(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None,
-             positions: torch.Tensor | None, flat_cu: torch.Tensor | None) -> torch.Tensor:
-        from transformers.models.qwen3_5.modeling_qwen3_5 import apply_mask_to_padding_states
-
-        hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
+    def _mix(self, hidden_states: torch.Tensor, positions: torch.Tensor | None,
+             flat_cu: torch.Tensor | None) -> torch.Tensor:
+        """The delta rule's output [B, L, HV, V] without a cache, each conversation from a zero state."""
         rows, width, _ = hidden_states.shape
         cu = self._segments(rows, width, positions, flat_cu, hidden_states.device)
         qkv = self.in_proj_qkv(hidden_states)
-        z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
-        beta = self.in_proj_b(hidden_states).sigmoid()
-        # In fp32: in fp16/bf16 exp(A_log) could overflow (transformers computes the decay the same way).
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden_states).float() + self.dt_bias)
-        conv = Conv(self.conv1d.weight.squeeze(1), self.conv1d.bias, self.activation)
-        out = None
+        beta, g = gates(self, hidden_states)
+        conv, heads = Conv.of(self), Heads.of(self)
         if kernels.route(qkv) == kernels.KERNELS:
             try:
-                out = mix_kernels(kernels.fla_ops(), qkv, conv, g, beta, cu, Heads.of(self))
+                return mix_kernels(kernel_ops(), qkv, conv, g, beta, cu, heads)
             except Exception as e:  # said once, and the device runs the reference from then on (kernels.demote)
                 kernels.demote(qkv.device, e)
-        if out is None:
-            out = mix_reference(kernels.reference_ops(), qkv, conv, g, beta, cu, Heads.of(self))
-        out = self.norm(out.reshape(-1, self.head_v_dim), z).reshape(rows, width, -1)
-        return self.out_proj(out)
+        return mix_reference(reference_ops(), qkv, conv, g, beta, cu, heads)
 
 
 class PositionsToLinearAttention:

@@ -50,6 +50,19 @@ class Conv:
     bias: torch.Tensor | None
     activation: str
 
+    @classmethod
+    def of(cls, layer) -> Conv:
+        return cls(layer.conv1d.weight.squeeze(1), layer.conv1d.bias, layer.activation)
+
+
+def gates(layer, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(beta, g) of a Gated DeltaNet for `hidden_states`: the write strength, and the decay in log space, computed in
+    fp32 as transformers does (in fp16/bf16 exp(A_log) could overflow)."""
+    beta = layer.in_proj_b(hidden_states).sigmoid()
+    g = -layer.A_log.float().exp() * torch.nn.functional.softplus(layer.in_proj_a(hidden_states).float()
+                                                                  + layer.dt_bias)
+    return beta, g
+
 
 def mix_kernels(ops: tuple[Callable, Callable], qkv: torch.Tensor, conv: Conv, g: torch.Tensor, beta: torch.Tensor,
                 cu: torch.Tensor, heads: Heads) -> torch.Tensor:
