@@ -161,14 +161,8 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
         stop = StopText(answers.req.stop)
-        async for piece in answer.pieces():
-            if text := stop.feed(piece):
-                yield chunk(i, {"content": text})
-            if stop.hit:  # a stop string: the rest is not wanted, its generation stops
-                answer.cancel()
-                break
-        if tail := stop.flush():
-            yield chunk(i, {"content": tail})
+        async for text in _until_stop(answer, stop):
+            yield chunk(i, {"content": text})
         if answer.stopped and not stop.hit:  # the deadline: said in the stream (OpenAI's clients raise on an error)
             yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
             break
@@ -198,15 +192,16 @@ class _CancellingStream(StreamingResponse):
             self.answers.cancel()
 
 
-async def _text_until_stop(answer: Any, stops: tuple[str, ...]) -> tuple[str, StopText]:
-    """An answer's whole text, ended before the first stop string (its generation cancelled there)."""
-    stop, parts = StopText(stops), []
+async def _until_stop(answer: Any, stop: StopText):
+    """An answer's text as it streams, ended before the first stop string (its generation cancelled there)."""
     async for piece in answer.pieces():
-        parts.append(stop.feed(piece))
-        if stop.hit:
+        if text := stop.feed(piece):
+            yield text
+        if stop.hit:  # the rest is not wanted
             answer.cancel()
             break
-    return "".join(parts) + stop.flush(), stop
+    if tail := stop.flush():
+        yield tail
 
 
 async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]) -> JSONResponse:
@@ -214,7 +209,8 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
     try:
         for i in range(answers.req.n):
             answer = first if i == 0 else await answers.next()
-            text, stop = await _text_until_stop(answer, answers.req.stop)
+            stop = StopText(answers.req.stop)
+            text = "".join([piece async for piece in _until_stop(answer, stop)])
             if answer.stopped and not stop.hit:
                 return JSONResponse({"error": _deadline_error(answers.model.limits)}, status_code=504)
             new += answer.new_tokens
