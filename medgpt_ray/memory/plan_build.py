@@ -13,6 +13,7 @@ from medgpt_ray.memory.generation import decode_path, reward_model_placement, ro
 from medgpt_ray.memory.lengths import LengthProfile
 from medgpt_ray.memory.options import COMPILE_MIN_STEPS, compiles
 from medgpt_ray.memory.rollout_host import host_room_gib
+from medgpt_ray.memory.setup import TrainSetup
 from medgpt_ray.memory.shapes import ModelShape
 from medgpt_ray.memory.stage_plan import Prediction, StagePlan, deepspeed_config
 
@@ -35,19 +36,16 @@ def _packing(cfg: StageConfig, num_workers: int, rows_per_step: int,
             "conversations_per_row": lengths.conversations_per_row if lengths else None}
 
 
-def linear_attention_line(shape: ModelShape, budget: Budget, use_gpu: bool) -> str | None:
-    """Which kernels a hybrid's linear-attention layers train on, and why (hybrid/kernels.py): what the GPU's probe
-    found before planning; packed conversations are kept apart on either path."""
+def linear_attention_line(shape: ModelShape, budget: Budget, s: TrainSetup) -> str | None:
+    """Which kernels a hybrid's linear-attention layers train on (the planner's decision, TrainSetup.linear_kernels)
+    and why (the GPU probe's sentence, hybrid/kernels.py); packed conversations are kept apart on either path."""
     if not shape.linear_layers:
         return None
-    if not use_gpu:
-        return "the PyTorch reference (a CPU run)"
-    found = budget.linear_kernels
-    if found is None:
+    if s.linear_kernels is None:
         return ("not probed before planning: each worker probes flash-linear-attention on its GPU and trains on its "
                 "kernels where their backward passes, else on the PyTorch reference")
-    return ("flash-linear-attention's kernels" if found["training"] == "fla" else "the PyTorch reference") + \
-        f" ({found['why']})"
+    path = "flash-linear-attention's kernels" if s.linear_kernels else "the PyTorch reference"
+    return f"{path} ({budget.linear_kernels['why'] if budget.linear_kernels else 'a CPU run'})"
 
 
 def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, chosen: Candidate,
@@ -76,5 +74,5 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
         steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on,
         rollout=rollout_line(shape, s, host_room_gib(budget, s, chosen.est)),
         generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip,
-        linear_attention=linear_attention_line(shape, budget, use_gpu))
+        linear_attention=linear_attention_line(shape, budget, s))
     return replace(plan, deepspeed=deepspeed_config(plan, cfg))
