@@ -20,6 +20,9 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 (default) decodes greedily")
     p.add_argument("--top-p", type=fraction, default=1.0)
+    p.add_argument("--top-k", type=non_negative_int, default=0, help="0 (default): no top-k")
+    p.add_argument("--repetition-penalty", type=non_negative_float, default=1.0,
+                   help="transformers' repetition penalty: 1 (default) none, above 1 fewer repeats")
     p.add_argument("--num-samples", type=positive_int, default=1, help="answers per prompt")
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=16, help="prompts per generate call")
@@ -42,7 +45,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
     try:
         params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  top_p=args.top_p, num_samples=args.num_samples, seed=args.seed)
+                                  top_p=args.top_p, num_samples=args.num_samples, seed=args.seed,
+                                  top_k=args.top_k, repetition_penalty=args.repetition_penalty)
         resolve_model(args.model, args.template)  # before Ray starts: a wrong --model is one line
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -14,11 +14,13 @@ the stage kinds call it in their own process (the eval stage).
                transformers with CUDA graphs) chosen with its reason; StaticDecoder
 - packed_gqa.py the static decode step's attention without repeat_kv's copies (one-token queries folded onto their
                KV heads), switched on for a StaticDecoder's generate call
-- decode_loop.py the static path's decode loop: transformers' generate settings, logits processors and compiled decode
-               step, without its host waits on the GPU every token (a call it does not cover runs in generate)
+- sampler.py   Sampler: the one sampler both loops draw with (generate's sampling, each row its own settings and
+               seed)
+- decode_loop.py the batch loop, the static path's: transformers' generate settings and compiled decode step, without
+               its host waits on the GPU every token (a call it does not cover runs in generate)
 - deferred.py  what that loop learns from the GPU (every row stopped, a streamer's tokens) read once it is written
 - slot_engine.py SlotEngine (`serve --engine slots`): continuous batching on a static cache's rows (slot_cache.py),
-               each step the one compiled decode step, each request's own sampling (row_sampling.py)
+               each step the one compiled decode step, each request's own sampling (sampler.py): the continuous loop
 - continuous.py ContinuousEngine: continuous batching across concurrent requests (transformers' own engine, its page
                pool sized from the server's limits), streamed, cancelled on a deadline or a reader gone
 """

@@ -122,6 +122,15 @@ class RequestEngine:
     # replica and Serve's proxy the same whatever it holds, so under load pieces of one token cap the tokens/s.
     stream_interval: int = 1
 
+    def unsupported(self, params: GenerationParams) -> str | None:
+        """The request setting this engine cannot honour, by its OpenAI field name (None: it honours them all).
+        transformers' engine samples every request from one generator, with temperature and top_p only."""
+        defaults = GenerationParams(max_new_tokens=params.max_new_tokens)
+        for field in ("seed", "top_k", "repetition_penalty"):
+            if getattr(params, field) not in (None, getattr(defaults, field)):
+                return field
+        return None
+
     def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        on_output: Any) -> None:
         raise NotImplementedError

@@ -10,11 +10,10 @@ that waits cannot queue the next step, so the Python of every step (preparing in
 logits processors) adds to the GPU's time instead of overlapping it.
 
 This loop keeps what generate decides and drops the waits:
-- the call's settings are generate's own (`_prepare_generation_config`, `_prepare_special_tokens`), its logits
-  processors are the list generate builds (`_get_logits_processor`), used as they are;
-- a token is drawn as torch.multinomial draws one sample (an Exp(1) race: probs / Exp(1), argmax; the same random
-  numbers, so a seeded call samples the tokens generate samples) without its checks; a probability that is not
-  finite is still refused, as soon as the flag below is read;
+- the call's settings are generate's own (`_prepare_generation_config`, `_prepare_special_tokens`), read from the
+  logits processors generate builds for it (`_get_logits_processor`) into the one sampler (sampler.py), which draws
+  as generate does (the same random numbers, so a seeded call samples the tokens generate samples) without its
+  checks; a probability that is not finite is still refused, as soon as the flag below is read;
 - the prefill runs eagerly and every decode step through the model's own compiled call (`get_compiled_call`, the
   graphs generate replays), given what generate gives it: the step's mask built outside the graph by transformers'
   `create_masks_for_generate` (about 60 us of host time on this CPU, now beside the GPU's work instead of before it);
@@ -31,22 +30,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from medgpt_ray.generation import sampler
 from medgpt_ray.generation.deferred import DeferredFlags, DeferredStream
 
 LOOP, GENERATE = "medgpt", "generate"  # the decode loop a StaticDecoder call ran: this one, or transformers'
-# generate's logits processors that only queue GPU work (no host read of a device value), by class name.
-SYNC_FREE = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
-             "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor"}
 # generate's keyword arguments the loop takes besides the generation config (a streamer: a batch of one)
 CALL_KEYS = {"attention_mask", "streamer", "stopping_criteria"}
 
 
 @dataclass
 class DecodeCall:
-    """One generate call as the loop runs it: generate's processors and special tokens for this config."""
+    """One generate call as the loop runs it: generate's sampling and special tokens for this config."""
 
-    processors: Any  # transformers' LogitsProcessorList
-    do_sample: bool
+    settings: sampler.Settings  # what generate's logits processors for this call would do
+    held: list[int]  # the ids its min-length processors hold back
+    penalty_skips_padding: bool  # its repetition penalty reads each row's real tokens only
     max_new_tokens: int
     expand: int  # num_return_sequences: each prompt repeated, as generate does
     eos: Any  # the stop token ids (a tensor) or None
@@ -106,11 +104,13 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
         generation_config=config, input_ids_seq_length=input_ids.shape[1], encoder_input_ids=input_ids,
         prefix_allowed_tokens_fn=None, logits_processor=LogitsProcessorList(), device=input_ids.device,
         model_kwargs={"attention_mask": kwargs["attention_mask"]})
-    if waits := sorted({type(p).__name__ for p in processors} - SYNC_FREE):
-        return None, f"logits processors {waits}"
+    settings, why = sampler.from_processors(processors, bool(config.do_sample), input_ids.shape[1])
+    if settings is None:
+        return None, why
     compiled = base._valid_auto_compile_criteria({cache_kwarg: cache}, config)
     pad = config._pad_token_tensor
-    return DecodeCall(processors, bool(config.do_sample), int(config.max_new_tokens), expand,
+    return DecodeCall(settings, sampler.held_back(processors), sampler.penalty_skips_padding(processors),
+                      int(config.max_new_tokens), expand,
                       config._eos_token_tensor, int(pad) if pad is not None else 0,
                       base.get_compiled_call(config.compile_config) if compiled else base,
                       bool(config.return_dict_in_generate), kwargs.get("streamer"),
@@ -120,20 +120,6 @@ def prepare(model: Any, input_ids: Any, config: Any, kwargs: dict[str, Any], cac
 def prompt_positions(attention_mask: Any) -> Any:
     """Left-padded prompts' position ids as generate makes them: counted over the real tokens, 0 on the padding."""
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
-
-
-def draw(scores: Any, do_sample: bool, bad: Any) -> Any:
-    """The next token of each row: the argmax, or one sample as torch.multinomial(softmax(scores), 1) draws it (its
-    one-sample algorithm, the same random numbers) without reading its validity checks; `bad` (a device flag) turns
-    true on probabilities that are not finite or negative (DeferredFlags reads it)."""
-    import torch
-
-    if not do_sample:
-        return torch.argmax(scores, dim=-1)
-    probs = torch.nn.functional.softmax(scores, dim=-1)
-    bad |= ~(torch.isfinite(probs) & (probs >= 0)).all()
-    race = torch.empty_like(probs).exponential_(1)
-    return (probs / race).argmax(dim=-1)
 
 
 def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, cache_kwarg: str, cache: Any,
@@ -160,11 +146,13 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     logits = base(input_ids=input_ids, attention_mask=padding, position_ids=positions, **forward).logits
     following = positions[:, -1:] + 1
     rows_state = RowState(rows, call.max_new_tokens, device)
+    draws = sampler.Sampler(rows, logits.shape[-1], device, call.held)
+    draws.take(list(range(rows)), [call.settings] * rows, seen_tokens(input_ids, attention_mask, call))
     flags, steps = DeferredFlags(device), 0
     for i in range(call.max_new_tokens):
-        scores = call.processors(out[:, :width + i], logits[:, -1].to(copy=True, dtype=torch.float32))
-        logits = None  # the graph's output, copied: none may be alive at the next replay (CUDA graph trees)
-        token, running = rows_state.next(draw(scores, call.do_sample, rows_state.bad), call, out, width + i, i)
+        # the graph's output copied: none may be alive at the next replay (CUDA graph trees)
+        scores, logits = logits[:, -1].to(copy=True, dtype=torch.float32), None
+        token, running = rows_state.next(draws.draw(scores, rows_state.bad), call, out, width + i, i)
         if stream is not None:
             stream.push(token, running)
         steps = i + 1
@@ -186,6 +174,15 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
 
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
+
+
+def seen_tokens(input_ids: Any, attention_mask: Any, call: DecodeCall) -> Any:
+    """What generate's repetition penalty counts as seen before the first new token (None: there is no penalty)."""
+    if call.settings.repetition_penalty == 1:
+        return None
+    if call.penalty_skips_padding:
+        return [row[keep.bool()] for row, keep in zip(input_ids, attention_mask, strict=True)]
+    return input_ids
 
 
 class RowState:
@@ -226,7 +223,7 @@ class RowState:
 
 def refuse(bad: bool, call: DecodeCall) -> None:
     """Raise on probabilities generate's torch.multinomial would have refused."""
-    if call.do_sample and bad:
+    if call.settings.sampled and bad:
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0 (the model's logits, "
                            "as generate's torch.multinomial would have refused them)")
 

@@ -68,7 +68,8 @@ class Generator:
         self.compile_config: Any = None  # transformers' CompileConfig for the decode step (None: its default)
         self.memory_room: int | None = None  # bytes a static cache may take (None: what the device has free)
         self.warmup = False  # the last call built a static cache (its time includes compiling the decode step)
-        torch.manual_seed(self.params.seed)  # after loading: sampled answers depend on the seed alone
+        if self.params.seed is not None:
+            torch.manual_seed(self.params.seed)  # after loading: sampled answers depend on the seed alone
 
     def render(self, turns: list[dict], tools: list[dict]) -> str:
         return render_prompt(self.tok, self.template, turns, tools)

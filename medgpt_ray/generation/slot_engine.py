@@ -1,7 +1,7 @@
 """Continuous batching on the static cache (`serve --engine slots`): requests join the running batch between decode
 steps and leave it when they stop, as in transformers' engine, but every step is the static path's one compiled
-decode step (CUDA graphs on a GPU) over a fixed batch of slots (generation/slot_cache.py), with each request's own
-temperature and top_p (generation/row_sampling.py).
+decode step (CUDA graphs on a GPU) over a fixed batch of slots (generation/slot_cache.py), each request sampled with
+its own settings and seed by the one sampler (generation/sampler.py).
 
 One thread owns the model: between two steps it frees the rows of finished and cancelled requests, prefills the
 waiting ones that have a free row (one eager forward for all of them, left-padded), takes their first tokens and
@@ -29,7 +29,7 @@ from medgpt_ray.generation.deferred import DeferredTokens
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.packed_gqa import packed_gqa_decoding
 from medgpt_ray.generation.params import GenerationParams
-from medgpt_ray.generation.row_sampling import sample_rows
+from medgpt_ray.generation.sampler import Sampler
 from medgpt_ray.generation.slot_cache import SlotCache, slot_length, slot_unsupported_reason
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,8 @@ class SlotEngine(RequestEngine):
         rows = limits.requests
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.temperature = torch.zeros(rows, device=device)
-        self.top_p = torch.ones(rows, device=device)
+        vocab = self.base.get_output_embeddings().weight.shape[0]
+        self.sampler = Sampler(rows, vocab, device)
         self.rows: dict[int, _Request] = {}
         self.readback = DeferredTokens(device)
         self.pending: deque[_Request] = deque()
@@ -118,6 +118,9 @@ class SlotEngine(RequestEngine):
             self.thread.join()
             self._attention.close()
             raise RuntimeError(f"the slot engine's decode step failed to warm up: {self._warm_error}")
+
+    def unsupported(self, params: GenerationParams) -> str | None:
+        return None  # the sampler takes every setting and seed per row
 
     def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        on_output: Any) -> None:
@@ -185,6 +188,7 @@ class SlotEngine(RequestEngine):
     def _free(self, row: int) -> None:
         del self.rows[row]
         self.slots.free(row)
+        self.sampler.free(row)
 
     def _admit(self) -> None:
         """The waiting requests that have a free row: prefilled together, their first tokens handed out."""
@@ -223,9 +227,8 @@ class SlotEngine(RequestEngine):
         logits = self.base(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                            **{self.key: prefill}, **decode_loop.logits_to_keep(self.base)).logits
         index = torch.tensor(rows, device=device)
-        self.temperature[index] = torch.tensor([r.params.temperature for r in batch], device=device)
-        self.top_p[index] = torch.tensor([r.params.top_p for r in batch], device=device)
-        first = sample_rows(logits[:, -1].float(), self.temperature[index], self.top_p[index], self._any_top_p(batch))
+        self.sampler.take(rows, [r.params.settings() for r in batch], [r.prompt_ids for r in batch])
+        first = self.sampler.draw(logits[:, -1].float(), rows=rows)
         self.slots.place(rows, prefill, mask)
         self.tokens[index] = first
         self.positions[index] = mask.sum(-1)
@@ -234,12 +237,10 @@ class SlotEngine(RequestEngine):
         self.admitting = []
         self._hand_out(dict(zip(rows, first.tolist(), strict=True)))
 
-    @staticmethod
-    def _any_top_p(requests: Any) -> bool:
-        return any(r.params.temperature > 0 and r.params.top_p < 1 for r in requests)
-
     def _step_logits(self) -> Any:
         """One decode step of every row: the last position's logits, copied out of the graph's memory as float32."""
+        import torch
+
         if self.slots.t >= self.slots.length:
             self.slots.compact()
         forward = {self.key: self.slots.cache, "use_cache": True, "return_dict": True,
@@ -250,11 +251,10 @@ class SlotEngine(RequestEngine):
                            **forward).logits
         self.slots.advance()
         # A copy (float32 or not): no output of the graph stays alive to the next replay.
-        return logits[:, -1].to(copy=True, dtype=self.temperature.dtype)
+        return logits[:, -1].to(copy=True, dtype=torch.float32)
 
     def _decode_step(self) -> None:
-        following = sample_rows(self._step_logits(), self.temperature, self.top_p,
-                                self._any_top_p(self.rows.values()))
+        following = self.sampler.draw(self._step_logits())
         self.tokens.copy_(following)
         self.positions += self.slots.active
         self.steps += 1

@@ -24,16 +24,26 @@ class StopText:
         if self.hit or not self.stops:
             return "" if self.hit else piece
         text = self._held + piece
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        if found:
+        found = self._first(text)
+        # where a stop string may begin that the next pieces could still complete: a match there would come first
+        open_at = min((j for j in range(max(0, len(text) - max(map(len, self.stops)) + 1), len(text))
+                       if any(len(s) > len(text) - j and s.startswith(text[j:]) for s in self.stops)), default=None)
+        if found is not None and (open_at is None or found <= open_at):
             self.hit, self._held = True, ""
-            return text[:min(found)]
-        keep = max((k for s in self.stops for k in range(1, min(len(s), len(text) + 1))
-                    if text.endswith(s[:k])), default=0)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+            return text[:found]
+        cut = len(text) if open_at is None else open_at
+        self._held = text[cut:]
+        return text[:cut]
 
     def flush(self) -> str:
-        """The text held back at the end of an answer that hit no stop string."""
+        """The text held back at the end of an answer: up to a stop string in it, if one is."""
         held, self._held = ("" if self.hit else self._held), ""
+        found = self._first(held)
+        if found is not None:
+            self.hit = True
+            return held[:found]
         return held
+
+    def _first(self, text: str) -> int | None:
+        """Where the first stop string in `text` begins (None: none is in it)."""
+        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=None)

@@ -13,6 +13,7 @@ from typing import Any
 from medgpt_ray.generation.params import GenerationParams
 
 ROLES = ("system", "user", "assistant")
+MAX_TOP_K = 1_000_000  # past any vocabulary: the whole vocabulary
 
 
 class RequestError(ValueError):
@@ -175,5 +176,14 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise RequestError("stream_options", 'an object such as {"include_usage": true} is required')
-    params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p)
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and 0 <= seed < 2**63):
+        raise RequestError("seed", f"an integer in [0, 2^63) is required, not {json.dumps(seed)[:40]}")
+    top_k = body.get("top_k", 0)  # top_k and repetition_penalty: vLLM's extensions of OpenAI's body
+    if top_k is not None and not (_is_int(top_k) and 0 <= top_k <= MAX_TOP_K):
+        raise RequestError("top_k", f"an integer in [0, {MAX_TOP_K}] is required (0: off), not "
+                                    f"{json.dumps(top_k)[:40]}")
+    penalty = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True)
+    params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                              top_k=top_k or 0, repetition_penalty=penalty)
     return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body))

@@ -7,6 +7,7 @@ generation stops; generation runs in worker threads, so one long answer never bl
 
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -125,6 +126,14 @@ class _Answers:
 
     def _start(self) -> StreamedAnswer | ContinuousAnswer:
         gen, limits, req, engine = self.model.generator, self.model.limits, self.req, self.model.engine
+        unsupported = engine.unsupported(req.params) if engine is not None else \
+            ("seed" if req.params.seed is not None else None)  # generate samples from the process's one generator
+        if unsupported is not None:
+            raise RequestError(unsupported, f"this server cannot honour {unsupported} ({self.model.path}); "
+                                            "`serve --engine slots` can")
+        if req.params.seed is not None and self.live:  # each of the n choices its own draw, as OpenAI's n does
+            params = dataclasses.replace(req.params, seed=req.params.seed + len(self.live))
+            req = dataclasses.replace(req, params=params)
         limit = limits.prompt_limit(req.params.max_new_tokens, self.model.context)
         if engine is not None and engine.request_room is not None:  # a slot's columns hold prompt and answer
             limit = max(0, min(limit, engine.request_room - req.params.max_new_tokens))

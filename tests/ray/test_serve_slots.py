@@ -43,3 +43,20 @@ def endpoint(ray_cluster, tiny_model):
 def test_the_responses_name_the_slot_engine(endpoint, replica):  # noqa: F811
     reply = client(endpoint).chat.completions.create(model="sft", messages=USER, max_tokens=4)
     assert "continuous batching on static-cache slots: up to 8 requests at once" in reply.system_fingerprint
+
+
+def test_a_seed_gives_the_same_answer_and_each_choice_its_own(endpoint, replica):  # noqa: F811
+    """OpenAI's `seed` on the slots: the same seed, the same sampled answer; n choices differ (choice i is sampled
+    with seed + i); another seed, another answer."""
+    ask = client(endpoint).chat.completions.create
+
+    def answers(seed: int, n: int = 1) -> list[str]:
+        reply = ask(model="sft", messages=USER, max_tokens=8, temperature=2.0, seed=seed, n=n,
+                     extra_body={"top_k": 0, "repetition_penalty": 1.1})
+        return [c.message.content for c in reply.choices]
+
+    first = answers(11)
+    assert answers(11) == first
+    pair = answers(11, n=2)
+    assert pair[0] == first[0] and pair[1] != pair[0]
+    assert answers(12) != first

@@ -103,6 +103,27 @@ def test_a_short_request_behind_a_long_one_finishes_first(engine):
     assert finish_order(engine, 30, 3, 0.02) == ["short", "long"]
 
 
+def test_a_seeded_request_samples_the_same_answer_alone_and_among_others(engine):
+    """A request's seed is its own generator's (generation/sampler.py): alone or beside two unseeded sampled
+    requests that take the other rows, it gets the same tokens; another seed, other tokens. Sampled at temperature
+    1.5 with a top-k and a repetition penalty, so the settings reach the row too."""
+    prompt = engine.prompt_ids(turns(QUESTIONS[0]), None)
+    others = [engine.prompt_ids(turns(q), None) for q in QUESTIONS[1:3]]
+
+    def seeded(seed: int) -> GenerationParams:
+        return GenerationParams(max_new_tokens=12, temperature=1.5, top_k=50, repetition_penalty=1.2, seed=seed)
+
+    async def answers():
+        alone = await tokens_of(engine, prompt, seeded(7))
+        crowded = await asyncio.gather(tokens_of(engine, prompt, seeded(7), delay=0.01), *[
+            tokens_of(engine, ids, GenerationParams(max_new_tokens=12, temperature=1.0, seed=None)) for ids in others])
+        return alone, crowded[0], await tokens_of(engine, prompt, seeded(8))
+
+    alone, crowded, other = asyncio.run(answers())
+    assert len(alone) == 12 and crowded == alone
+    assert other != alone
+
+
 def test_a_cancelled_request_and_one_past_its_deadline_give_their_rows_back(engine):
     prompt = engine.prompt_ids(turns(QUESTIONS[1]), None)
 

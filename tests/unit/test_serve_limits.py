@@ -25,7 +25,9 @@ def parse(body) -> object:
 def test_a_good_request_and_its_defaults():
     req = parse({"model": "sft", "messages": USER})
     assert req.turns == USER and req.n == 1 and not req.stream
-    assert req.params == GenerationParams(max_new_tokens=16, temperature=0.0, top_p=1.0)
+    assert req.params == GenerationParams(max_new_tokens=16, temperature=0.0, top_p=1.0, seed=None)
+    req = parse({"messages": USER, "temperature": 1, "seed": 42, "top_k": 20, "repetition_penalty": 1.1})
+    assert (req.params.seed, req.params.top_k, req.params.repetition_penalty) == (42, 20, 1.1)
     req = parse({"messages": USER, "max_tokens": 100, "temperature": 0.7, "top_p": 0.9, "n": 2, "stream": True})
     assert (req.params.max_new_tokens, req.params.temperature, req.params.top_p, req.n, req.stream) == (
         100, 0.7, 0.9, 2, True)
@@ -52,6 +54,9 @@ def test_a_good_request_and_its_defaults():
     ({"messages": USER, "top_p": [1]}, "top_p"),
     ({"messages": USER, "n": 0}, "n"), ({"messages": USER, "n": 3}, "n"), ({"messages": USER, "n": "2"}, "n"),
     ({"messages": USER, "stream": "yes"}, "stream"), ({"messages": USER, "model": 7}, "model"),
+    ({"messages": USER, "seed": -1}, "seed"), ({"messages": USER, "seed": 1.5}, "seed"),
+    ({"messages": USER, "seed": 2**63}, "seed"), ({"messages": USER, "top_k": -1}, "top_k"),
+    ({"messages": USER, "top_k": "5"}, "top_k"), ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
 ])
 def test_every_bad_body_names_its_field(body, field):
     with pytest.raises(RequestError) as e:

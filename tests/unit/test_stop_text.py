@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from medgpt_ray.generation.stop_text import StopText
@@ -35,6 +35,7 @@ def test_the_earliest_of_several_stops_ends_the_answer_and_a_false_start_is_sent
 
 @given(st.text(alphabet="ab<|>", max_size=30), st.lists(st.integers(0, 30), max_size=6),
        st.lists(st.text(alphabet="ab<|>", min_size=1, max_size=4), min_size=1, max_size=4))
+@example("><<", [2], ["<", "><<"])  # a later, shorter stop complete while an earlier one may still complete
 def test_any_split_gives_the_text_up_to_the_first_stop(text, cuts, stops):
     bounds = sorted({0, len(text), *[c for c in cuts if c <= len(text)]})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
