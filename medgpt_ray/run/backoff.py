@@ -129,12 +129,14 @@ def _backed_off(inp: StageInputs, ckpt: str | None, run_name: str, echo: Callabl
 
 def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], None], run_name: str, enabled: bool,
                      echo: Callable[[str], None], worker_restarts: int = 0,
-                     on_plan: Callable[[StagePlan], None] | None = None) -> StageInputs:
+                     on_plan: Callable[[StagePlan], None] | None = None,
+                     worker_plan: Callable[[], StagePlan | None] | None = None) -> StageInputs:
     """Run `attempt_fn(attempt, inputs)` until it succeeds. After a CUDA OOM retry with a new, backed-off plan
     (given to `on_plan` first: run/job.py writes it to plan.json), until the smallest micro-batch with full
     checkpointing also fails (`enabled`); after a worker process died retry as is, at most `worker_restarts`
     times. Anything else is raised. Every attempt resumes from the newest readable checkpoint. Returns the inputs
-    of the attempt that succeeded (its plan records the back-offs)."""
+    of the attempt that succeeded (its plan records the back-offs). `worker_plan()` takes the plan the workers said
+    they train with, where they changed it (run/job.py): a back-off halves that one."""
     attempt = restarts = 0
     # An earlier run's newest checkpoint may have been cut short; the one the workers will load is said here (their
     # own output stays in Ray's session logs).
@@ -153,7 +155,8 @@ def run_with_backoff(inp: StageInputs, attempt_fn: Callable[[int, StageInputs], 
             # A worker that died while saving leaves its newest checkpoint cut short.
             ckpt = usable_checkpoint(inp, echo)
             if oom:
-                inp = _backed_off(inp, ckpt, run_name, echo, e)
+                changed = worker_plan() if worker_plan is not None else None
+                inp = _backed_off(replace(inp, plan=changed) if changed is not None else inp, ckpt, run_name, echo, e)
                 if on_plan is not None:
                     on_plan(inp.plan)
             else:

@@ -4,8 +4,11 @@ The pipeline runs one per stage of a wave, a Tune sweep one per trial (docs/ARCH
 planning (at rows of seq_len, then at the lengths of the train split), the same placement policy, the same attempts
 after an OOM or a dead worker. Both take their data from run/stage_data.py (cleaned `data.raw` included).
 
-The job is the one writer of its stage's plan.json: when the stage starts and after each back-off. The back-off
-history itself is run/backoff.py's record (backoffs.json), which an interrupted attempt resumes from.
+The job is the one writer of its stage's plan.json: when the stage starts, when its workers lay the stage out
+otherwise than planned (a packed plan their model cannot pack, packed rows sized from a sample: stages/packing.py
+sends that plan through the progress channel, run/wave.py hands it here) and after each back-off, which starts from
+the plan the workers trained with. The back-off history itself is run/backoff.py's record (backoffs.json), which an
+interrupted attempt resumes from.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from medgpt_ray.config import PipelineConfig, stage_kind
@@ -44,6 +47,8 @@ class StageJob:
     stage: str
     out_dir: Path  # the stage's directory: plan.json, backoffs.json, checkpoints, model, result.json
     echo: Callable[[str], None] = print
+    # The plan the stage's workers last said they train with (take_worker_plan), while it runs.
+    _worker: dict[str, StagePlan] = field(default_factory=dict, compare=False, repr=False)
 
     def plan(self, budget: Budget) -> StagePlan:
         """The stage planned at rows of seq_len for `budget` (PlanError: nothing fits; ConfigError: not valid)."""
@@ -89,7 +94,14 @@ class StageJob:
         back-off; the plan of the attempt that succeeded, with the back-offs it took."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         write_plan(self.out_dir, inputs.plan)
+        self._worker.clear()
         r = self.cfg.resources
         ran = run_with_backoff(inputs, attempt_fn, self.cfg.name, r.oom_backoff, self.echo, r.worker_restarts,
-                               on_plan=lambda p: write_plan(self.out_dir, p))
-        return ran.plan
+                               on_plan=lambda p: write_plan(self.out_dir, p),
+                               worker_plan=lambda: self._worker.pop("plan", None))
+        return self._worker.get("plan", ran.plan)
+
+    def take_worker_plan(self, plan: dict) -> None:
+        """The plan the stage's workers train with, where they laid it out otherwise than planned: plan.json."""
+        self._worker["plan"] = StagePlan.from_dict(plan)
+        write_plan(self.out_dir, self._worker["plan"])

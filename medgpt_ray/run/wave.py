@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +30,28 @@ from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_o
 from medgpt_ray.run.upstream import PipelineError
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
+from medgpt_ray.stages.packing import WORKER_PLAN
 
 
 @dataclass
 class Progress:
-    """The run's progress actor (workers push per-step records) and the printer the driver feeds from it."""
+    """The run's progress actor (workers push per-step records) and the printer the driver feeds from it; a record
+    of the plan a worker trains with (stages/packing.py) goes to its stage's job instead (`plans`), which writes it."""
 
     actor: Any
     name: str
     namespace: str
     printer: ProgressPrinter
+    plans: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def poll(self) -> None:
-        self.printer.feed(ray.get(self.actor.drain.remote()))
+        with self._lock:  # the waiting thread polls, and each stage's thread after an attempt
+            records = ray.get(self.actor.drain.remote())
+            for rec in records:
+                if WORKER_PLAN in rec and rec.get("stage") in self.plans:
+                    self.plans[rec["stage"]](rec[WORKER_PLAN])
+            self.printer.feed([rec for rec in records if WORKER_PLAN not in rec])
 
 
 @contextmanager
@@ -126,6 +135,7 @@ class WaveRunner:
         set_stage_state(self.cfg.name, stage, "running")
         if latest_checkpoint(inp.checkpoint_dir):
             metrics().inc("medgpt_pipeline_stage_restarts", 1, tags)  # resuming an interrupted attempt
+        self.progress.plans[stage] = job.take_worker_plan
         try:
             plan = job.run(inp, self._attempt_fn(stage, fingerprint))  # with the back-offs it took
             result = self._record(stage, inp, plan, fingerprint)
@@ -148,8 +158,11 @@ class WaveRunner:
         progress = (self.progress.name, self.progress.namespace)
 
         def attempt(n: int, inp: StageInputs) -> None:
-            runner(inp, RayOptions(self.storage_path, name + (f"-b{n}" if n else ""),
-                                   self.cfg.resources.cpus_per_worker, progress=progress))
+            try:
+                runner(inp, RayOptions(self.storage_path, name + (f"-b{n}" if n else ""),
+                                       self.cfg.resources.cpus_per_worker, progress=progress))
+            finally:  # a plan the workers changed reaches the job before it backs off or records the stage
+                self.progress.poll()
 
         return attempt
 

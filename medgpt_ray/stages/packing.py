@@ -34,11 +34,28 @@ class PackedKind:
 
 
 def pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, train_ds: Any, shard: dict[str, Any],
-                     kind: PackedKind) -> tuple[StageInputs, Any, Any, dict[str, Any]]:
+                     kind: PackedKind, sink: Callable[[dict[str, Any]], None] | None = None
+                     ) -> tuple[StageInputs, Any, Any, dict[str, Any]]:
     """(inputs to train with, train dataset, train collator or None, the packing report) for the stage's `packing`
     and this model: the shard packed into rows, a step of as many rows as the plan says (planned on the driver from
     the split's lengths, memory/lengths.py), or, for a plan made without them, as hold about the planned examples
-    in a sample packed here. A config class without the key stays unpacked."""
+    in a sample packed here. A config class without the key stays unpacked. A plan changed here goes to `sink`
+    (the driver's progress channel) from the first worker, so the job writes what trains to plan.json."""
+    packed_inp, rows, collator, report = _pack_train_split(inp, model, tok, template, train_ds, shard, kind)
+    if packed_inp.plan != inp.plan and sink is not None and shard.get("rank", 0) == 0:
+        sink(worker_plan_record(inp.stage, packed_inp.plan))
+    return packed_inp, rows, collator, report
+
+
+WORKER_PLAN = "worker_plan"  # the key of a progress record that carries the plan a worker trains with
+
+
+def worker_plan_record(stage: str, plan: StagePlan) -> dict[str, Any]:
+    return {"stage": stage, WORKER_PLAN: plan.to_dict()}
+
+
+def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, train_ds: Any, shard: dict[str, Any],
+                      kind: PackedKind) -> tuple[StageInputs, Any, Any, dict[str, Any]]:
     plan, unit = inp.plan, kind.unit
     setting = packing_setting(inp.stage, inp.cfg)
     mode, why = resolve(setting, model, inp.stage)

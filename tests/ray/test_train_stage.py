@@ -63,3 +63,29 @@ def test_sft_with_deepspeed_zero2_on_two_workers_each_on_its_shard_matches_its_o
     progress = ray.get(actor.drain.remote())
     assert [r["step"] for r in progress if "loss" in r] == [1, 2, 3, 4, 5, 6]
     ray.kill(actor)
+
+
+def test_the_progress_poll_hands_a_workers_plan_to_its_stage_and_prints_the_rest(ray_cluster):
+    """run/wave.py's poll on a real progress actor: a worker's plan record reaches its stage's job (which writes
+    plan.json), never the printer; step records still print."""
+    from medgpt_ray.config import PipelineConfig
+    from medgpt_ray.run.progress import ProgressPrinter
+    from medgpt_ray.run.wave import progress_channel
+    from medgpt_ray.stages.packing import worker_plan_record
+
+    cfg = PipelineConfig.model_validate({"model": {"path": "tiny"}, "output_dir": "/tmp/x", "name": "poll-test",
+                                         "stages": {"sft": {"method": "lora", "max_steps": 2, "seq_len": 64}}})
+    lines: list[str] = []
+    plan = plan_stage("sft", cfg.stages.get("sft"), 1, False)
+    with progress_channel(cfg, lines.append) as progress:
+        assert isinstance(progress.printer, ProgressPrinter)
+        handed: list[dict] = []
+        progress.plans["sft"] = handed.append
+        import ray
+
+        ray.get([progress.actor.push.remote(worker_plan_record("sft", plan)),
+                 progress.actor.push.remote({"stage": "sft", "step": 1, "total_steps": 2, "loss": 1.5,
+                                                   "time_s": 3.0})])
+        progress.poll()
+    assert [h["micro_batch"] for h in handed] == [plan.micro_batch]
+    assert len(lines) == 1 and "loss 1.5000" in lines[0] and "worker_plan" not in lines[0]

@@ -231,9 +231,14 @@ def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback
 
     inp = stage_inputs(data, flex_model, tmp_path, "auto")
     inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5), inp.cfg, 2, 2.0))
-    built = build_stage(inp)
+    records: list[dict] = []
+    built = build_stage(inp, records.append)
     assert built.extras["packing"]["planned_packed"]
     assert "attention 'flex_attention' is not one packing is checked for" in built.extras["packing"]["why"]
+    # the plan that trains goes to the driver, whose job writes it to plan.json (run/job.py take_worker_plan)
+    sent = [r["worker_plan"] for r in records if "worker_plan" in r]
+    assert len(sent) == 1 and sent[0]["packing"] is None
+    assert (sent[0]["micro_batch"], sent[0]["ckpt_fraction"]) == (1, 1.0)
     selective = [cb.fraction for cb in built.trainer.callback_handler.callbacks
                  if isinstance(cb, SelectiveCheckpointing)]
     assert selective == [] and built.trainer.args.gradient_checkpointing

@@ -142,3 +142,41 @@ def test_a_resumed_attempt_says_which_checkpoint_it_resumes_from(inputs):
     run_with_backoff(inputs, lambda n, inp: None, "r", True, lines.append)
     assert [line for line in lines if "resumed from" in line] == [
         "[sft] resumed from checkpoint-4 (the interrupted attempt's newest checkpoint)"]
+
+
+def test_the_plan_a_worker_lays_out_is_written_backed_off_and_recorded(tmp_path):
+    """A worker that trains otherwise than planned (a packed plan its model cannot pack: stages/packing.py) sends
+    that plan through the progress channel, and the job (plan.json's one writer) writes it at once; an OOM then
+    backs off from it, not from the plan the driver made; the stage's recorded plan is what trained."""
+    from dataclasses import replace
+
+    from medgpt_ray.config import PipelineConfig
+    from medgpt_ray.data.prepare import PreparedData
+    from medgpt_ray.run.job import StageJob
+
+    cfg = PipelineConfig.model_validate({
+        "model": {"path": "tiny"}, "output_dir": str(tmp_path), "resources": {"num_workers": 1},
+        "stages": {"sft": {"method": "lora", "max_steps": 4, "seq_len": 64, "effective_batch": 8, "micro_batch": 4,
+                           "grad_ckpt": False}}})
+    job = StageJob(cfg, "sft", tmp_path / "sft", lambda _: None)
+    planned = job.plan(None)
+    laid_out = replace(planned, micro_batch=2, grad_accum=4, reasons=[*planned.reasons, "laid out by the worker"])
+    data = PreparedData("sft", "t", "e", 0, 0, 0, 0, None)
+    plan_json = tmp_path / "sft" / "plan.json"
+    written: list[dict] = []
+
+    def trains_as_laid_out(n: int, inp: StageInputs) -> None:
+        if n == 0:
+            job.take_worker_plan(laid_out.to_dict())  # what run/wave.py's progress poll hands the job
+            written.append(json.loads(plan_json.read_text()))
+            raise WorkerGroupError("failed", {0: torch.OutOfMemoryError("CUDA out of memory")})
+        written.append(json.loads(plan_json.read_text()))
+
+    ran = job.run(job.inputs(planned, "model", data), trains_as_laid_out)
+    assert (written[0]["micro_batch"], written[0]["grad_accum"]) == (2, 4)
+    assert "laid out by the worker" in written[0]["reasons"]
+    assert (ran.micro_batch, ran.grad_accum) == (1, 8) and ran.backoffs[0]["before"]["micro_batch"] == 2
+    assert written[1]["micro_batch"] == 1
+
+    final = job.run(job.inputs(planned, "model", data), lambda n, inp: job.take_worker_plan(laid_out.to_dict()))
+    assert final == laid_out and json.loads(plan_json.read_text())["micro_batch"] == 2  # no back-off: it stands

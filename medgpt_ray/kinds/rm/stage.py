@@ -84,7 +84,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     # rounds to 0); PEFT's trainable copy of the head (modules_to_save) is a copy of this one, fp32 too.
     fp32_score_head(model)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, data.template, train_ds, shard,
-                                                                      PAIRS)
+                                                                      PAIRS, sink)
     peft_config = models.lora_config(inp.cfg.lora, "SEQ_CLS", model) if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:

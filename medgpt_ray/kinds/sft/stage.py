@@ -74,7 +74,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, template, train_ds, shard,
-                                                                      CONVERSATIONS)
+                                                                      CONVERSATIONS, sink)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     kwargs = training_kwargs(train_inp)
     if collator is not None:
