@@ -84,7 +84,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ModelSourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
+    from medgpt_ray.infer.serve import (
+        ServeOptions,
+        default_gpus_per_replica,
+        engine_line,
+        serve_model,
+        stop_serving,
+    )
     from medgpt_ray.run.ray_env import connect_ray, echo
     log_file = serve_log_file(args)
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
@@ -96,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
     echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
          f"{'API key required' if key else 'no API key'}); Ray's own lines: {log_file.resolve()}; "
          "Ctrl-C stops")
+    echo(f"[serve] {engine_line(str(source.path), args.engine)}")
     try:
         while True:
             time.sleep(3600)

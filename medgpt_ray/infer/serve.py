@@ -87,6 +87,24 @@ def engine_for(engine: str, config: Any) -> str:
     return engine
 
 
+def engine_line(model_path: str, engine: str) -> str:
+    """What `serve` says at start: the engine its replicas batch requests on, and why where it is not ours."""
+    from transformers import AutoConfig
+
+    from medgpt_ray.generation.slot_cache import slot_unsupported_reason
+
+    config = AutoConfig.from_pretrained(model_path)
+    if engine_for(engine, config) == "slots":
+        if (reason := slot_unsupported_reason(config)) is not None:
+            return f"engine: one generate call per request (--engine slots: {reason})"
+        return "engine: slots (our decode loop on a static cache, the one sampler)"
+    why = f"auto: {slot_unsupported_reason(config)}" if engine == "auto" else "--engine transformers"
+    reason = unsupported_reason(config)
+    if reason is not None:
+        return f"engine: one generate call per request ({why}; transformers' engine: {reason})"
+    return f"engine: transformers' continuous batching ({why})"
+
+
 def serving_path(gen: Generator, limits: ServeLimits, context: int | None,
                  engine: str = "auto") -> tuple[RequestEngine | None, str]:
     """How a replica answers: continuous batching across its requests on `engine` (transformers': its page pool

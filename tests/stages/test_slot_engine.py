@@ -234,6 +234,26 @@ def test_auto_serves_on_transformers_engine_where_slots_cannot_hold_the_layers(s
         engine_for("fast", dense)
 
 
+def test_serve_says_which_engine_and_why_not_ours(spread_model, tmp_path):  # noqa: F811
+    """`serve`'s start line: slots for a dense model; transformers' engine only with its reason (auto and a
+    sliding-window model) or because it was named; a named slots engine that cannot hold the layers says so."""
+    import shutil
+
+    from medgpt_ray.infer.serve import engine_line
+
+    sliding = tmp_path / "sliding"
+    shutil.copytree(spread_model, sliding)
+    cfg = json.loads((sliding / "config.json").read_text())
+    (sliding / "config.json").write_text(json.dumps({**cfg, "use_sliding_window": True, "sliding_window": 16,
+                                                     "layer_types": ["sliding_attention", "full_attention"]}))
+    assert engine_line(str(spread_model), "auto").startswith("engine: slots")
+    assert engine_line(str(sliding), "auto") == ("engine: transformers' continuous batching (auto: sliding-window "
+                                                 "layers keep a cache shorter than the slots' columns)")
+    assert engine_line(str(spread_model), "transformers") == \
+        "engine: transformers' continuous batching (--engine transformers)"
+    assert engine_line(str(sliding), "slots").startswith("engine: one generate call per request (--engine slots: ")
+
+
 @pytest.fixture(scope="module")
 def spread_hybrid(spread_model, tmp_path_factory):  # noqa: F811
     """A tiny Qwen3.5 (linear attention, then full attention, twice) with the spread model's tokenizer and chat
