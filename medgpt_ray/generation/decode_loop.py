@@ -27,6 +27,7 @@ why, and StaticDecoder records it."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,15 +144,13 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     stream = DeferredStream(call.streamer, device) if call.streamer is not None else None
     if stream is not None:
         call.streamer.put(input_ids.cpu())  # as generate does: a streamer skips the prompt itself
-    logits = base(input_ids=input_ids, attention_mask=padding, position_ids=positions, **forward).logits
+    scores = last_scores(base(input_ids=input_ids, attention_mask=padding, position_ids=positions, **forward).logits)
     following = positions[:, -1:] + 1
     rows_state = RowState(rows, call.max_new_tokens, device)
-    draws = sampler.Sampler(rows, logits.shape[-1], device, call.held)
+    draws = sampler.Sampler(rows, scores.shape[-1], device, call.held)
     draws.take(list(range(rows)), [call.settings] * rows, seen_tokens(input_ids, attention_mask, call))
     flags, steps = DeferredFlags(device), 0
     for i in range(call.max_new_tokens):
-        # the graph's output copied: none may be alive at the next replay (CUDA graph trees)
-        scores, logits = logits[:, -1].to(copy=True, dtype=torch.float32), None
         token, running = rows_state.next(draws.draw(scores, rows_state.bad), call, out, width + i, i)
         if stream is not None:
             stream.push(token, running)
@@ -161,10 +160,7 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
         refuse(bad, call)
         if steps == call.max_new_tokens or every_row:
             break
-        step_positions = following + i
-        mask = step_mask(base, padding, step_positions, cache_kwarg, cache)
-        logits = call.compiled_step(input_ids=token[:, None], attention_mask=mask, position_ids=step_positions,
-                                    **forward).logits
+        scores = decode_step(call.compiled_step, base, token[:, None], following + i, padding, cache_kwarg, cache)
     refuse(bool(rows_state.bad), call)  # the last steps' probabilities too: one wait for the GPU, at the end
     if stream is not None:
         stream.close()
@@ -228,6 +224,24 @@ def refuse(bad: bool, call: DecodeCall) -> None:
                            "as generate's torch.multinomial would have refused them)")
 
 
+def decode_step(step: Any, base: Any, tokens: Any, positions: Any, padding: Any, cache_kwarg: str,
+                cache: Any) -> Any:
+    """One decode step, the one both loops run (this module's batch loop, slot_engine.py's continuous one): each
+    row's token ([rows, 1]) at its position, attending to `padding`'s columns of the cache, through `step` (the
+    model's compiled call, or the model); the last position's logits as float32 scores for the sampler."""
+    forward = {cache_kwarg: cache, "use_cache": True, "return_dict": True, **logits_to_keep(base)}
+    mask = step_mask(base, padding, positions, cache_kwarg, cache)
+    return last_scores(step(input_ids=tokens, attention_mask=mask, position_ids=positions, **forward).logits)
+
+
+def last_scores(logits: Any) -> Any:
+    """The last position's logits, copied out as float32: no output of a CUDA graph may stay alive to its next
+    replay (CUDA graph trees)."""
+    import torch
+
+    return logits[:, -1].to(copy=True, dtype=torch.float32)
+
+
 def step_mask(base: Any, padding: Any, positions: Any, cache_kwarg: str, cache: Any) -> Any:
     """A one-token decode step's attention masks, as generate's prepare_inputs_for_generation makes them for a
     compilable cache (outside the compiled step, whose graphs are then the ones generate replays): from the 2-D
@@ -246,6 +260,11 @@ def step_mask(base: Any, padding: Any, positions: Any, cache_kwarg: str, cache: 
 
 def logits_to_keep(base: Any) -> dict[str, int]:
     """generate's `logits_to_keep=1` for a model whose forward takes it: the last position's logits only."""
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(base)) else {}
+
+
+@functools.cache
+def _takes_logits_to_keep(model_class: type) -> bool:  # read once a class: a decode step asks every token
     import inspect
 
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters

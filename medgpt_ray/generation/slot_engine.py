@@ -228,7 +228,7 @@ class SlotEngine(RequestEngine):
                            **{self.key: prefill}, **decode_loop.logits_to_keep(self.base)).logits
         index = torch.tensor(rows, device=device)
         self.sampler.take(rows, [r.params.settings() for r in batch], [r.prompt_ids for r in batch])
-        first = self.sampler.draw(logits[:, -1].float(), rows=rows)
+        first = self.sampler.draw(decode_loop.last_scores(logits), rows=rows)
         self.slots.place(rows, prefill, mask)
         self.tokens[index] = first
         self.positions[index] = mask.sum(-1)
@@ -238,20 +238,13 @@ class SlotEngine(RequestEngine):
         self._hand_out(dict(zip(rows, first.tolist(), strict=True)))
 
     def _step_logits(self) -> Any:
-        """One decode step of every row: the last position's logits, copied out of the graph's memory as float32."""
-        import torch
-
+        """One decode step of every row (decode_loop.decode_step, the batch loop's): each row's float32 scores."""
         if self.slots.t >= self.slots.length:
             self.slots.compact()
-        forward = {self.key: self.slots.cache, "use_cache": True, "return_dict": True,
-                   **decode_loop.logits_to_keep(self.base)}
-        positions = self.positions[:, None]
-        mask = decode_loop.step_mask(self.base, self.slots.padding, positions, self.key, self.slots.cache)
-        logits = self.step(input_ids=self.tokens[:, None], attention_mask=mask, position_ids=positions,
-                           **forward).logits
+        scores = decode_loop.decode_step(self.step, self.base, self.tokens[:, None], self.positions[:, None],
+                                         self.slots.padding, self.key, self.slots.cache)
         self.slots.advance()
-        # A copy (float32 or not): no output of the graph stays alive to the next replay.
-        return logits[:, -1].to(copy=True, dtype=torch.float32)
+        return scores
 
     def _decode_step(self) -> None:
         following = self.sampler.draw(self._step_logits())
