@@ -125,9 +125,11 @@ class RequestEngine:
     def unsupported(self, params: GenerationParams) -> str | None:
         """The request setting this engine cannot honour, by its OpenAI field name (None: it honours them all).
         transformers' engine samples every request from one generator, with temperature and top_p only."""
+        if params.seed is not None:  # a request's own (serve sets None where the body has none; 0 is a seed)
+            return "seed"
         defaults = GenerationParams(max_new_tokens=params.max_new_tokens)
-        for field in ("seed", "top_k", "repetition_penalty"):
-            if getattr(params, field) not in (None, getattr(defaults, field)):
+        for field in ("top_k", "repetition_penalty"):
+            if getattr(params, field) != getattr(defaults, field):
                 return field
         return None
 
