@@ -131,10 +131,22 @@ def _messages(body: dict) -> list[dict]:
             raise RequestError(f"messages[{i}].role", f"one of {', '.join(ROLES)} is required")
         if not isinstance(m.get("content"), str):
             raise RequestError(f"messages[{i}].content", "a string is required")
+        if not m["content"].isascii() and _unpaired_surrogate(m["content"]):
+            raise RequestError(f"messages[{i}].content", "not valid Unicode text (an unpaired surrogate such as "
+                                                         "\\ud800)")
         turns.append({"role": m["role"], "content": m["content"]})
     if turns[-1]["role"] != "user":
         raise RequestError("messages", "the last message must be the user's")
     return turns
+
+
+def _unpaired_surrogate(text: str) -> bool:
+    """Whether `text` holds a surrogate code point, which JSON's \\ud800 escapes can give and no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _stops(body: dict) -> tuple[str, ...]:

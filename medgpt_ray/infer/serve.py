@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
 import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,6 +35,7 @@ from medgpt_ray.generation.stop_text import StopText
 from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
 from medgpt_ray.infer.limits import ChatRequest, RequestError, ServeLimits, parse_chat, read_body
 from medgpt_ray.infer.source import ModelSource
+from medgpt_ray.templates.base import TemplateError
 
 app = FastAPI(title="medgpt-ray")
 
@@ -158,6 +160,8 @@ class _Answers:
         try:
             answer = ContinuousAnswer(engine, req.turns, None, req.params, self.deadline, limit) if engine else \
                 StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
+        except (TemplateError, jinja2.TemplateError) as e:  # the role order a template refuses (OpenAI accepts any)
+            raise RequestError("messages", f"the model's chat template refuses these messages: {e}") from None
         except PromptTooLong as e:
             room = f"the model reads {self.model.context} tokens" if self.model.context else "the server's limit"
             count = f"{'over ' if e.at_least else ''}{e.tokens}"

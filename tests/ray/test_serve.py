@@ -184,6 +184,18 @@ def test_out_of_range_requests_get_400_naming_the_field(endpoint, replica, kwarg
     healthy(endpoint, replica)
 
 
+@pytest.mark.parametrize("roles", [["user", "user"], ["assistant", "user"], ["system", "system", "user"],
+                                   ["user", "system", "user"]], ids="-".join)
+def test_message_orders_the_template_refuses_are_a_400_not_a_500(endpoint, replica, roles):
+    """OpenAI accepts any role order; the chat template does not. Its refusal is the client's error, named, and the
+    openai client does not retry it (it retries 500s)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client(endpoint).chat.completions.create(model="sft", max_tokens=4, messages=[
+            {"role": r, "content": f"第{i}句"} for i, r in enumerate(roles)])
+    assert e.value.param == "messages" and "chat template refuses" in e.value.message
+    healthy(endpoint, replica)
+
+
 def test_a_seed_this_engine_cannot_honour_is_refused_not_ignored(endpoint, replica):
     """transformers' engine samples every request from one generator: a request's seed would be silently ignored,
     so it is a 400 naming the field and the engine that can (test_serve_slots.py: the slots honour it)."""
@@ -214,6 +226,7 @@ def raw(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[i
     (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}', "max_tokens"),
     (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content"),  # a lone surrogate
 ])
 def test_malformed_bodies_get_400_naming_the_field(endpoint, replica, body, param):
     status, answer, _ = raw(endpoint, body)

@@ -54,6 +54,7 @@ def test_a_good_request_and_its_defaults():
     ({"messages": USER, "top_p": [1]}, "top_p"),
     ({"messages": USER, "n": 0}, "n"), ({"messages": USER, "n": 3}, "n"), ({"messages": USER, "n": "2"}, "n"),
     ({"messages": USER, "stream": "yes"}, "stream"), ({"messages": USER, "model": 7}, "model"),
+    (b'{"messages": [{"role": "user", "content": "ok \\udc00"}]}', "messages[0].content"),
     ({"messages": USER, "seed": -1}, "seed"), ({"messages": USER, "seed": 1.5}, "seed"),
     ({"messages": USER, "seed": 2**63}, "seed"), ({"messages": USER, "top_k": -1}, "top_k"),
     ({"messages": USER, "top_k": "5"}, "top_k"), ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
