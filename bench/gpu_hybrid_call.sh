@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS PYTHONPATH COMMAND...
 }
 
 sft() {  # NAME PATH MODEL PACKING STEPS
-  step "sft_$1" 150 "$2" python3 bench/hybrid_sft.py --model "$3" --packing "$4" --steps "$5" --warmup 2 \
+  step "sft_$1" "${SFT_LIMIT:-150}" "$2" python3 bench/hybrid_sft.py --model "$3" --packing "$4" --steps "$5" --warmup 2 \
     --work "$W" --out "$W/sft_$1.json"
 }
 
