@@ -84,13 +84,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ModelSourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from medgpt_ray.infer.serve import (
-        ServeOptions,
-        default_gpus_per_replica,
-        engine_line,
-        serve_model,
-        stop_serving,
-    )
+    from medgpt_ray.infer.serve import ServeOptions, default_gpus_per_replica, serve_model, stop_serving
+    from medgpt_ray.infer.serve_engine import engine_line
     from medgpt_ray.run.ray_env import connect_ray, echo
     log_file = serve_log_file(args)
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)

@@ -184,7 +184,7 @@ def test_a_stream_interval_sends_the_first_token_at_once_then_fewer_pieces(engin
 
 def test_serves_limits_reach_the_slot_engine_which_auto_picks(spread_model):  # noqa: F811
     from medgpt_ray.infer.limits import ServeLimits
-    from medgpt_ray.infer.serve import serving_path
+    from medgpt_ray.infer.serve_engine import serving_path
 
     limits = ServeLimits(max_prompt_tokens=48, max_tokens_limit=16, default_max_tokens=16, max_concurrent=2,
                          stream_interval=3)
@@ -218,7 +218,7 @@ def test_a_request_that_fails_is_told_and_the_engine_goes_on(engine):
 def test_auto_serves_on_transformers_engine_where_slots_cannot_hold_the_layers(spread_model):  # noqa: F811
     from transformers import AutoConfig, Qwen3_5TextConfig
 
-    from medgpt_ray.infer.serve import engine_for
+    from medgpt_ray.infer.serve_engine import engine_for
 
     dense = AutoConfig.from_pretrained(spread_model)
     sliding = AutoConfig.from_pretrained(spread_model, use_sliding_window=True, sliding_window=16,
@@ -239,7 +239,7 @@ def test_serve_says_which_engine_and_why_not_ours(spread_model, tmp_path):  # no
     sliding-window model) or because it was named; a named slots engine that cannot hold the layers says so."""
     import shutil
 
-    from medgpt_ray.infer.serve import engine_line
+    from medgpt_ray.infer.serve_engine import engine_line
 
     sliding = tmp_path / "sliding"
     shutil.copytree(spread_model, sliding)
