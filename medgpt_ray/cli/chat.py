@@ -17,8 +17,8 @@ def add_chat_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 (default) decodes greedily")
     p.add_argument("--generation-path", choices=("auto", "dynamic", "static"), default="auto",
                    help="decode path: static (one static KV cache for the conversation, the decode step compiled "
-                        "with CUDA graphs), dynamic (HF generate's growing cache), auto (static on a GPU unless the "
-                        "model has linear-attention layers, else dynamic)")
+                        "with CUDA graphs), dynamic (HF generate's growing cache), auto (static on a GPU, "
+                        "dynamic on the CPU)")
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -31,8 +31,8 @@ def add_generate_args(p: argparse.ArgumentParser) -> None:
                    help="default: 1 where the cluster has GPUs, else 0 (CPU)")
     p.add_argument("--generation-path", choices=("auto", "dynamic", "static"), default="auto",
                    help="decode path: static (one static KV cache, the decode step compiled with CUDA graphs), "
-                        "dynamic (HF generate's growing cache), auto (static on a GPU unless the model has "
-                        "linear-attention layers, else dynamic)")
+                        "dynamic (HF generate's growing cache), auto (static on a GPU, dynamic on the "
+                        "CPU)")
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--verbose", action="store_true", help="Ray's own log lines here (default: OUT/generate.log)")
 
