@@ -14,6 +14,7 @@ from typing import Any
 
 from medgpt_ray.generation.engine import Generator
 from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.generation.prompts import prompt_token_ids
 from medgpt_ray.generation.session import DecodeSession
 
 # A prompt longer than this many characters per allowed token is first counted on its start alone: tokenizing a
@@ -65,7 +66,7 @@ def prompt_ids(gen: Generator, turns: list[dict], tools: list[dict] | None,
     prompt far past it is refused from its start, without tokenizing it whole)."""
     text = gen.render(turns, tools or [])
     _check_length(gen.tok, text, max_prompt_tokens)
-    ids = gen.tok(text, add_special_tokens=False)["input_ids"]
+    ids = prompt_token_ids(gen.tok, gen.template, turns, tools or [], text)
     if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
         raise PromptTooLong(len(ids), max_prompt_tokens)
     return ids
