@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 import time
@@ -22,11 +23,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="default: 1 where the cluster has GPUs, else 0 (CPU)")
     p.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
+    p.add_argument("--no-api-key", action="store_true",
+                   help="serve a --host other than loopback without an API key: anyone who reaches the port is "
+                        "answered (refused otherwise)")
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")
     p.add_argument("--engine", choices=("auto", "transformers", "slots"), default="auto",
                    help="how concurrent requests share the GPU: slots of a static cache decoded by one compiled step "
                         "(CUDA graphs), or transformers' continuous batching; auto: slots unless the model has "
-                        "linear-attention or sliding-window layers")
+                        "sliding-window layers")
     add_limit_args(p)
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--log-file", default=None,
@@ -75,12 +79,26 @@ def serve_log_file(args: argparse.Namespace) -> Path:
     return Path(args.log_file) if args.log_file else cache_root() / f"serve-{args.port}.log"
 
 
+def open_to_all(host: str, key: str | None, accepted: bool) -> None:
+    """ValueError for a --host other than loopback without an API key, unless --no-api-key accepts it: a medical
+    model answering anyone who can reach the machine is never the default."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        loopback = False
+    if not (loopback or key or accepted):
+        raise ValueError(f"--host {host} without an API key would answer anyone who reaches the server's port: "
+                         f"set --api-key or ${API_KEY_ENV}, or pass --no-api-key to serve openly")
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from medgpt_ray.infer.source import ModelSourceError, resolve_model
 
     try:
         source = resolve_model(args.model, args.template)
         limits = _limits(args)
+        key = args.api_key or os.environ.get(API_KEY_ENV) or None
+        open_to_all(args.host, key, args.no_api_key)
     except (ModelSourceError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -90,7 +108,6 @@ def run_serve(args: argparse.Namespace) -> int:
     log_file = serve_log_file(args)
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
-    key = args.api_key or os.environ.get(API_KEY_ENV) or None
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
                         limits=limits, verbose=args.verbose, engine=args.engine)
     url = serve_model(source, opts)
