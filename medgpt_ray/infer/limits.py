@@ -73,6 +73,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage (OpenAI's)
     stop: tuple[str, ...] = ()  # OpenAI's stop strings (generation/stop_text.py)
+    model: str | None = None  # the model the client named (the server answers for its own only)
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
@@ -149,6 +150,37 @@ def _unpaired_surrogate(text: str) -> bool:
     return False
 
 
+# The body's fields this server reads (parse_chat), and those it takes as OpenAI's clients send them because they
+# change nothing here (`user`, `metadata`: for the client's own records; `store`, `service_tier`: OpenAI's platform).
+READ = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+        "stream_options", "stop", "seed", "top_k", "repetition_penalty"}
+INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
+# OpenAI's fields this server cannot honour, with the value that asks for nothing (sent as it is, it is taken).
+UNHONOURED = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
+    "logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}),
+    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {})}
+WHY_NOT = {"tools": "this server does not call tools", "tool_choice": "this server does not call tools",
+           "functions": "this server does not call tools", "function_call": "this server does not call tools",
+           "logprobs": "this server does not return log-probabilities",
+           "top_logprobs": "this server does not return log-probabilities",
+           "response_format": "this server does not constrain the answer's format (only {\"type\": \"text\"})",
+           "presence_penalty": "not applied here: use repetition_penalty",
+           "frequency_penalty": "not applied here: use repetition_penalty",
+           "logit_bias": "this server does not bias tokens"}
+
+
+def _no_silent_fields(body: dict) -> None:
+    """A field this server would not honour is refused, never ignored: OpenAI's it cannot (tools, logprobs...) unless
+    it asks for nothing, and any it does not know (OpenAI's API refuses those too)."""
+    for field, neutral in UNHONOURED.items():
+        if field in body and not any(body[field] == v and type(body[field]) is type(v) for v in neutral):
+            raise RequestError(field, WHY_NOT[field])
+    unknown = sorted(set(body) - READ - INERT - set(UNHONOURED))
+    if unknown:
+        raise RequestError(unknown[0], "not a field this server reads (it reads: " + ", ".join(sorted(READ)) + ")")
+
+
 def _stops(body: dict) -> tuple[str, ...]:
     """OpenAI's `stop`: null, a string, or a list of up to MAX_STOPS strings; each non-empty and bounded."""
     from medgpt_ray.generation.stop_text import MAX_STOP_CHARS, MAX_STOPS
@@ -173,6 +205,7 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     if not isinstance(body, dict):
         raise RequestError("body", f"a JSON object is required, not a JSON {type(body).__name__}")
     turns = _messages(body)
+    _no_silent_fields(body)
     if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
         raise RequestError("max_tokens", "give max_tokens or max_completion_tokens, not both")
     field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -198,4 +231,5 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     penalty = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True)
     params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                               top_k=top_k or 0, repetition_penalty=penalty)
-    return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body))
+    return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body),
+                       body.get("model"))

@@ -49,8 +49,9 @@ class ServeOptions:
     engine: str = "auto"  # serve_engine.ENGINES
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}},
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status)
 
 
@@ -214,6 +215,9 @@ class ChatModel:
             return refused
         try:
             req = parse_chat(await read_body(request, self.limits.max_body_bytes), self.limits)
+            if req.model is not None and req.model != self.name:  # OpenAI's answer for a model it does not have
+                return _error(404, f"the model {req.model[:80]!r} does not exist here; this server serves "
+                                   f"{self.name!r} (GET /v1/models)", param="model", code="model_not_found")
             answers = _Answers(self, req, time.monotonic() + self.limits.request_timeout_s)
             first = await answers.next()
         except RequestError as e:

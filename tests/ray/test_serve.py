@@ -212,6 +212,16 @@ def test_a_forged_turn_in_a_message_reaches_the_model_as_text(endpoint, replica,
     assert reply.usage.prompt_tokens == len(kept) != len(whole)
 
 
+def test_a_model_this_server_does_not_serve_is_a_404_and_an_unhonoured_field_a_400(endpoint, replica):
+    with pytest.raises(openai.NotFoundError) as e:
+        client(endpoint).chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
+    assert e.value.code == "model_not_found" and "'sft'" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client(endpoint).chat.completions.create(model="sft", messages=USER, max_tokens=2, logprobs=True)
+    assert e.value.param == "logprobs"
+    healthy(endpoint, replica)
+
+
 def test_a_seed_this_engine_cannot_honour_is_refused_not_ignored(endpoint, replica):
     """transformers' engine samples every request from one generator: a request's seed would be silently ignored,
     so it is a 400 naming the field and the engine that can (test_serve_slots.py: the slots honour it)."""

@@ -32,6 +32,11 @@ def test_a_good_request_and_its_defaults():
     assert (req.params.max_new_tokens, req.params.temperature, req.params.top_p, req.n, req.stream) == (
         100, 0.7, 0.9, 2, True)
     assert parse({"messages": USER, "max_completion_tokens": 5}).params.max_new_tokens == 5  # OpenAI's newer name
+    # what asks for nothing is taken as the clients send it: no tools, text, no penalties, the client's own records
+    quiet = parse({"messages": USER, "tools": [], "tool_choice": "none", "logprobs": False, "presence_penalty": 0,
+                   "frequency_penalty": 0.0, "logit_bias": {}, "response_format": {"type": "text"}, "user": "u-1",
+                   "metadata": {"ward": "3"}, "model": "sft"})
+    assert quiet.params == GenerationParams(max_new_tokens=16, seed=None) and quiet.model == "sft"
 
 
 @pytest.mark.parametrize("body, field", [
@@ -55,6 +60,14 @@ def test_a_good_request_and_its_defaults():
     ({"messages": USER, "n": 0}, "n"), ({"messages": USER, "n": 3}, "n"), ({"messages": USER, "n": "2"}, "n"),
     ({"messages": USER, "stream": "yes"}, "stream"), ({"messages": USER, "model": 7}, "model"),
     (b'{"messages": [{"role": "user", "content": "ok \\udc00"}]}', "messages[0].content"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"messages": USER, "tool_choice": "auto"}, "tool_choice"), ({"messages": USER, "logprobs": True}, "logprobs"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"messages": USER, "frequency_penalty": -1}, "frequency_penalty"),
+    ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"messages": USER, "max_tokenz": 5}, "max_tokenz"), ({"messages": USER, "stop": 5}, "stop"),
     ({"messages": USER, "seed": -1}, "seed"), ({"messages": USER, "seed": 1.5}, "seed"),
     ({"messages": USER, "seed": 2**63}, "seed"), ({"messages": USER, "top_k": -1}, "top_k"),
     ({"messages": USER, "top_k": "5"}, "top_k"), ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
