@@ -47,6 +47,8 @@ class PreparedData:
     quarantine_file: str | None
     # PII items replaced by placeholders, per type redacted (0 included); empty when redaction was off.
     redactions: dict[str, int] = field(default_factory=dict)
+    # Entries of a directory given as data that were not read, with why ([path, reason]; input_paths.py).
+    skipped_files: list[list[str]] = field(default_factory=list)
 
 
 def redaction_text(counts: dict[str, int]) -> str:
@@ -61,8 +63,13 @@ def redaction_text(counts: dict[str, int]) -> str:
 def prepared_line(d: PreparedData) -> str:
     """The pipeline's one line per prepared kind."""
     q = f", {d.quarantined} quarantined -> {d.quarantine_file}" if d.quarantined else ""
-    return (f"data {d.kind}: {d.source_records} source records -> {d.train_records} train / {d.eval_records} "
+    line = (f"data {d.kind}: {d.source_records} source records -> {d.train_records} train / {d.eval_records} "
             f"held out{redaction_text(d.redactions)}{q}")
+    if d.skipped_files:  # a directory's files that were not read are said, never dropped without a word
+        named = ", ".join(f"{Path(f).name} ({why})" for f, why in d.skipped_files[:3])
+        more = f" and {len(d.skipped_files) - 3} more" if len(d.skipped_files) > 3 else ""
+        line += f"; {len(d.skipped_files)} file(s) in its directories not read: {named}{more}"
+    return line
 
 
 def not_redacted_line(sources: list[str]) -> str:
@@ -155,6 +162,8 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
     if not paths:
         keys = " or ".join(f"data.{k}" for k in source_kinds(kind))
         raise ValueError(f"{keys}: no files configured, but an enabled stage needs {kind} data")
+    skipped: list[tuple[Path, str]] = []
+    expand_paths(paths, skipped)  # what iter_canonical will read; what it will not, for the line and the report
     private_dir(out_dir)  # record text: 0700, and its files 0600
     qpath, scratch = out_dir / f"quarantine-{kind}.jsonl", out_dir / f".{kind}.canonical.jsonl.tmp"
     hashes, offsets = array("Q"), array("Q")
@@ -193,4 +202,4 @@ def prepare_kind(kind: str, paths: list[str], out_dir: Path, eval_fraction: floa
             qfh.close()
         scratch.unlink(missing_ok=True)
     return PreparedData(kind, str(train_file), str(eval_file), source, len(train), len(held_out), quarantined,
-                        quarantine_file, redactions)
+                        quarantine_file, redactions, [[str(f), why] for f, why in skipped])

@@ -184,7 +184,8 @@ def reason_label(reason: str) -> str:
 def prepared_counts(prepared: dict[str, Any]) -> dict[str, Any]:
     """What data/prepared.json keeps of each kind's PreparedData: counts and quarantine reasons, no paths."""
     keys = ("source_records", "train_records", "eval_records", "quarantined", "redactions")
-    return {kind: {**{k: getattr(d, k) for k in keys}, "reasons": quarantine_reasons(d.quarantine_file)}
+    return {kind: {**{k: getattr(d, k) for k in keys}, "reasons": quarantine_reasons(d.quarantine_file),
+                   "files_not_read": dict(Counter(why for _, why in d.skipped_files))}
             for kind, d in prepared.items()}
 
 

@@ -63,6 +63,8 @@ def _prepared(prepared: dict[str, Any] | None) -> str:
     redactions = [(k, t, n) for k, d in prepared.items() for t, n in (d.get("redactions") or {}).items() if n]
     body += "<h4>Quarantine reasons</h4>" + (table(("kind", "reason", "records"), reasons) or note("none"))
     body += "<h4>PII redactions by type</h4>" + (table(("kind", "type", "redactions"), redactions) or note("none"))
+    not_read = [(k, why, n) for k, d in prepared.items() for why, n in (d.get("files_not_read") or {}).items()]
+    body += "<h4>Files in data directories not read</h4>" + (table(("kind", "why", "files"), not_read) or note("none"))
     return body
 
 

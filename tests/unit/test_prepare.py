@@ -79,3 +79,28 @@ def test_a_world_readable_quarantine_from_before_is_replaced_owner_only(tmp_path
     prepare_kind("sft", [str(src)], out, 0.5)
     assert stat.S_IMODE(old.stat().st_mode) == 0o600 and "not json" in old.read_text(encoding="utf-8")
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
+
+
+def test_files_a_data_directory_holds_but_are_not_read_are_said(tmp_path):
+    """A directory given as data: a gzipped file and a hidden one are not read, and the prepared line, the
+    PreparedData and prepared.json's counts say so (issue 48 item 6: they were dropped without a word)."""
+    import gzip
+    import shutil
+
+    from medgpt_ray.data.prepare import prepared_line
+    from medgpt_ray.report.rundata import prepared_counts
+
+    src = tmp_path / "sft"
+    src.mkdir()
+    sample = SAMPLE / "sft_sharegpt.jsonl"
+    shutil.copy(sample, src / "part1.jsonl")
+    (src / "more.jsonl.gz").write_bytes(gzip.compress(sample.read_bytes()))
+    shutil.copy(sample, src / ".hidden.jsonl")
+    d = prepare_kind("sft", [str(src)], tmp_path / "out", 0.2)
+    assert sorted((Path(f).name, why) for f, why in d.skipped_files) == [
+        (".hidden.jsonl", "hidden"), ("more.jsonl.gz", "unsupported suffix .gz")]
+    line = prepared_line(d)
+    assert "2 file(s) in its directories not read: " in line and "more.jsonl.gz (unsupported suffix .gz)" in line
+    assert prepared_counts({"sft": d})["sft"]["files_not_read"] == {"hidden": 1, "unsupported suffix .gz": 1}
+    alone = prepare_kind("sft", [str(src / "part1.jsonl")], tmp_path / "out2", 0.2)
+    assert alone.skipped_files == [] and "not read" not in prepared_line(alone)
