@@ -30,6 +30,9 @@ IGNORE_INDEX = -100
 ANSWER_FLOOR = 16
 KEEP_SHARE = 0.99  # the warning suggests the seq_len that keeps this share of a stage's records whole
 WARN_SHARE = 0.05  # more than this share truncated or skipped: a warning line
+# A suggested seq_len this many times the stage's is no seq_len to train at: the records past it are outliers (a
+# 5 MB record once made the warning suggest 873,845), which the warning names as such instead.
+OUTLIER_RATIO = 8
 POLICIES = ("truncate", "skip")
 RULES = {
     "conversations": "cut after the last answer that fits (inside it past its first {floor} tokens); skipped when "
@@ -154,10 +157,14 @@ def warning_line(stage: str, tally: dict[str, Any]) -> str | None:
     affected = tally["truncated"] + tally["skipped"]
     if not tally["records"] or affected <= WARN_SHARE * tally["records"]:
         return None
-    return (f"[{stage:>3}] warning: {affected:,} of {tally['records']:,} {tally['unit']} "
+    head = (f"[{stage:>3}] warning: {affected:,} of {tally['records']:,} {tally['unit']} "
             f"({100 * affected / tally['records']:.0f} %) are longer than seq_len {tally['seq_len']:,} "
-            f"({tally['truncated']:,} truncated, {tally['skipped']:,} skipped); seq_len "
-            f"{tally['keep_99_seq_len']:,} would keep 99 % whole (stages.{stage}.seq_len)")
+            f"({tally['truncated']:,} truncated, {tally['skipped']:,} skipped); ")
+    if tally["keep_99_seq_len"] > OUTLIER_RATIO * tally["seq_len"]:
+        return head + (f"keeping 99 % whole would take a seq_len over {OUTLIER_RATIO}x this one: the longest are "
+                       f"outliers, better split or left out (stages.{stage}.overlong: skip) than trained at that "
+                       "length")
+    return head + f"seq_len {tally['keep_99_seq_len']:,} would keep 99 % whole (stages.{stage}.seq_len)"
 
 
 def brief(tally: dict[str, Any]) -> str:

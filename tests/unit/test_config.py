@@ -22,6 +22,14 @@ def test_unknown_key_names_key_and_file(tmp_path):
     assert "unknown key 'stages.sft.learning_rate'" in str(e.value)
 
 
+def test_one_data_path_is_read_as_a_list_of_one_and_a_number_is_named(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL + "data: {sft: data/sample/sft_sharegpt.jsonl}\n"))
+    assert cfg.data.sft == ["data/sample/sft_sharegpt.jsonl"]
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, MINIMAL + "data: {sft: 5}\n", "d.yaml"))
+    assert "data.sft" in str(e.value)
+
+
 def test_bad_enum_lists_allowed_values(tmp_path):
     p = write(tmp_path, MINIMAL + "stages: {dpo: {loss_type: hinge2}}\n")
     with pytest.raises(ConfigError) as e:
