@@ -111,8 +111,8 @@ def test_counts_merge_over_workers_and_name_the_seq_len_keeping_99_percent():
     ten = LengthTally.merged([shard([600] * 10, 190)]).to_dict()  # 5 % exactly: no warning
     assert warning_line("sft", ten) is None and ten["keep_99_seq_len"] == 600
     assert LengthTally.merged([shard([600], 199)]).to_dict()["keep_99_seq_len"] == 512  # 99 % fit already
-    # one 5 MB record among 19: no seq_len of 873,845 is suggested; the warning names it an outlier
-    outlier = warning_line("sft", LengthTally.merged([shard([873_845], 19)]).to_dict())
+    # one 5 MB record among 18: no seq_len of 873,845 is suggested; the warning names it an outlier
+    outlier = warning_line("sft", LengthTally.merged([shard([873_845], 18)]).to_dict())
     assert outlier is not None and "873,845" not in outlier and "outliers" in outlier and "overlong: skip" in outlier
 
 
