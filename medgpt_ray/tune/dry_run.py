@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from medgpt_ray.config import ConfigError
 from medgpt_ray.memory.budget import Budget
 from medgpt_ray.memory.planner import PlanError
 from medgpt_ray.run.job import StageJob
@@ -53,6 +54,13 @@ def dry_run(sweep: SweepConfig, base: dict[str, Any], budget: Budget, echo: Call
         except PlanError as e:
             rows.append({"trial": f"dry_{i}", "status": "pruned", "predicted_peak_gib": e.smallest_peak_gib,
                          "params": params, "predicted_run_s": predicted_run_seconds(c, stage, 10_000)})
+        except ConfigError as e:  # as a real trial takes it (tune/trial.py): pruned as invalid, the sweep goes on
+            rows.append({"trial": f"dry_{i}", "status": "invalid", "predicted_peak_gib": None, "params": params,
+                         "reason": str(e).splitlines()[0][:300]})
     echo(format_table(rows, sweep.metric))
-    echo(f"would prune {sum(r['status'] == 'pruned' for r in rows)} of {len(rows)}")
+    invalid = [r for r in rows if r["status"] == "invalid"]
+    for r in invalid[:3]:
+        echo(f"{r['trial']} is invalid: {r['reason']}")
+    echo(f"would prune {sum(r['status'] != 'fits' for r in rows)} of {len(rows)}"
+         + (f" ({len(invalid)} invalid)" if invalid else ""))
     return {"rows": rows, "dry_run": True}

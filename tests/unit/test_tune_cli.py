@@ -51,3 +51,24 @@ def test_a_dry_run_on_the_shipped_7b_config_plans_from_model_shape(capsys):
     assert rc == 0, out.err
     pruned, trials = _pruned(out.out)
     assert trials == 8 and 1 <= pruned < 8  # some of the 7B trials are over a 24 GiB card, not all
+
+
+def test_the_sweep_files_own_command_on_the_tiny_config_marks_invalid_trials(capsys):
+    """configs/sweeps/sft-lora.yaml's header command on configs/tiny-cpu.yaml: a trial whose micro_batch does not
+    divide the per-worker batch is a ConfigError, which a real trial prunes as invalid; the dry run says so too
+    instead of aborting (issue 48 item 7)."""
+    rc = main(["tune", "--config", str(REPO / "configs/tiny-cpu.yaml"),
+               "--sweep", str(REPO / "configs/sweeps/sft-lora.yaml"), "--dry-run"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "invalid" in out.out and "does not divide the per-worker batch" in out.out
+
+
+def test_a_sweep_of_a_stage_that_needs_another_is_refused_at_load(tmp_path, capsys):
+    """A trial trains its stage alone: opd's `teacher: sft` would have no sft to read (issue 48 item 7)."""
+    sweep = tmp_path / "opd.yaml"
+    sweep.write_text("stage: opd\nmetric: eval_loss\nmode: min\nscheduler: none\nnum_samples: 2\n"
+                     "space:\n  lr: {loguniform: [1.0e-5, 1.0e-3]}\n", encoding="utf-8")
+    rc = main(["tune", "--config", str(REPO / "configs/tiny-cpu-opd.yaml"), "--sweep", str(sweep), "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "needs the output of stage(s) sft, which no trial runs" in err
