@@ -21,6 +21,9 @@ RowOrError = tuple[int, dict | RecordError]
 
 
 def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
+    if _first_byte(path) == b"[":  # a JSON array saved as .jsonl: read as the array it is, not quarantined line by line
+        yield from _iter_json(path)
+        return
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             if lineno == 1:
@@ -34,6 +37,13 @@ def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
                 yield lineno, undecodable(raw, e)
                 continue
             yield lineno, parse_json_line(text)
+
+
+def _first_byte(path: Path) -> bytes:
+    """The file's first byte that is not whitespace or a UTF-8 BOM (b"" for none within its first 64 KiB)."""
+    with path.open("rb") as fh:
+        head = fh.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head[:1]
 
 
 def _iter_json(path: Path) -> Iterator[RowOrError]:

@@ -54,10 +54,18 @@ class DataFileError(ValueError):
 # --------------------------------------------------------------------------------------------------
 
 
+# Chinese role words records use (a role is no free text, but an unknown one might be a name): shown as they are.
+ROLE_WORDS = {"用户", "医生", "患者", "病人", "助手", "系统", "人类", "机器人", "咨询者", "提问者", "回答者",
+              "客服", "护士"}
+
+
 def safe_name(value: object) -> str:
-    """A role or field name fit to appear in an error message: short identifiers only, never free text."""
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,31}", value):
+    """A role or field name fit to appear in an error message: short identifiers and known role words only, never
+    free text (another string is described by its length: it might be a name)."""
+    if isinstance(value, str) and (re.fullmatch(r"[A-Za-z_][A-Za-z0-9_\-]{0,31}", value) or value in ROLE_WORDS):
         return repr(value)
+    if isinstance(value, str):
+        return f"<a string of {len(value)} characters>"
     return f"<{type(value).__name__} value>"
 
 

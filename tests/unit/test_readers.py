@@ -203,8 +203,19 @@ def test_invalid_records_raise_a_precise_reason_without_text(row: dict, kind: st
 def test_unsupported_role_with_free_text_is_not_echoed() -> None:
     with pytest.raises(RecordError) as exc:
         to_canonical(sharegpt(("human", "q"), (SECRET, "a")), "sft")
-    assert "turn 2: unsupported role <str value>" in str(exc.value)
+    assert f"turn 2: unsupported role <a string of {len(SECRET)} characters>" in str(exc.value)
     assert SECRET not in str(exc.value)
+
+
+def test_a_chinese_role_word_is_named_and_an_unknown_one_is_not() -> None:
+    """MedicalGPT's users write roles in Chinese: a known role word is shown (the fix is then obvious), a string
+    that is no role word (it could be a patient's name) only by its length (issue 48 item 6)."""
+    with pytest.raises(RecordError) as exc:
+        to_canonical(sharegpt(("用户", "q"), ("医生", "a")), "sft")
+    assert "unsupported role '用户'" in str(exc.value)
+    with pytest.raises(RecordError) as exc:
+        to_canonical(sharegpt(("human", "q"), ("张三丰", "a")), "sft")
+    assert "<a string of 3 characters>" in str(exc.value) and "张三丰" not in str(exc.value)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,6 +260,21 @@ def test_json_array_uses_index_plus_one_as_line(tmp_path: Path) -> None:
 def test_json_file_holding_json_lines_is_read_as_jsonl(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "lines.json", [{"text": "一"}, {"text": "二"}])
     assert [row for _, row in iter_rows(path)] == [{"text": "一"}, {"text": "二"}]
+
+
+def test_a_json_array_saved_as_jsonl_is_read_as_the_array(tmp_path: Path) -> None:
+    """MedicalGPT users save arrays under .jsonl: each element is a record, not each line quarantined (issue 48
+    item 6); an array that is not valid JSON is one file error naming where."""
+    import json
+
+    path = tmp_path / "array.jsonl"
+    path.write_text("\ufeff[\n" + json.dumps({"text": "一"}, ensure_ascii=False) + ",\n  {\"text\": \"二\"}\n]\n",
+                    encoding="utf-8")
+    assert [row for _, row in iter_rows(path)] == [{"text": "一"}, {"text": "二"}]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('[{"text": "一"},\n', encoding="utf-8")
+    with pytest.raises(DataFileError, match="broken.jsonl: invalid JSON at line 2"):
+        list(iter_rows(broken))
 
 
 def test_json_file_with_a_scalar_is_a_file_error_naming_it(tmp_path: Path) -> None:
