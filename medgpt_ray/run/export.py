@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,23 @@ def _save_model(model_dir: Path, out: Path, dtype: str, seq_cls: bool, vision: P
     models.load_tokenizer(model_dir).save_pretrained(out)  # with the run's chat template (stages/outputs.py)
 
 
+def _check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
+    """ExportError for an --out the export must not write: inside the run (a stage's own weights would be replaced
+    by the export, in place), not empty without --overwrite, or, with it, holding anything but an earlier export
+    (--overwrite replaces an export, never a directory of other files)."""
+    resolved, run = out.resolve(), run_dir.resolve()
+    if resolved == run or run in resolved.parents or resolved in run.parents:
+        raise ExportError(f"--out {out} is inside the run directory {run_dir} (or holds it): the export would "
+                          "replace what the run keeps; choose a directory outside the run")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise ExportError(f"--out {out} is not empty; choose another directory or pass --overwrite")
+    if not (out / "medgpt_export.json").is_file():
+        raise ExportError(f"--out {out} holds files but no earlier export (no medgpt_export.json): --overwrite "
+                          "replaces an earlier export only; choose an empty directory")
+
+
 def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", overwrite: bool = False,
                  echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Write `stage`'s model of the run at `run_dir` to `out`; returns what medgpt_export.json holds."""
@@ -174,8 +192,7 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
     model_dir = Path(finished[stage].get("output_model") or run_dir / stage / "model")
     if not (model_dir / "config.json").is_file():
         raise ExportError(f"{model_dir}: the stage's model is gone (moved or deleted after the run)")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"--out {out} is not empty; choose another directory or pass --overwrite")
+    _check_out(out, run_dir, overwrite)
     cfg = PipelineConfig.model_validate(_read(run_dir / "config.resolved.json"))
     chain = lineage(cfg, stage)
     info = {"run": manifest["run"]["config"].get("name", run_dir.name), "stage": stage, "dtype": dtype,
@@ -191,6 +208,8 @@ def export_stage(run_dir: Path, stage: str, out: Path, dtype: str = "bf16", over
     vision = None if seq_cls else vision_base(info["base_model"], model_dir)
     if vision is not None:
         info["vision_tower"] = f"copied untouched from {vision}, in {dtype} (the stages trained its text model)"
+    if out.exists() and overwrite:  # an earlier export (_check_out): replaced whole, none of its files left behind
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     echo(f"[export] {stage} of {run_dir} -> {out} ({dtype})")
     if vision is not None:

@@ -36,6 +36,21 @@ def test_a_finished_stage_exports_with_its_card(tiny_run, tmp_path):
 
     with pytest.raises(ExportError, match="not empty"):
         export_stage(tiny_run.run_dir, "sft", out, echo=lambda _: None)
+    # --overwrite replaces an earlier export whole: nothing of it is left beside the new one (issue 48 item 9)
+    (out / "stale.safetensors").write_bytes(b"old")
+    export_stage(tiny_run.run_dir, "sft", out, "fp32", overwrite=True, echo=lambda _: None)
+    assert not (out / "stale.safetensors").exists() and json.loads((out / "medgpt_export.json").read_text())[
+        "dtype"] == "fp32"
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    with pytest.raises(ExportError, match="no earlier export"):
+        export_stage(tiny_run.run_dir, "sft", other, overwrite=True, echo=lambda _: None)
+    assert (other / "mine.txt").read_text() == "keep"
+    weights = sorted(p.name for p in (tiny_run.run_dir / "sft" / "model").iterdir())
+    with pytest.raises(ExportError, match="inside the run directory"):  # the stage's own weights, in place
+        export_stage(tiny_run.run_dir, "sft", tiny_run.run_dir / "sft" / "model", overwrite=True, echo=lambda _: None)
+    assert sorted(p.name for p in (tiny_run.run_dir / "sft" / "model").iterdir()) == weights
     with pytest.raises(ExportError, match=r"--stage dpo: not a finished stage .* \(finished: sft\)"):
         export_stage(tiny_run.run_dir, "dpo", tmp_path / "x", echo=lambda _: None)
     with pytest.raises(ExportError, match="manifest.json is missing"):
