@@ -34,7 +34,7 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 
 def _checked_config(args: argparse.Namespace):
     """The config, checked before Ray starts (the paths, the CPUs); an int is the rc of a mistake already said."""
-    from medgpt_ray.run.preflight import check_cpus, check_paths
+    from medgpt_ray.run.preflight import check_cpus, check_paths, check_writable
     from medgpt_ray.run.upstream import PipelineError, check_only_stage
 
     try:
@@ -42,6 +42,7 @@ def _checked_config(args: argparse.Namespace):
         if args.only_stage:
             check_only_stage(cfg, args.only_stage)
         check_paths(cfg)
+        check_writable(Path(cfg.output_dir) / cfg.name)
         if not os.environ.get("RAY_ADDRESS"):  # a local cluster: its CPUs are known before it starts
             check_cpus(cfg, args.num_cpus or os.cpu_count() or 1, "this machine" if args.num_cpus is None
                        else f"--num-cpus {args.num_cpus}")

@@ -8,6 +8,7 @@ every attempt (an unreadable one is set aside and the one before it resumed from
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -71,6 +72,19 @@ def is_cuda_oom(exc: BaseException) -> bool:
         if any(m in str(e) for m in OOM_MARKERS):
             return True
     return False
+
+
+def unwritable(exc: BaseException) -> str | None:
+    """"<path>: Permission denied" when a stage failed because a directory it writes could not be written (made
+    read-only or immutable while it ran, a full or read-only file system); None otherwise."""
+    import errno
+
+    codes = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC)
+    for e in _chain(exc):
+        if isinstance(e, OSError) and (e.errno in codes or any(os.strerror(c) in str(e) for c in codes)):
+            # Ray may hand the worker's error back re-raised, its errno lost: its text still names the cause
+            return f"{e.filename or 'a file'}: {e.strerror or str(e).splitlines()[0][:200]}"
+    return None
 
 
 def worker_death(exc: BaseException) -> str | None:

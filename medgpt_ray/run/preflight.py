@@ -4,6 +4,9 @@ costs a second, not a cluster start (or, for too many workers, a Ray Train retry
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from medgpt_ray.config import ConfigError, PipelineConfig
 from medgpt_ray.data.input_paths import expand_paths
 from medgpt_ray.data.kinds import KINDS, DataFileError
@@ -50,3 +53,18 @@ def check_gpus(cfg: PipelineConfig, gpus: float, where: str) -> None:
         if cfg.workers_for(stage) > gpus:
             raise ConfigError(f"resources.num_workers: stage {stage} needs {cfg.workers_for(stage)} GPU worker(s), "
                               f"but {where} has {gpus:g} GPU(s)")
+
+
+def check_writable(run_dir: Path) -> None:
+    """ConfigError when the run directory, or a directory an earlier attempt left in it, cannot be written (read-only,
+    immutable, another user's): said before Ray starts, not as a traceback after it. A probe file is written and
+    removed in each, as permissions alone miss an immutable directory and a read-only mount."""
+    dirs = [run_dir, *sorted(d for d in run_dir.iterdir() if d.is_dir())] if run_dir.is_dir() else []
+    for d in dirs:
+        probe = d / f".medgpt-write-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(f"output_dir: {d} cannot be written ({e.strerror}); make it writable, or give "
+                              "another output_dir or name") from None

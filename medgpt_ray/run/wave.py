@@ -21,6 +21,7 @@ from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.metrics import metrics, set_stage_state
 from medgpt_ray.placement.topology import Topology
 from medgpt_ray.run import eval_report
+from medgpt_ray.run.backoff import unwritable
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.job import StageJob
 from medgpt_ray.run.manifest import Manifest
@@ -147,7 +148,10 @@ class WaveRunner:
         except Exception as e:  # reported in the summary and re-raised by the pipeline as PipelineError
             if self.interrupted.is_set():
                 return  # the run was cut by Ctrl-C and says so; this is its Ray work going down with it
-            results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, f"{type(e).__name__}: {e}")
+            blocked = unwritable(e)  # one line that says what to fix, not the workers' traceback
+            error = f"cannot write {blocked}: make it writable, then re-run the same command to resume" if blocked \
+                else f"{type(e).__name__}: {e}"
+            results[stage] = StageOutcome(stage, "failed", {}, time.monotonic() - t0, error)
             self.echo(f"[{stage:>3}] FAILED after {results[stage].wall_s:.1f}s: {results[stage].error}")
         set_stage_state(self.cfg.name, stage, results[stage].status)
         metrics().set("medgpt_pipeline_stage_wall_seconds", results[stage].wall_s, tags)

@@ -5,6 +5,7 @@ controller reports it (the e2e resume test in tests/e2e/test_pipeline.py kills a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +181,39 @@ def test_the_plan_a_worker_lays_out_is_written_backed_off_and_recorded(tmp_path)
 
     final = job.run(job.inputs(planned, "model", data), lambda n, inp: job.take_worker_plan(laid_out.to_dict()))
     assert final == laid_out and json.loads(plan_json.read_text())["micro_batch"] == 2  # no back-off: it stands
+
+
+def test_a_stage_that_cannot_write_is_told_from_other_failures():
+    """A worker whose stage directory stopped being writable (made immutable mid-run): the driver names the path
+    and the fix in one line instead of the workers' traceback (issue 48 item 8)."""
+    import errno
+
+    from medgpt_ray.run.backoff import unwritable
+
+    denied = PermissionError(errno.EACCES, "Permission denied", "/runs/r/sft/checkpoint-2/trainer_state.json")
+    assert unwritable(WorkerGroupError("failed", {0: denied})) == \
+        "/runs/r/sft/checkpoint-2/trainer_state.json: Permission denied"
+    assert unwritable(WorkerGroupError("failed", {0: KeyError("loss")})) is None
+    assert unwritable(died()) is None
+
+
+def test_a_run_directory_that_cannot_be_written_is_a_config_error_before_ray(tmp_path):
+    """/sys is a read-only mount, for root too: a stage directory linked there cannot be written, and the preflight
+    says which before Ray starts."""
+    from medgpt_ray.config import ConfigError
+    from medgpt_ray.run.preflight import check_writable
+
+    run = tmp_path / "run"
+    (run / "sft").mkdir(parents=True)
+    check_writable(run)  # writable: nothing said, nothing left behind
+    assert sorted(p.name for p in run.rglob("*")) == ["sft"]
+    try:  # a machine whose /sys takes files has no directory this test can make unwritable for root
+        (Path("/sys") / ".medgpt-probe").write_bytes(b"")
+        (Path("/sys") / ".medgpt-probe").unlink()
+        pytest.skip("/sys is writable here")
+    except OSError:
+        pass
+    (run / "dpo").symlink_to("/sys")
+    with pytest.raises(ConfigError, match=r"output_dir: .*run/dpo cannot be written"):
+        check_writable(run)
+    check_writable(tmp_path / "not-yet")  # a run directory still to be made: nothing to check
