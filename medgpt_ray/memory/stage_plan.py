@@ -64,6 +64,10 @@ class StagePlan:
     # Packed (sft, rm): micro_batch and grad_accum count packed rows; {rows_per_step, conversations_per_step,
     # conversations_per_row}, where rm's "conversations" are pairs. None: micro_batch and grad_accum count examples.
     packing: dict[str, Any] | None = None
+    # A packed plan whose worker could not pack, trained padded by length (trainer_kit/length_bins.py): micro_batch
+    # and grad_accum count bins of up to bin_tokens padded tokens; {bin_tokens, bins_per_step, examples_per_bin,
+    # conversations_per_step}. None: not binned.
+    length_bins: dict[str, Any] | None = None
     # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
     # completions per worker). None: the kind does not generate, or one call per optimizer step.
     steps_per_generation: int | None = None
@@ -107,6 +111,8 @@ class StagePlan:
         """Examples per worker per step: conversations when packed (the rows hold about that many)."""
         if self.packing is not None:
             return int(self.packing["conversations_per_step"])
+        if self.length_bins is not None:
+            return int(self.length_bins["conversations_per_step"])
         return self.micro_batch * self.grad_accum
 
     def train_setup(self, cfg: StageConfig) -> TrainSetup:
@@ -211,6 +217,26 @@ def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
     new = replace(plan, micro_batch=1, grad_accum=per_worker, ckpt_fraction=1.0, packing=None,
                   reasons=[*plan.reasons, "packing: unavailable on the worker; 1 example per micro-batch, "
                            "full checkpointing"])
+    return replace(new, deepspeed=deepspeed_config(new, cfg))
+
+
+def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float) -> StagePlan:
+    """A plan made in packed rows of conversations, for a worker whose model cannot pack: padded by length instead
+    (trainer_kit/length_bins.py), each bin at most one packed row's tokens, so a micro-batch of as many bins as the
+    plan had rows needs no more memory than they did (the same checkpointing); as many bins a step as hold about
+    the planned conversations, at `examples_per_bin` (the sample's)."""
+    if plan.packing is None:
+        return plan
+    per_worker = int(plan.packing["conversations_per_step"])
+    bins = max(1, round(per_worker / max(examples_per_bin, 1e-9)))
+    micro = max(d for d in range(1, min(bins, plan.micro_batch) + 1) if bins % d == 0)
+    width = plan.seq_len_planned or cfg.seq_len
+    new = replace(plan, micro_batch=micro, grad_accum=bins // micro, packing=None, length_bins={
+        "bin_tokens": width, "bins_per_step": bins, "examples_per_bin": round(examples_per_bin, 3),
+        "conversations_per_step": per_worker},
+        reasons=[*plan.reasons, f"packing: unavailable on the worker; padded by length: {bins} bins of up to "
+                                f"{width} tokens a step ({examples_per_bin:.1f} conversations a bin in the sample), "
+                                f"{micro} a micro-batch"])
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 

@@ -11,11 +11,13 @@ from medgpt_ray.config import overlong_policy
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
-from medgpt_ray.memory.stage_plan import StagePlan, packed_rows, unpacked
+from medgpt_ray.memory.stage_plan import StagePlan, binned, packed_rows, unpacked
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.trainer_args import group_by_length
+from medgpt_ray.trainer_kit.length_bins import examples_per_bin
 from medgpt_ray.trainer_kit.packed_attention import resolve
 from medgpt_ray.trainer_kit.packed_rows import PackedShape, pack
+from medgpt_ray.trainer_kit.shard_sampler import example_lengths
 
 __all__ = ["PackedKind", "PackedShape", "pack", "pack_train_split"]  # pack, PackedShape: stages/length_profile.py
 
@@ -63,7 +65,13 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
         why = stage_profile(inp.stage).auto_unpacked_reason
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}
-        if plan.packing is not None:
+        if plan.packing is not None and unit == "conversations":  # padded by length, bins of a packed row's tokens
+            plan = binned(plan, inp.cfg, examples_per_bin(_sample_lengths(inp, tok, template, kind),
+                                                          plan.seq_len_planned or inp.cfg.seq_len))
+            shard["length_bins"] = plan.length_bins
+            report["planned_packed"] = (f"padded by length instead: {plan.length_bins['bins_per_step']} bins a step "
+                                        f"of up to {plan.length_bins['bin_tokens']} tokens")
+        elif plan.packing is not None:
             plan = unpacked(plan, inp.cfg)
             report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
         if setting == "auto":  # refused by this model's attention: said where the user reads the stage's progress
@@ -91,9 +99,21 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
 
 
+def _sample_lengths(inp: StageInputs, tok: Any, template: Any, kind: PackedKind) -> Any:
+    """The lengths of the split's first records as the stage encodes them: the same on every worker, so every rank
+    sizes the same bins per step (as packed rows are sized from them)."""
+    head, _ = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, inp.cfg.seq_len,
+                          overlong_policy(inp.cfg))
+    return example_lengths(head)
+
+
 def _say_unpacked(inp: StageInputs, plan: StagePlan, why: str, shard: dict[str, Any]) -> None:
     """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
     if shard.get("rank", 0) == 0:
-        grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
-        print(f"[{inp.stage}] packing: auto -> padded micro-batches of {plan.micro_batch}{grouped}, not packed: "
-              f"{why}", flush=True)
+        if plan.length_bins is not None:
+            how = (f"padded by length, micro-batches of {plan.micro_batch} bins of up to "
+                   f"{plan.length_bins['bin_tokens']} tokens")
+        else:
+            grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
+            how = f"padded micro-batches of {plan.micro_batch}{grouped}"
+        print(f"[{inp.stage}] packing: auto -> {how}, not packed: {why}", flush=True)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from medgpt_ray.data.shards import num_rows, read_records, read_shard
+from medgpt_ray.trainer_kit.length_bins import LengthBinSampler
 from medgpt_ray.trainer_kit.shard_sampler import ShardBatchSampler, example_lengths, examples_on_every_rank
 
 
@@ -92,8 +93,15 @@ class ShardLoader:
         lengths = example_lengths(dataset) if self.group_by_length and packed is None else None
         info["group_by_length"] = lengths is not None
         micro = self._train_batch_size
-        sampler = ShardBatchSampler(n, info["epoch_examples"], micro, seed, args.dataloader_drop_last,
-                                    lengths=lengths, step=micro * args.gradient_accumulation_steps)
+        sampler: Any
+        if (bins := info.get("length_bins")) is not None:  # a packed plan trained padded by length (length_bins.py)
+            sampler = LengthBinSampler(example_lengths(dataset), bins["bin_tokens"], bins["bins_per_step"], micro,
+                                       seed)
+            sampler.n_steps = examples_on_every_rank(self, len(sampler.steps))  # every rank the same steps
+            info["group_by_length"] = True
+        else:
+            sampler = ShardBatchSampler(n, info["epoch_examples"], micro, seed, args.dataloader_drop_last,
+                                        lengths=lengths, step=micro * args.gradient_accumulation_steps)
         loader = DataLoader(dataset, batch_sampler=sampler,
                             collate_fn=CountingCollator(packed or self.data_collator, info),
                             num_workers=args.dataloader_num_workers, pin_memory=args.dataloader_pin_memory,

@@ -219,30 +219,40 @@ def flex_model(tiny_model, tmp_path) -> Path:
     return out
 
 
-def test_a_packed_plan_the_worker_refuses_recomputes_every_layer_as_its_fallback_says(data, flex_model, tmp_path):
+def test_a_packed_plan_the_worker_refuses_trains_padded_by_length_as_its_plan_says(data, flex_model, tmp_path):
     """A packed plan reaching a worker whose model cannot pack (here: flex attention, which packing is not checked
-    for; once a Qwen3.5 hybrid) trains one conversation a micro-batch with every layer recomputing
-    (memory/stage_plan.unpacked); the checkpointing trained is that plan's, not the packed plan's fraction (which
-    trained the H200's Qwen3.5 runs at 8 GiB where the fallback's plan holds 2: bench/README.md, "fake_trace.py")."""
+    for) trains padded by length (memory/stage_plan.binned, trainer_kit/length_bins.py): micro-batches of as many
+    bins as the plan had rows, each bin at most a packed row's tokens, with the packed plan's checkpointing (the
+    fallback's plan is what trains: the H200's Qwen3.5 runs once trained another plan's fraction). The plan goes to
+    the driver, which writes it to plan.json (run/job.py take_worker_plan). (Flex attention has no backward on a
+    CPU: the batches are checked, not trained.)"""
     from dataclasses import replace
 
+    from medgpt_ray.memory.lengths import BUCKET
     from medgpt_ray.memory.stage_plan import packed_rows
     from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing
+    from medgpt_ray.trainer_kit.length_bins import LengthBinSampler
 
     inp = stage_inputs(data, flex_model, tmp_path, "auto")
-    inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5), inp.cfg, 2, 2.0))
+    inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5, micro_batch=2), inp.cfg, 2, 2.0))
     records: list[dict] = []
     built = build_stage(inp, records.append)
-    assert built.extras["packing"]["planned_packed"]
+    assert "padded by length" in built.extras["packing"]["planned_packed"]
     assert "attention 'flex_attention' is not one packing is checked for" in built.extras["packing"]["why"]
-    # the plan that trains goes to the driver, whose job writes it to plan.json (run/job.py take_worker_plan)
     sent = [r["worker_plan"] for r in records if "worker_plan" in r]
-    assert len(sent) == 1 and sent[0]["packing"] is None
-    assert (sent[0]["micro_batch"], sent[0]["ckpt_fraction"]) == (1, 1.0)
+    assert len(sent) == 1 and sent[0]["packing"] is None and sent[0]["length_bins"]["bin_tokens"] == SEQ_LEN
+    bins = sent[0]["length_bins"]
+    assert sent[0]["micro_batch"] * sent[0]["grad_accum"] == bins["bins_per_step"]
     selective = [cb.fraction for cb in built.trainer.callback_handler.callbacks
                  if isinstance(cb, SelectiveCheckpointing)]
-    assert selective == [] and built.trainer.args.gradient_checkpointing
-    assert built.trainer.args.per_device_train_batch_size == 1
+    assert selective == [0.5] and sent[0]["ckpt_fraction"] == 0.5
+    loader = built.trainer.get_train_dataloader()
+    sampler = loader.base_dataloader.batch_sampler if hasattr(loader, "base_dataloader") else loader.batch_sampler
+    assert isinstance(sampler, LengthBinSampler)
+    for batch in loader:
+        rows, width = batch["input_ids"].shape
+        assert rows * (-(-width // BUCKET) * BUCKET) <= sent[0]["micro_batch"] * SEQ_LEN
+    assert len(loader) == len(sampler) > 0 and max(len(b) for b in sampler) > sent[0]["micro_batch"]
 
 
 def test_the_moe_family_gets_the_same_layer_and_packs_exactly():
