@@ -29,8 +29,9 @@ def build_report(run_dir: str | Path) -> str:
     run = read_run(run_dir)
     stages = sections.active(run)
     stage_parts = [sections.stage_section(s) for s in stages]
-    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), (anchor(), anchor()),
-           *[(f"stage-{s.name}", s.name) for s in stages]]
+    # The evaluation's link says "evaluation": the stage that made it is listed under its own name too.
+    nav = [("run", "run"), ("data", "data"), ("sweep", "sweep"), (anchor(), "evaluation"),
+           *[(f"stage-{s.name}", f"{s.name} stage" if s.name == anchor() else s.name) for s in stages]]
     meta = (f"{esc(run.run_dir)} · written {esc(time.strftime('%Y-%m-%d %H:%M:%S'))} by "
             f"<code>medgpt-ray report</code>")
     return page(f"medgpt-ray run {run.name}", meta, nav,

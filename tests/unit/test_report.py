@@ -151,3 +151,19 @@ def test_a_cpu_stage_says_it_has_no_gpu_budget_and_ran_on_cpu(tmp_path):
     assert "<th>budget GiB</th><td>–</td>" not in page
     assert "<th>ran on</th><td>1 x CPU (1 host)</td>" in page and "predicted for" not in page
     assert "rewards clipped to" not in page
+
+
+def test_the_navigation_names_each_link_once_with_an_eval_stage(tmp_path):
+    """The evaluation's section and the eval stage's were both linked as "eval" (issue 48 item 10)."""
+    run = fake_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["stages"]["eval"] = {"status": "done", "steps": None, "wall_s": 5.0}
+    _write(run / "summary.json", summary)
+    config = json.loads((run / "config.resolved.json").read_text())
+    config["stages"]["eval"] = {"from": None, "needs": []}
+    _write(run / "config.resolved.json", config)
+    page = build_report(run)
+    links = page[page.index("<nav>"):page.index("</nav>")]
+    labels = [seg.split(">", 1)[1] for seg in links.split("</a>")[:-1]]
+    assert 'id="stage-eval"' in page and "evaluation" in labels and "eval stage" in labels
+    assert len(labels) == len(set(labels))
