@@ -125,7 +125,8 @@ def plan_memory(stage: StageData) -> str | None:
     if pred.get("budget_gib") is not None:
         ax.axvline(pred["budget_gib"], color=RED, label=f"budget {pred['budget_gib']:.2f} GiB")
         ax.legend(fontsize=8, loc="lower right")
-    ax.set(title=f"{stage.name}: peak memory per GPU (GiB)", xlabel="GiB")
+    where = "per GPU" if plan.get("use_gpu", True) else "on the CPU (planned as a GPU would be)"
+    ax.set(title=f"{stage.name}: peak memory {where} (GiB)", xlabel="GiB")
     fig.tight_layout()
     return to_data_uri(fig)
 
