@@ -48,6 +48,9 @@ def format_eval_lines(summary: dict[str, Any]) -> list[str]:
         if m.get("decode_path"):
             by_path.setdefault(m["decode_path"], []).append(name)
     lines += [f"decode path of {', '.join(names)}: {path}" for path, names in by_path.items()]
+    lines.append("(loss, ppl: held-out conversations; reward: the rm judge's mean score of the answers; tokens: mean "
+                 "answer length; exam ll: exam accuracy by the options' log-likelihood; exam gen: by the generated "
+                 "answer's option letter)")
     for name, w in ev["win_rates"].items():
         lines.append(f"win rate {name} over {ev['reference']}: {_num(w['win_rate'])} "
                      f"[{_num(w['ci95'][0])}, {_num(w['ci95'][1])}] 95% CI ({w['wins']} wins, {w['ties']} ties, "

@@ -118,6 +118,7 @@ def test_the_eval_section_of_the_summary():
     assert lines[0].startswith("eval (held-out: 12 conversations, 16 prompts, 52 exam questions; judge: rm)")
     assert any(line.startswith("dpo") and "2.600" in line and "0.400" in line for line in lines)
     assert lines[-1] == ("win rate dpo over sft: 0.688 [0.470, 0.880] 95% CI (10 wins, 2 ties, 4 losses of 16)")
+    assert any("exam ll: exam accuracy by the options' log-likelihood" in line for line in lines)  # the columns said
     assert format_eval_lines({}) == []
 
 
