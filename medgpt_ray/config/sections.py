@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from medgpt_ray.config.base import _Strict
 from medgpt_ray.config.clean import CleanConfig
@@ -51,11 +51,12 @@ class DataConfig(_Strict):
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
     max_records: Annotated[int, Field(ge=1)] | None = None  # per kind, after the split; for smoke runs
 
-    @field_validator("pretrain", "sft", "preference", "prompt", "unpaired", "exam", "raw", mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _one_path_is_a_list_of_one(cls, value: object) -> object:
-        # `sft: data/x.jsonl` (a path, not a list) is what a user writes for one file; read it as the list of it.
-        return [value] if isinstance(value, str) else value
+    def _one_path_is_a_list_of_one(cls, value: object, info: ValidationInfo) -> object:
+        # `<kind>: data/x.jsonl` (a path, not a list) is what a user writes for one file: the list of it.
+        paths = cls.model_fields[info.field_name].annotation == list[str]
+        return [value] if paths and isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _one_pii_switch(self) -> DataConfig:

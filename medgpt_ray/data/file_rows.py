@@ -21,8 +21,8 @@ RowOrError = tuple[int, dict | RecordError]
 
 
 def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
-    if _first_byte(path) == b"[":  # a JSON array saved as .jsonl: read as the array it is, not quarantined line by line
-        yield from _iter_json(path)
+    if _spread_array(path) and (array := _whole_array(path)) is not None:
+        yield from _array_rows(array)  # a JSON array saved as .jsonl: its records, not its lines quarantined
         return
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -39,11 +39,22 @@ def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
             yield lineno, parse_json_line(text)
 
 
-def _first_byte(path: Path) -> bytes:
-    """The file's first byte that is not whitespace or a UTF-8 BOM (b"" for none within its first 64 KiB)."""
+def _spread_array(path: Path) -> bool:
+    """Whether a .jsonl file is one JSON array over several lines (pretty-printed): its first line that is not blank
+    opens an array it does not close. A line that is a whole array stays a JSON Lines row (quarantined: no object)."""
     with path.open("rb") as fh:
-        head = fh.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()
-    return head[:1]
+        for raw in fh:
+            line = raw.removeprefix(b"\xef\xbb\xbf").strip()
+            if not line:
+                continue
+            if not line.startswith(b"["):
+                return False
+            try:
+                json.loads(line)
+            except ValueError:
+                return True
+            return False
+    return False
 
 
 def _iter_json(path: Path) -> Iterator[RowOrError]:
@@ -65,6 +76,20 @@ def _iter_json(path: Path) -> Iterator[RowOrError]:
         return
     if not isinstance(obj, list):
         raise DataFileError(f"{path}: top-level JSON value is a {type(obj).__name__}, expected an array of records")
+    yield from _array_rows(obj)
+
+
+def _whole_array(path: Path) -> list | None:
+    """The file read whole as one JSON array, or None where it is not one (then it is read as JSON Lines)."""
+    try:
+        obj = json.loads(path.read_bytes().decode("utf-8-sig"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the stack
+        return None
+    return obj if isinstance(obj, list) else None
+
+
+def _array_rows(obj: list) -> Iterator[RowOrError]:
+    """An array's elements as rows, numbered from 1: objects, or a reason."""
     for i, item in enumerate(obj, 1):
         if too_deep(item):
             yield i, RecordError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")

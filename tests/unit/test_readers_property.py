@@ -64,6 +64,33 @@ def count_canonical(path: Path, kind: str) -> tuple[int, int, int]:
     return source, emitted, quarantined
 
 
+def spread_array(content: list[bytes]) -> list | None:
+    """The array a .jsonl file holds over several lines (its first non-blank line opens it and is no JSON value
+    alone; the whole parses as one array), else None: data/file_rows.py reads such a file as the array."""
+    first = next((line.strip() for line in content if line.strip()), b"")
+    if not first.startswith(b"["):
+        return None
+    try:
+        json.loads(first)
+        return None
+    except (ValueError, RecursionError):
+        pass
+    try:
+        whole = json.loads(b"\n".join(content).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return whole if isinstance(whole, list) else None
+
+
+@SETTINGS
+@given(lines=st.lists(st.sampled_from([b"[", b"]", b"{}", b"{},", b"1,", b"[1]"]), min_size=1, max_size=6))
+def test_a_jsonl_file_is_its_lines_or_the_array_it_spreads_over_them(tmp_path_factory, lines):
+    path = tmp_path_factory.mktemp("arr") / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    array = spread_array(lines)
+    assert len(list(iter_rows(path))) == (len(array) if array is not None else len(lines))
+
+
 @SETTINGS
 @given(lines=st.lists(line_bytes, min_size=1, max_size=12), kind=st.sampled_from(["pretrain", "sft", "preference",
                                                                                   "prompt"]))
@@ -74,6 +101,8 @@ def test_jsonl_lines_of_any_bytes_never_crash_and_add_up(tmp_path_factory, lines
     # A UTF-8 BOM opening the file marks its encoding and is not content (data/file_rows.py drops it from line 1).
     content = [lines[0].removeprefix(b"\xef\xbb\xbf"), *lines[1:]]
     expected = sum(1 for line in content if line.strip())
+    if (array := spread_array(content)) is not None:  # one JSON array over several lines: its elements are the rows
+        expected = len(array)
     rows = list(iter_rows(path))
     assert len(rows) == expected and len({n for n, _ in rows}) == expected
     source, emitted, quarantined = count_canonical(path, kind)
