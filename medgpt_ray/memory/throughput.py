@@ -28,6 +28,10 @@ class GPUSpec:
     mem_bw_gbs: float
     mem_gib: float
     pcie_gbs: float  # host <-> device, per direction, as measured on typical boards
+    # A GPU reaches its peak only with enough tokens to fill its SMs (efficiency below); a CPU core's matmuls are
+    # near theirs at any size. None: the GPUs' fitted T_HALF_NUMERATOR.
+    t_half_numerator: float | None = None
+    launch_seconds: float | None = None  # one eager op's host cost (None: the GPUs' LAUNCH_SECONDS)
 
 
 GPU_SPECS: dict[str, GPUSpec] = {
@@ -37,7 +41,10 @@ GPU_SPECS: dict[str, GPUSpec] = {
     "a100-80gb": GPUSpec("NVIDIA A100 80GB", 312.0, 2039, 80, 22),
     "h100": GPUSpec("NVIDIA H100 80GB HBM3", 989.0, 3350, 80, 50),
     "h200": GPUSpec("NVIDIA H200", 989.0, 4800, 141, 50),
-    "cpu": GPUSpec("CPU", 1.0, 50, 0, 50),
+    # A worker's share of a CPU: fitted on `make demo`'s four stages (2 cores, 2 workers, the tiny model; 2026-12-06:
+    # pt 25,429, sft 10,731, rm 59,458, dpo 9,932 tokens/s): predicted at 0.55, 1.5, 0.53 and 1.02 of that, where a
+    # GPU's saturation curve and launch cost put them at 0.03-0.35 (`plan` said 395 tokens/s for pt).
+    "cpu": GPUSpec("CPU", 0.03, 20, 0, 50, t_half_numerator=0.0, launch_seconds=2e-5),
 }
 
 # Share of the peak that large HF/TRL training steps reach (calibrated against the H200 runs of
@@ -109,13 +116,13 @@ def flops_per_token(shape: ModelShape, s: TrainSetup) -> float:
 def step_seconds(shape: ModelShape, s: TrainSetup, gpu: GPUSpec) -> float:
     """Seconds for one optimizer step's share of one micro-batch on one GPU."""
     tokens = s.tokens()
-    t_half = T_HALF_NUMERATOR / shape.hidden**2
+    t_half = (T_HALF_NUMERATOR if gpu.t_half_numerator is None else gpu.t_half_numerator) / shape.hidden**2
     eff = MAX_EFFICIENCY * tokens / (tokens + t_half)
     seconds = tokens * flops_per_token(shape, s) / (gpu.bf16_tflops * 1e12 * eff)
     per_layer = KERNELS_PER_LAYER_FUSED if s.fused_kernels else KERNELS_PER_LAYER
     kernels = shape.layers * (per_layer + (7 * KERNELS_PER_LORA_PROJECTION if s.method != "full" else 0))
     kernels += delta_rule_ops(shape, s.seq_len, s.linear_kernels)
-    seconds += kernels * (2 + s.ckpt_fraction) * LAUNCH_SECONDS
+    seconds += kernels * (2 + s.ckpt_fraction) * (LAUNCH_SECONDS if gpu.launch_seconds is None else gpu.launch_seconds)
     profile = memory_profile(s.stage)
     if not (profile.score_head or profile.chunked_head) and not s.fused_ce:  # a loss over the full logits
         seconds += HF_LOSS_BYTES_MOVED_PER_LOGIT * tokens * shape.vocab / (gpu.mem_bw_gbs * 1e9)
