@@ -97,9 +97,8 @@ def test_oom_at_micro_batch_one_with_full_checkpointing_gives_up_clearly(tmp_pat
     assert seen == [0] and err.value.__cause__ is oom
 
 
-def test_an_interrupted_attempt_resumes_at_its_backoffs_from_their_record_not_from_plan_json(tmp_path):
-    import json
-
+def sft_job(tmp_path):
+    """An sft StageJob of a config planned at micro-batch 4 x accum 2 (no cluster), its plan and a PreparedData."""
     from medgpt_ray.config import PipelineConfig
     from medgpt_ray.data.prepare import PreparedData
     from medgpt_ray.run.job import StageJob
@@ -109,10 +108,13 @@ def test_an_interrupted_attempt_resumes_at_its_backoffs_from_their_record_not_fr
         "stages": {"sft": {"method": "lora", "max_steps": 4, "seq_len": 64, "effective_batch": 8, "micro_batch": 4,
                            "grad_ckpt": False}}})
     job = StageJob(cfg, "sft", tmp_path / "sft", lambda _: None)
-    planned = job.plan(None)
+    return job, job.plan(None), PreparedData("sft", "t", "e", 0, 0, 0, 0, None)
+
+
+def test_an_interrupted_attempt_resumes_at_its_backoffs_from_their_record_not_from_plan_json(tmp_path):
+    job, planned, data = sft_job(tmp_path)
     assert (planned.micro_batch, planned.grad_accum) == (4, 2)
     assert job.enter(planned, "fp", fresh=False) == planned  # a new attempt runs the plan as made
-    data = PreparedData("sft", "t", "e", 0, 0, 0, 0, None)
     oom = WorkerGroupError("failed", {0: torch.OutOfMemoryError("CUDA out of memory")})
     seen, attempt = attempts_failing_with(oom)
     ran = job.run(job.inputs(planned, "model", data), attempt)
@@ -151,18 +153,8 @@ def test_the_plan_a_worker_lays_out_is_written_backed_off_and_recorded(tmp_path)
     backs off from it, not from the plan the driver made; the stage's recorded plan is what trained."""
     from dataclasses import replace
 
-    from medgpt_ray.config import PipelineConfig
-    from medgpt_ray.data.prepare import PreparedData
-    from medgpt_ray.run.job import StageJob
-
-    cfg = PipelineConfig.model_validate({
-        "model": {"path": "tiny"}, "output_dir": str(tmp_path), "resources": {"num_workers": 1},
-        "stages": {"sft": {"method": "lora", "max_steps": 4, "seq_len": 64, "effective_batch": 8, "micro_batch": 4,
-                           "grad_ckpt": False}}})
-    job = StageJob(cfg, "sft", tmp_path / "sft", lambda _: None)
-    planned = job.plan(None)
+    job, planned, data = sft_job(tmp_path)
     laid_out = replace(planned, micro_batch=2, grad_accum=4, reasons=[*planned.reasons, "laid out by the worker"])
-    data = PreparedData("sft", "t", "e", 0, 0, 0, 0, None)
     plan_json = tmp_path / "sft" / "plan.json"
     written: list[dict] = []
 
