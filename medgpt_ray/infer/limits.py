@@ -155,27 +155,25 @@ def _unpaired_surrogate(text: str) -> bool:
 READ = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
         "stream_options", "stop", "seed", "top_k", "repetition_penalty"}
 INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
-# OpenAI's fields this server cannot honour, with the value that asks for nothing (sent as it is, it is taken).
-UNHONOURED = {
-    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []), "function_call": (None, "none"),
-    "logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None, {"type": "text"}),
-    "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {})}
-WHY_NOT = {"tools": "this server does not call tools", "tool_choice": "this server does not call tools",
-           "functions": "this server does not call tools", "function_call": "this server does not call tools",
-           "logprobs": "this server does not return log-probabilities",
-           "top_logprobs": "this server does not return log-probabilities",
-           "response_format": "this server does not constrain the answer's format (only {\"type\": \"text\"})",
-           "presence_penalty": "not applied here: use repetition_penalty",
-           "frequency_penalty": "not applied here: use repetition_penalty",
-           "logit_bias": "this server does not bias tokens"}
+# OpenAI's fields this server cannot honour: why, and the values that ask for nothing (sent as they are, taken).
+TOOLS, LOGPROBS, PENALTY = ("this server does not call tools", "this server does not return log-probabilities",
+                            "not applied here: use repetition_penalty")
+UNHONOURED: dict[str, tuple[str, tuple]] = {
+    "tools": (TOOLS, (None, [])), "tool_choice": (TOOLS, (None, "none")), "functions": (TOOLS, (None, [])),
+    "function_call": (TOOLS, (None, "none")), "logprobs": (LOGPROBS, (None, False)),
+    "top_logprobs": (LOGPROBS, (None, 0)),
+    "response_format": ("this server does not constrain the answer's format (only {\"type\": \"text\"})",
+                        (None, {"type": "text"})),
+    "presence_penalty": (PENALTY, (None, 0, 0.0)), "frequency_penalty": (PENALTY, (None, 0, 0.0)),
+    "logit_bias": ("this server does not bias tokens", (None, {}))}
 
 
 def _no_silent_fields(body: dict) -> None:
     """A field this server would not honour is refused, never ignored: OpenAI's it cannot (tools, logprobs...) unless
     it asks for nothing, and any it does not know (OpenAI's API refuses those too)."""
-    for field, neutral in UNHONOURED.items():
+    for field, (why, neutral) in UNHONOURED.items():
         if field in body and not any(body[field] == v and type(body[field]) is type(v) for v in neutral):
-            raise RequestError(field, WHY_NOT[field])
+            raise RequestError(field, why)
     unknown = sorted(set(body) - READ - INERT - set(UNHONOURED))
     if unknown:
         raise RequestError(unknown[0], "not a field this server reads (it reads: " + ", ".join(sorted(READ)) + ")")

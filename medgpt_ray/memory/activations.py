@@ -72,8 +72,14 @@ def _linear_attention_bytes(shape: ModelShape, e: int) -> float:
     chunk_matrices = 4 * nv * DELTA_RULE_CHUNK * DELTA_RULE_CHUNK_MATRICES
     rule = 4 * (2 * kr + (2 * kr + v) + kr + (v + kr) + 2 * kr + v) + chunk_matrices
     state = 4 * nv * shape.linear_key_head_dim * shape.linear_value_head_dim / DELTA_RULE_CHUNK
-    gate_and_norm = 4 * v + (4 + 4 + e) * v + 32 * nv  # + beta, decay and their per-head fp32 exps
-    return conv + rule + state + gate_and_norm
+    return conv + rule + state + _gated_norm_bytes(shape, e)
+
+
+def _gated_norm_bytes(shape: ModelShape, e: int) -> float:
+    """A Gated-DeltaNet layer's fp32 copy of the gate z SiLU keeps and the gated RMSNorm's fp32 input, gate and
+    output, with beta, the decay and their per-head fp32 exps: the same on either path."""
+    v = shape.linear_value_dim
+    return 4 * v + (4 + 4 + e) * v + 32 * shape.linear_value_heads
 
 
 def _linear_kernel_bytes(shape: ModelShape, e: int) -> float:
@@ -84,8 +90,7 @@ def _linear_kernel_bytes(shape: ModelShape, e: int) -> float:
     k, v, nv = shape.linear_key_dim, shape.linear_value_dim, shape.linear_value_heads
     conv = 2 * e * (2 * k + v)
     rule = nv * (e + e * DELTA_RULE_CHUNK + 4 + 8)
-    gate_and_norm = 4 * v + (4 + 4 + e) * v + 32 * nv
-    return conv + rule + gate_and_norm
+    return conv + rule + _gated_norm_bytes(shape, e)
 
 
 def _mlp_bytes(shape: ModelShape, s: TrainSetup, e: int, moe: bool) -> float:
