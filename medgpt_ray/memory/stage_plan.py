@@ -208,9 +208,10 @@ def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int, conversat
 
 
 def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
-    """A plan made in packed rows, for a worker whose model cannot pack (`packing: auto` and an attention path that
-    would let a row's conversations see each other): one conversation per micro-batch with every layer recomputing,
-    which needs less memory than any packed row the plan was checked for; the same conversations per step."""
+    """A plan made in packed rows of pairs (rm), for a worker whose model cannot pack (`packing: auto` and an
+    attention path that would let a row's pairs see each other): one pair per micro-batch with every layer
+    recomputing, which needs less memory than any packed row the plan was checked for; the same pairs per step.
+    Conversations (sft) are binned by length instead (binned)."""
     if plan.packing is None:
         return plan
     per_worker = int(plan.packing["conversations_per_step"])
