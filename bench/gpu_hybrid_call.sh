@@ -33,19 +33,24 @@ step() {  # step NAME SECONDS PYTHONPATH COMMAND...
   tar czf "$OUT/results.tgz" -C "$W" --exclude=models --exclude='prepared*' --exclude=corpus --exclude='run-*' .
 }
 
-sft() {  # NAME PATH MODEL PACKING STEPS
-  step "sft_$1" "${SFT_LIMIT:-150}" "$2" python3 bench/hybrid_sft.py --model "$3" --packing "$4" --steps "$5" --warmup 2 \
-    --work "$W" --out "$W/sft_$1.json"
+sft() {  # NAME PATH MODEL PACKING STEPS [MORE ARGS]
+  local name=$1 path=$2 model=$3 packing=$4 steps=$5; shift 5
+  step "sft_$name" "${SFT_LIMIT:-150}" "$path" python3 bench/hybrid_sft.py --model "$model" --packing "$packing" \
+    --steps "$steps" --warmup 2 --work "$W" --out "$W/sft_$name.json" "$@"
 }
 
-best() {  # the fastest path whose probe passed fla's backward: with tilelang, else fla alone (its forward)
-  if grep -q '"backward": true' "$W/hybrid_kernels_tilelang.json" 2>/dev/null; then echo "$TL"; else echo "$FLA"; fi
+best() {  # the fastest path whose probe passed fla's backward: with tilelang, else fla alone (its forward); BEST=tl
+  # takes tilelang's path without a probe step of its own (the stage's own probe still decides, in its process)
+  if [ "${BEST:-}" = tl ] || grep -q '"backward": true' "$W/hybrid_kernels_tilelang.json" 2>/dev/null; then echo "$TL"; else echo "$FLA"; fi
 }
 probe_tl() { step probe_tilelang 150 "$TL" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_tilelang.json"; }
 probe_fla() { step probe_fla 90 "$FLA" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_fla.json"; }
 sft_dense() { sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12; }
 sft_packed() { sft qwen3.5_packed_best "$(best)" qwen3.5-0.8b auto 12; }
 sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }
+# The same runs with torch's profiler over steps 3-5 (hybrid_sft.py --profile); tokens/s from steps 7-16.
+profile_packed() { sft qwen3.5_packed_profiled "$(best)" qwen3.5-0.8b auto 16 --profile 3; }
+profile_dense() { sft dense_1.5b_packed_profiled "$BASE" qwen2.5-1.5b auto 16 --profile 3; }
 sft_reference() { sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6; }
 decode() {  # the static decode path (compiled, CUDA graphs) against generate's dynamic one, hybrid and dense
   for m in qwen3.5-0.8b qwen2.5-1.5b; do

@@ -11,6 +11,10 @@ median after --warmup steps, all measured steps' tokens over their time, the pea
 
     python3 bench/hybrid_sft.py --model qwen3.5-0.8b --packing auto --steps 12 --work /tmp/hs --out $OUT/a.json
     python3 bench/hybrid_sft.py --model-dir DIR --cap 0 ...     # a model directory as it is (CPU: a tiny one)
+    python3 bench/hybrid_sft.py ... --profile 3    # + torch profiler over 3 optimizer steps after --warmup
+
+--profile summarises where a step's time goes (the profiler slows the steps it records: their tokens/s are not the
+benchmark's): the kernels by their GPU time, the ops by CPU time, and the GPU's busy share of the recorded wall.
 """
 
 from __future__ import annotations
@@ -89,6 +93,38 @@ def steps_of(metrics: Path, warmup: int) -> dict[str, Any]:
     return out
 
 
+def profiled(run: Any, warmup: int, active: int) -> tuple[Any, dict[str, Any]]:
+    """run() under torch's profiler, recording `active` optimizer steps after `warmup` (an optimizer step hook
+    advances the profiler's schedule: the stage's Trainer loop is not ours to instrument)."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    windows: list[float] = []
+    plan = schedule(wait=max(warmup - 1, 0), warmup=1, active=active, repeat=1)
+    with profile(activities=acts, schedule=plan) as prof:
+        def step(*_: Any) -> None:
+            windows.append(time.monotonic())
+            prof.step()
+        hook = register_optimizer_step_post_hook(step)
+        try:
+            result = run()
+        finally:
+            hook.remove()
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events)
+    start = max(warmup, 1)
+    wall_s = windows[start + active - 1] - windows[start - 1] if len(windows) >= start + active else None
+    return result, {
+        "steps_recorded": active,
+        "wall_s": round(wall_s, 3) if wall_s else None,
+        "gpu_busy_s": round(gpu_us / 1e6, 3),
+        "gpu_busy_share": round(gpu_us / 1e6 / wall_s, 3) if wall_s else None,
+        "by_gpu_time": events.table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70),
+        "by_cpu_time": events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3.5-0.8b")
@@ -101,6 +137,7 @@ def main() -> int:
     ap.add_argument("--cap", type=float, default=24.0, help="GiB the CUDA allocator is capped at (0: none)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hybrid_sft"))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--profile", type=int, default=0, help="profile this many optimizer steps after --warmup")
     args = ap.parse_args()
     import torch
     from memory_calibration import cap_allocator, single_process_env
@@ -128,18 +165,27 @@ def main() -> int:
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.monotonic()
-    result = run_stage(StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file,
-                                   str(out), resume=False))
+    inputs = StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file, str(out),
+                         resume=False)
+    profile = None
+    if args.profile:
+        result, profile = profiled(lambda: run_stage(inputs), args.warmup, args.profile)
+    else:
+        result = run_stage(inputs)
     doc = {"command": " ".join(sys.argv), "model": args.model_dir and str(args.model_dir) or args.model,
            "device": torch.cuda.get_device_name() if gpu else "cpu", "packing_setting": args.packing,
            "plan_line": plan_line(plan), "plan": plan.to_dict(), "lengths": lengths.describe() if lengths else None,
            "wall_s": round(time.monotonic() - t0, 1), "packing": result.get("packing"),
            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if gpu else None,
            "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,
-           **steps_of(out / "metrics.jsonl", args.warmup)}
+           # The profiled steps and the one after them (the profiler's stop) are not measured.
+           **steps_of(out / "metrics.jsonl", args.warmup + (args.profile + 1 if args.profile else 0)),
+           **({"profile": profile} if profile else {})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
-    print(json.dumps({k: v for k, v in doc.items() if k != "plan"}, indent=1, default=str))
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("plan", "profile")}, indent=1, default=str))
+    if profile:
+        print(profile["by_gpu_time"], f"GPU busy {profile['gpu_busy_share']} of the recorded wall", sep="\n")
     return 0
 
 

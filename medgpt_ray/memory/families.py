@@ -186,12 +186,14 @@ FAMILIES: dict[str, tuple[Callable[[Reader], Settings], int | None, int | None]]
 }
 
 
-# What liger-kernel 0.8.5 (the `gpu` extra) has for a family, by its monkey_patch table: (its RMSNorm/SwiGLU/RoPE
-# layer kernels apply, its fused linear cross-entropy forward exists). GLM-4 and Qwen3.5 raise on Liger's RoPE;
-# Qwen2-MoE is not in Liger's table at all (transformers would warn and fuse nothing: an estimate assuming the
-# fused CE would be a false fit).
-LIGER: dict[str, tuple[bool, bool]] = {"glm4": (False, True), "qwen2_moe": (False, False),
-                                       "qwen3_5_text": (False, True), "qwen3_5_moe_text": (False, True)}
+# What liger-kernel 0.8.5 (the `gpu` extra) has for a family, by its monkey_patch table: (its RMSNorm/SwiGLU layer
+# kernels apply, its fused linear cross-entropy forward exists, its RoPE applies). GLM-4 and Qwen3.5 raise on Liger's
+# RoPE; Qwen3.5 still takes its RMSNorm (offset 1, as Qwen3.5's own) and SwiGLU, and its RoPE stays transformers'.
+# Qwen2-MoE is not in Liger's table at all (transformers would warn and fuse nothing: an estimate assuming the fused
+# CE would be a false fit); Qwen3.5-MoE's routed experts are not Liger's.
+LIGER: dict[str, tuple[bool, bool, bool]] = {
+    "glm4": (False, True, False), "qwen2_moe": (False, False, False),
+    "qwen3_5_text": (True, True, False), "qwen3_5_moe_text": (False, True, False)}
 
 
 def _text_settings(cfg: Settings, source: str) -> tuple[Settings, str]:
@@ -218,7 +220,7 @@ def shape_from_config(cfg: Any, name: str, source: str = "config.json") -> Model
     tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     settings = {**_base(r, name, kv_default, head_dim, bool(tie)), **family(r),
                 "lora_targets": MOE_LORA_TARGETS.get(kind, ()),  # what `all-linear` adapts: the loader's list too
-                "liger_layers": LIGER.get(kind, (True, True))[0], "liger_fused_ce": LIGER.get(kind, (True, True))[1]}
+                **dict(zip(("liger_layers", "liger_fused_ce", "liger_rope"), LIGER.get(kind, (True, True, True))))}
     if settings["kv_heads"] < 1 or settings["heads"] % settings["kv_heads"]:
         raise ShapeError(f"{source}: num_key_value_heads is {settings['kv_heads']}; it must divide "
                          f"num_attention_heads ({settings['heads']})")

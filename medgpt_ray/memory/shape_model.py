@@ -48,9 +48,11 @@ class ModelShape:
     # The nn.Linear names LoRA adapts: () is PEFT's `all-linear` (every one), a MoE family's list otherwise
     # (config/lora_targets.py: attention, dense and shared-expert MLPs; never the routers, gates or routed experts).
     lora_targets: tuple[str, ...] = ()
-    # liger-kernel's coverage of the family (memory/families.py LIGER): its layer kernels, its fused linear CE.
+    # liger-kernel's coverage of the family (memory/families.py LIGER): its layer kernels, its fused linear CE, its
+    # RoPE (part of the layer kernels where the family takes it).
     liger_layers: bool = True
     liger_fused_ce: bool = True
+    liger_rope: bool = True
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -7,6 +7,7 @@ from typing import Any
 from medgpt_ray.config import LengthGroupedStageConfig
 from medgpt_ray.memory.lengths import BUCKET
 from medgpt_ray.memory.profiles import stage_profile
+from medgpt_ray.memory.shapes import load_shape
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit.checkpointing import checkpointing_kwargs
@@ -58,8 +59,10 @@ def training_kwargs(inp: StageInputs) -> dict[str, Any]:
     if flce or liger_layers:
         # Exactly the kernels the plan chose: the estimator models each one's activations.
         kwargs["use_liger_kernel"] = True
+        # Liger raises on a family whose RoPE it lacks (Qwen3.5): that family keeps transformers' RoPE.
+        rope = liger_layers and load_shape(inp.model_path).liger_rope
         kwargs["liger_kernel_config"] = {"fused_linear_cross_entropy": flce, "cross_entropy": False,
-                                         "rope": liger_layers, "rms_norm": liger_layers, "swiglu": liger_layers}
+                                         "rope": rope, "rms_norm": liger_layers, "swiglu": liger_layers}
     return kwargs
 
 

@@ -91,18 +91,42 @@ def test_a_hybrid_is_not_compiled_on_auto(tmp_path):
 
 def test_liger_coverage_is_the_familys(tmp_path):
     hybrid = shape_of(tmp_path, QWEN3_5_TEXT)
-    assert not hybrid.liger_layers and hybrid.liger_fused_ce
+    # Liger's RMSNorm and SwiGLU apply to Qwen3.5, its RoPE raises: the trainer must not ask for it.
+    assert hybrid.liger_layers and hybrid.liger_fused_ce and not hybrid.liger_rope
     moe = {"model_type": "qwen2_moe", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96,
            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4}
     qwen2_moe = shape_of(tmp_path, moe)
     assert not qwen2_moe.liger_layers and not qwen2_moe.liger_fused_ce
     dense = shape_of(tmp_path, {**moe, "model_type": "qwen3"})
-    assert dense.liger_layers and dense.liger_fused_ce
+    assert dense.liger_layers and dense.liger_fused_ce and dense.liger_rope
+
+
+def test_the_trainer_asks_liger_for_no_rope_where_the_family_has_none(tmp_path):
+    """Liger's Qwen3.5 entry raises NotImplementedError for `rope`: a plan with Liger's layer kernels gives the
+    trainer RMSNorm and SwiGLU only for the hybrid, all three for a dense model."""
+    from dataclasses import replace
+
+    from medgpt_ray.stages.inputs import StageInputs
+    from medgpt_ray.stages.trainer_args import training_kwargs
+
+    (tmp_path / "hybrid").mkdir()
+    (tmp_path / "dense").mkdir()
+    shape_of(tmp_path / "hybrid", QWEN3_5_TEXT)
+    shape_of(tmp_path / "dense", {**QWEN3_5_TEXT, "model_type": "qwen3"})
+    cfg = sft()
+    plan = replace(plan_stage("sft", cfg, 1, True, PRESETS["qwen2.5-0.5b"], CARD), fused_kernels=True, compile=False)
+    liger = {}
+    for name in ("hybrid", "dense"):
+        inp = StageInputs("sft", cfg, plan, str(tmp_path / name), "chatml", "t.parquet", "e.parquet", str(tmp_path))
+        liger[name] = training_kwargs(inp)["liger_kernel_config"]
+    assert liger["hybrid"]["rms_norm"] and liger["hybrid"]["swiglu"] and not liger["hybrid"]["rope"]
+    assert liger["dense"]["rope"] and liger["dense"]["rms_norm"]
 
 
 def test_fused_kernels_on_a_hybrid_need_an_explicit_compile(tmp_path):
-    """Neither Liger (no RoPE for Qwen3.5) nor compile on `auto` (a hybrid stays eager) would fuse its layers: an
-    explicit `fused_kernels: true` is refused with the key, and fits once compile is asked for."""
+    """Without liger-kernel (the `gpu` extra, not installed here) and without compile on `auto` (a hybrid stays
+    eager) nothing would fuse its layers: an explicit `fused_kernels: true` is refused with the key, and fits once
+    compile is asked for."""
     hybrid = shape_of(tmp_path, QWEN3_5_TEXT)
     with pytest.raises(ConfigError, match="stages.sft.fused_kernels: .*this model's family"):
         plan_stage("sft", sft(fused_kernels=True), 1, True, hybrid, CARD)
