@@ -2,7 +2,8 @@
 
 A large JSONL file, or a large UTF-8 .txt file, is cut at newline boundaries into byte ranges; each range
 knows the line number it starts at, so every record keeps its true `source_line` for the report and the
-quarantine. Other files (a JSON array, CSV, Parquet, a GB18030 .txt) are read whole by one task.
+quarantine. Other files (a JSON array, CSV, Parquet, a GB18030 .txt, any compressed file) are read whole by one
+task.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from medgpt_ray.data.compressed import compression
 from medgpt_ray.data.file_rows import iter_rows
 from medgpt_ray.data.readers import RecordError
 from medgpt_ray.data.text_encoding import decode_line, txt_encoding, txt_line, undecodable
@@ -31,7 +33,9 @@ class SourceChunk:
 
 def _splittable(path: Path) -> bool:
     """Line-oriented files whose lines decode independently: JSONL, and .txt when it is UTF-8 (checked once
-    here, for the whole file; a GB18030 .txt is read whole)."""
+    here, for the whole file; a GB18030 .txt is read whole). Not a compressed one: its byte offsets are not lines'."""
+    if compression(path):
+        return False
     suffix = path.suffix.lower()
     return suffix == ".jsonl" or (suffix == ".txt" and txt_encoding(path) == "utf-8")
 

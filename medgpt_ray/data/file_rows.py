@@ -1,5 +1,6 @@
 """The rows of one source file, with their line numbers: JSONL, JSON, CSV (UTF-8 or GB18030), Parquet and plain
-text (.txt, UTF-8 or GB18030, one {"text": line} per non-empty line). A row that does not parse comes back as its
+text (.txt, UTF-8 or GB18030, one {"text": line} per non-empty line); the text formats also gzip, bzip2 or xz
+compressed (data/compressed.py). A row that does not parse comes back as its
 RecordError, in its place; a file that cannot be read at all raises DataFileError.
 
 Format detection and conversion live in readers.py; this module only knows about files.
@@ -13,8 +14,18 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from medgpt_ray.data.compressed import (
+    STREAM_ERRORS,
+    SUPPORTED,
+    compression,
+    data_suffix,
+    open_bytes,
+    read_all,
+    readable_suffix,
+    stream_error,
+)
 from medgpt_ray.data.json_record import MAX_JSON_DEPTH, parse_json_line, too_deep
-from medgpt_ray.data.readers import SUFFIXES, DataFileError, RecordError
+from medgpt_ray.data.readers import DataFileError, RecordError
 from medgpt_ray.data.text_encoding import decode_csv, decode_line, txt_encoding, txt_line, undecodable
 
 RowOrError = tuple[int, dict | RecordError]
@@ -24,7 +35,7 @@ def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
     if _spread_array(path) and (array := _whole_array(path)) is not None:
         yield from _array_rows(array)  # a JSON array saved as .jsonl: its records, not its lines quarantined
         return
-    with path.open("rb") as fh:
+    with open_bytes(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             if lineno == 1:
                 raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 BOM from Windows editors
@@ -42,7 +53,7 @@ def _iter_jsonl(path: Path) -> Iterator[RowOrError]:
 def _spread_array(path: Path) -> bool:
     """Whether a .jsonl file is one JSON array over several lines (pretty-printed): its first line that is not blank
     opens an array it does not close. A line that is a whole array stays a JSON Lines row (quarantined: no object)."""
-    with path.open("rb") as fh:
+    with open_bytes(path) as fh:
         for raw in fh:
             line = raw.removeprefix(b"\xef\xbb\xbf").strip()
             if not line:
@@ -59,7 +70,7 @@ def _spread_array(path: Path) -> bool:
 
 def _iter_json(path: Path) -> Iterator[RowOrError]:
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = read_all(path).decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DataFileError(f"{path}: not valid UTF-8 (byte {e.start})") from None
     try:
@@ -82,7 +93,7 @@ def _iter_json(path: Path) -> Iterator[RowOrError]:
 def _whole_array(path: Path) -> list | None:
     """The file read whole as one JSON array, or None where it is not one (then it is read as JSON Lines)."""
     try:
-        obj = json.loads(path.read_bytes().decode("utf-8-sig"))
+        obj = json.loads(read_all(path).decode("utf-8-sig"))
     except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the stack
         return None
     return obj if isinstance(obj, list) else None
@@ -127,7 +138,7 @@ def _iter_csv(path: Path) -> Iterator[RowOrError]:
 
 def _iter_txt(path: Path) -> Iterator[RowOrError]:
     encoding = txt_encoding(path)
-    with path.open("rb") as fh:
+    with open_bytes(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             text = txt_line(raw, lineno, encoding)
             if text is not None:
@@ -159,13 +170,20 @@ def iter_rows(path: Path) -> Iterator[tuple[int, dict | RecordError]]:
     "line" is the physical line (1-based) for .jsonl, the array index + 1 for .json, the data row number
     (1-based, header and blank lines not counted) for .csv, the row index + 1 for .parquet and the physical
     line for .txt (each non-empty line is the row {"text": line}). A .json file may also hold a single object
-    (line 1) or JSON Lines. Blank .jsonl and .txt lines are skipped, not counted as rows.
+    (line 1) or JSON Lines. Blank .jsonl and .txt lines are skipped, not counted as rows. A compressed file's
+    lines are those of the file it holds.
     """
     path = Path(path)
     if not path.is_file():
         raise DataFileError(f"{path}: no such file")
-    reader = READERS.get(path.suffix.lower())
-    if reader is None:
-        raise DataFileError(f"{path}: unsupported file type {path.suffix!r} (expected one of {', '.join(SUFFIXES)})")
-    yield from reader(path)
+    if not readable_suffix(path):
+        raise DataFileError(f"{path}: unsupported file type {''.join(path.suffixes[-2:])!r} (expected {SUPPORTED})")
+    reader = READERS[data_suffix(path)]
+    if compression(path) is None:
+        yield from reader(path)
+        return
+    try:
+        yield from reader(path)
+    except STREAM_ERRORS as e:  # a truncated download, or a file that is not the compression its name says
+        raise stream_error(path, e) from None
 

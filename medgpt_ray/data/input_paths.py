@@ -7,7 +7,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from medgpt_ray.data.readers import SUFFIXES, DataFileError
+from medgpt_ray.data.compressed import SUPPORTED, readable_suffix
+from medgpt_ray.data.readers import DataFileError
 
 
 def _unreadable(path: Path) -> DataFileError | None:
@@ -29,8 +30,8 @@ def _skip_reason(entry: Path) -> str | None:
         return "directory"
     if not entry.is_file():
         return "not a regular file"
-    if entry.suffix.lower() not in SUFFIXES:
-        return f"unsupported suffix {entry.suffix or '(none)'}"
+    if not readable_suffix(entry):
+        return f"unsupported suffix {''.join(entry.suffixes[-2:]) or '(none)'}"
     return None
 
 
@@ -55,7 +56,7 @@ def expand_paths(paths: Sequence[str | Path], skipped: list[tuple[Path, str]] | 
                 elif reason != "directory" and skipped is not None:
                     skipped.append((entry, reason))
             if not found:
-                raise DataFileError(f"{p}: directory holds no {', '.join(SUFFIXES)} files")
+                raise DataFileError(f"{p}: directory holds no data files ({SUPPORTED})")
         else:
             found = [p]
         for f in found:

@@ -9,6 +9,7 @@ import functools
 import itertools
 from pathlib import Path
 
+from medgpt_ray.data.compressed import open_bytes, read_all
 from medgpt_ray.data.readers import DataFileError, RecordError
 
 
@@ -43,7 +44,7 @@ def undecodable(raw: bytes, error: UnicodeDecodeError) -> RecordError:
 def decode_csv(path: Path) -> str:
     """UTF-8 (with or without BOM) when the bytes are valid UTF-8, else GB18030 (a superset of GBK/GB2312,
     what Toyhom and most Chinese Excel exports use). Strict UTF-8 first: GB18030 decodes almost any bytes."""
-    data = path.read_bytes()
+    data = read_all(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -58,7 +59,7 @@ def _first_bad_byte(path: Path, encoding: str) -> int | None:
     """Offset of the first byte of `path` that does not decode strictly as `encoding`, None if all do."""
     decoder = codecs.getincrementaldecoder(encoding)("strict")
     position = 0  # bytes handed to the decoder so far
-    with path.open("rb") as fh:
+    with open_bytes(path) as fh:
         for block in itertools.chain(iter(lambda: fh.read(1 << 20), b""), [None]):
             pending = len(decoder.getstate()[0])  # an incomplete character kept from the block before
             try:

@@ -220,7 +220,8 @@ def shape_from_config(cfg: Any, name: str, source: str = "config.json") -> Model
     tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     settings = {**_base(r, name, kv_default, head_dim, bool(tie)), **family(r),
                 "lora_targets": MOE_LORA_TARGETS.get(kind, ()),  # what `all-linear` adapts: the loader's list too
-                **dict(zip(("liger_layers", "liger_fused_ce", "liger_rope"), LIGER.get(kind, (True, True, True))))}
+                **dict(zip(("liger_layers", "liger_fused_ce", "liger_rope"), LIGER.get(kind, (True, True, True)),
+                           strict=True))}
     if settings["kv_heads"] < 1 or settings["heads"] % settings["kv_heads"]:
         raise ShapeError(f"{source}: num_key_value_heads is {settings['kv_heads']}; it must divide "
                          f"num_attention_heads ({settings['heads']})")

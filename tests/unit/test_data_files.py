@@ -149,6 +149,54 @@ def test_parquet_alpaca_with_null_input(tmp_path: Path) -> None:
     assert users == ["介绍感冒", "介绍流感\n简要"]
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_file_is_read_as_the_file_it_holds(tmp_path: Path, suffix: str) -> None:
+    """gzip, bzip2 and xz: JSONL (its blank and bad lines where they are), a JSON array, a GB18030 CSV and a .txt
+    give the rows and line numbers their plain files give."""
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    plain = [write_jsonl(tmp_path / "d.jsonl", [{"text": "第一行"}, "", "{broken", {"text": "四"}])]
+    (tmp_path / "a.json").write_text(json.dumps([{"text": "甲"}, {"text": "乙"}], ensure_ascii=False), "utf-8")
+    plain.append(tmp_path / "a.json")
+    plain.append(write_csv(tmp_path / "t.csv", TOYHOM_ROWS, "gb18030"))
+    (tmp_path / "n.txt").write_text("第一段\n\n第三段\n", encoding="utf-8")
+    plain.append(tmp_path / "n.txt")
+    for path in plain:
+        packed = path.with_name(path.name + suffix)
+        packed.write_bytes(compress(path.read_bytes()))
+        assert [(n, r if isinstance(r, dict) else str(r)) for n, r in iter_rows(packed)] == \
+            [(n, r if isinstance(r, dict) else str(r)) for n, r in iter_rows(path)], packed.name
+
+
+def test_a_broken_compressed_file_names_itself_and_parquet_is_never_wrapped(tmp_path: Path) -> None:
+    import gzip
+
+    from medgpt_ray.data.chunks import plan_chunks, read_chunk
+
+    rows = [{"text": f"第{i}行"} for i in range(200)]
+    whole = gzip.compress(write_jsonl(tmp_path / "d.jsonl", rows).read_bytes())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # a download that stopped half way
+    with pytest.raises(DataFileError, match=re.escape(str(cut)) + ": not a readable .gz stream"):
+        list(iter_rows(cut))
+    fake = tmp_path / "fake.jsonl.gz"
+    fake.write_bytes(b'{"text": "not gzip"}\n')
+    with pytest.raises(DataFileError, match="fake.jsonl.gz: not a readable .gz stream"):
+        list(iter_rows(fake))
+    (tmp_path / "t.parquet.gz").write_bytes(b"")
+    with pytest.raises(DataFileError, match="unsupported file type '.parquet.gz'"):
+        list(iter_rows(tmp_path / "t.parquet.gz"))
+    # Ray Data's read tasks: a compressed file is one chunk (no byte offsets to cut a stream at), read whole.
+    good = tmp_path / "good.jsonl.gz"
+    good.write_bytes(whole)
+    chunks = plan_chunks(good, "pretrain", 0, chunk_bytes=64)
+    assert len(chunks) == 1 and chunks[0].end == -1
+    assert [json.loads(r["text"]) for r in read_chunk(chunks[0])] == rows
+
+
 def test_unsupported_suffix_and_missing_file(tmp_path: Path) -> None:
     other = tmp_path / "notes.md"
     other.write_text("x", encoding="utf-8")

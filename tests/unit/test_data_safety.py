@@ -67,17 +67,19 @@ def test_an_unreadable_file_is_named(tmp_path):
 def test_directory_entries_that_are_not_read_are_listed_with_the_reason(tmp_path):
     (tmp_path / "a.jsonl").write_text(json.dumps(GOOD) + "\n")
     (tmp_path / "README.md").write_text("notes")
-    (tmp_path / "b.jsonl.gz").write_bytes(b"\x1f\x8b")
+    (tmp_path / "b.jsonl.zip").write_bytes(b"PK")
+    (tmp_path / "c.parquet.gz").write_bytes(b"\x1f\x8b")  # Parquet compresses inside: never wrapped
     (tmp_path / ".cache").mkdir()
     (tmp_path / ".cache" / "c.jsonl").write_text(json.dumps(GOOD) + "\n")
     os.mkfifo(tmp_path / "pipe.jsonl")
     skipped: list[tuple[Path, str]] = []
     assert expand_paths([str(tmp_path)], skipped) == [tmp_path / "a.jsonl"]
     reasons = {p.name: why for p, why in skipped}
-    assert reasons == {"README.md": "unsupported suffix .md", "b.jsonl.gz": "unsupported suffix .gz",
-                       ".cache": "hidden", "pipe.jsonl": "not a regular file"}
+    assert reasons == {"README.md": "unsupported suffix .md", "b.jsonl.zip": "unsupported suffix .jsonl.zip",
+                       "c.parquet.gz": "unsupported suffix .parquet.gz", ".cache": "hidden",
+                       "pipe.jsonl": "not a regular file"}
     lines = describe_skipped(skipped)
-    assert lines[0] == "4 directory entries not read:" and len(lines) == 5
+    assert lines[0] == "5 directory entries not read:" and len(lines) == 6
 
 
 def test_a_gb18030_jsonl_is_read_and_a_bad_line_keeps_its_bytes(tmp_path):
