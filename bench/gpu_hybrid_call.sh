@@ -51,6 +51,11 @@ sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }
 # The same runs with torch's profiler over steps 3-5 (hybrid_sft.py --profile); tokens/s from steps 7-16.
 profile_packed() { sft qwen3.5_packed_profiled "$(best)" qwen3.5-0.8b auto 16 --profile 3; }
 profile_dense() { sft dense_1.5b_packed_profiled "$BASE" qwen2.5-1.5b auto 16 --profile 3; }
+# Compiled decoder layers (the token mixing eager inside them, hybrid/layers.py), both models, 30 steps.
+sft_compiled() {
+  sft qwen3.5_packed_compiled "$(best)" qwen3.5-0.8b auto 30 --compile true
+  sft dense_1.5b_packed_compiled "$BASE" qwen2.5-1.5b auto 30 --compile true
+}
 sft_reference() { sft qwen3.5_packed_reference "$BASE" qwen3.5-0.8b auto 6; }
 decode() {  # the static decode path (compiled, CUDA graphs) against generate's dynamic one, hybrid and dense
   for m in qwen3.5-0.8b qwen2.5-1.5b; do

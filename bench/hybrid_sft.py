@@ -138,6 +138,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hybrid_sft"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile", type=int, default=0, help="profile this many optimizer steps after --warmup")
+    ap.add_argument("--compile", default="auto", choices=["auto", "true", "false"],
+                    help="the stage's compile key (auto: eager for a hybrid, and below 50 steps)")
     args = ap.parse_args()
     import torch
     from memory_calibration import cap_allocator, single_process_env
@@ -156,7 +158,8 @@ def main() -> int:
     cfg = SFTStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=1e-4, seq_len=2048,
                          precision="bf16" if gpu else "fp32", effective_batch=args.effective_batch,
                          max_steps=args.steps, logging_steps=1, save_steps=10**6, warmup_ratio=0.0,
-                         packing="auto" if args.packing == "auto" else False)
+                         packing="auto" if args.packing == "auto" else False,
+                         compile={"auto": "auto", "true": True, "false": False}[args.compile])
     plan, lengths = plan_for(model, cfg, data, args.cap)
     print("plan:", plan_line(plan), flush=True)
     out = args.work / f"run-{model.name}-{args.packing}"

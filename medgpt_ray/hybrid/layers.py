@@ -25,8 +25,9 @@ from medgpt_ray.hybrid import kernels
 from medgpt_ray.hybrid.cached import cached_mix
 from medgpt_ray.hybrid.mixing import Conv, Heads, gates, mix_kernels, mix_reference
 from medgpt_ray.hybrid.ops import kernel_ops, reference_ops
-from medgpt_ray.hybrid.segments import cu_seqlens, row_starts
+from medgpt_ray.hybrid.segments import LastSegments, row_starts
 
+LAST_SEGMENTS = LastSegments()  # this process's: a pass's layers share their position ids' segments
 POSITIONS = "medgpt_linear_positions"  # the keyword the decoder layer hands the position ids on under
 # (module, class) of the linear-attention layers and their decoder layers this subclasses
 FAMILIES = (("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5"),
@@ -43,35 +44,43 @@ class PackedDeltaNet:
         positions = kwargs.pop(POSITIONS, None)
         cache = cache if cache is not None else kwargs.pop("cache_params", None)  # 5.24 says cache, 5.17 cache_params
         hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)
-        if cache is not None:
-            out = cached_mix(self, hidden_states, cache)
-        else:
-            out = self._mix(hidden_states, positions, kwargs.get("cu_seq_lens_q"))
         z = self.in_proj_z(hidden_states).reshape(-1, self.head_v_dim)
-        return self.out_proj(self.norm(out.reshape(-1, self.head_v_dim), z).reshape(*hidden_states.shape[:2], -1))
+        if cache is not None:
+            out = self.norm(cached_mix(self, hidden_states, cache).reshape(-1, self.head_v_dim), z)
+        else:
+            beta, g = gates(self, hidden_states)
+            out = self._mix_and_norm(self.in_proj_qkv(hidden_states), g, beta, z, positions,
+                                     kwargs.get("cu_seq_lens_q"))
+        return self.out_proj(out.reshape(*hidden_states.shape[:2], -1))
 
-    def _segments(self, rows: int, width: int, positions: torch.Tensor | None, flat_cu: torch.Tensor | None,
-                  device: torch.device) -> torch.Tensor:
-        if positions is not None and positions.shape == (rows, width):
-            return cu_seqlens(positions.to(device))
-        if flat_cu is not None and rows == 1:
-            return flat_cu.to(device=device, dtype=torch.int32)
-        return row_starts(rows, width, device)
-
-    def _mix(self, hidden_states: torch.Tensor, positions: torch.Tensor | None,
-             flat_cu: torch.Tensor | None) -> torch.Tensor:
-        """The delta rule's output [B, L, HV, V] without a cache, each conversation from a zero state."""
-        rows, width, _ = hidden_states.shape
-        cu = self._segments(rows, width, positions, flat_cu, hidden_states.device)
-        qkv = self.in_proj_qkv(hidden_states)
-        beta, g = gates(self, hidden_states)
+    @torch.compiler.disable
+    def _mix_and_norm(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, z: torch.Tensor,
+                      positions: torch.Tensor | None, flat_cu: torch.Tensor | None) -> torch.Tensor:
+        """The delta rule's output, gate-normed, [B * L * HV, V], without a cache, each conversation from a zero
+        state. Eager inside compiled layers (stages/speed.py): fla's Triton kernels and its gated norm are launched
+        by Python wrappers dynamo should not trace, the segments have a data-dependent count, and the reference's
+        chunk loop unrolled would not finish compiling (issue 34); the projections and the MLP around it compile."""
+        rows, width = qkv.shape[:2]
+        cu, cu_cpu = self._segments(rows, width, positions, flat_cu, qkv.device)
         conv, heads = Conv.of(self), Heads.of(self)
+        out = None
         if kernels.route(qkv) == kernels.KERNELS:
             try:
-                return mix_kernels(kernel_ops(), qkv, conv, g, beta, cu, heads)
+                out = mix_kernels(kernel_ops(), qkv, conv, g, beta, cu, heads, cu_cpu)
             except Exception as e:  # said once, and the device runs the reference from then on (kernels.demote)
                 kernels.demote(qkv.device, e)
-        return mix_reference(reference_ops(), qkv, conv, g, beta, cu, heads)
+        if out is None:
+            out = mix_reference(reference_ops(), qkv, conv, g, beta, cu, heads)
+        return self.norm(out.reshape(-1, self.head_v_dim), z)
+
+    def _segments(self, rows: int, width: int, positions: torch.Tensor | None, flat_cu: torch.Tensor | None,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(cu_seqlens on `device`, its CPU copy where one is at hand)."""
+        if positions is not None and positions.shape == (rows, width):
+            return LAST_SEGMENTS.of(positions, device)
+        if flat_cu is not None and rows == 1:
+            return flat_cu.to(device=device, dtype=torch.int32), None
+        return row_starts(rows, width, device), None
 
 
 class PositionsToLinearAttention:

@@ -65,17 +65,18 @@ def gates(layer, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 
 def mix_kernels(ops: tuple[Callable, Callable], qkv: torch.Tensor, conv: Conv, g: torch.Tensor, beta: torch.Tensor,
-                cu: torch.Tensor, heads: Heads) -> torch.Tensor:
-    """flash-linear-attention: [B, L, C] rows flattened to one sequence of len(cu) - 1 segments -> [B, L, HV, V]."""
+                cu: torch.Tensor, heads: Heads, cu_cpu: torch.Tensor | None = None) -> torch.Tensor:
+    """flash-linear-attention: [B, L, C] rows flattened to one sequence of len(cu) - 1 segments -> [B, L, HV, V].
+    `cu_cpu`, cu on the CPU, spares fla reading the GPU's copy to lay out its chunks (a device sync a call)."""
     chunk_rule, causal_conv = ops
     rows, width = qkv.shape[:2]
     x = qkv.reshape(1, rows * width, -1)
     weight = conv.weight.to(x.dtype)
     bias = conv.bias.to(x.dtype) if conv.bias is not None else None
-    x, _ = causal_conv(x, weight, bias, activation=conv.activation, cu_seqlens=cu)
+    x, _ = causal_conv(x, weight, bias, activation=conv.activation, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
     q, k, v = heads.split(x)
     out, _ = chunk_rule(q, k, v, g=g.reshape(1, rows * width, -1), beta=beta.reshape(1, rows * width, -1),
-                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+                        use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
     return out.reshape(rows, width, heads.v_heads, heads.v_dim)
 
 

@@ -36,7 +36,9 @@ def _run(ops: tuple[Callable, Callable], mix: Callable, inputs: dict[str, torch.
          cu: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     leaves = {k: v.detach().to(dtype).requires_grad_() for k, v in inputs.items()}
     heads = Heads(PROBE_HEADS, PROBE_HEADS, PROBE_HEAD_DIM, PROBE_HEAD_DIM)
-    out = mix(ops, leaves["qkv"], Conv(leaves["weight"], None, "silu"), leaves["g"], leaves["beta"], cu, heads)
+    extra = {"cu_cpu": cu.to("cpu", torch.int64)} if mix is mix_kernels else {}  # as the layer calls the kernels
+    out = mix(ops, leaves["qkv"], Conv(leaves["weight"], None, "silu"), leaves["g"], leaves["beta"], cu, heads,
+              **extra)
     return out, leaves
 
 

@@ -21,6 +21,28 @@ def cu_seqlens(position_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat, end]).to(torch.int32)
 
 
+class LastSegments:
+    """The segments of the last position ids seen, kept for the next caller with the same tensor: every
+    linear-attention layer of a forward (and a checkpointed layer's recompute) gets the decoder's one position-ids
+    tensor, so the segments are found once a pass, not once a layer. The CPU copy is what flash-linear-attention
+    takes as `cu_seqlens_cpu` to lay out its chunks without reading the GPU: one device sync a pass (the copy), not
+    one in every kernel call of every layer (18 in a 0.8B Qwen3.5's forward, as many again in its backward)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[torch.Tensor, int] | None = None
+        self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def of(self, position_ids: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cu_seqlens on `device`, the same on the CPU as int64) for `position_ids` [rows, L]."""
+        key = self._key
+        if key is not None and key[0] is position_ids and key[1] == position_ids._version and \
+                self._value is not None and self._value[0].device == device:
+            return self._value
+        cu = cu_seqlens(position_ids.to(device))
+        self._key, self._value = (position_ids, position_ids._version), (cu, cu.to("cpu", torch.int64))
+        return self._value
+
+
 def row_starts(rows: int, width: int, device: torch.device) -> torch.Tensor:
     """cu_seqlens of `rows` rows of `width` tokens, one sequence a row (no packing)."""
     return torch.arange(0, (rows + 1) * width, width, device=device, dtype=torch.int32)

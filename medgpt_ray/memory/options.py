@@ -30,8 +30,10 @@ def compiles(cfg: StageConfig, use_gpu: bool, method: str, zero: int, shape: Mod
     """Whether the decoder layers are compiled (stages/speed.py). Automatic only where it was measured:
     GPU runs with bf16 LoRA or full weights; 4-bit layers and ZeRO-3's parameter hooks are left eager. A
     stage capped below COMPILE_MIN_STEPS steps stays eager too: compiling costs each worker 20-60 s first. A
-    hybrid model's linear-attention layers stay eager: compiling transformers' PyTorch delta rule (its chunk loop
-    unrolled) had not finished the first step of a 0.8B Qwen3.5 after 4 minutes on the H200 (issue 34). With
+    hybrid model stays eager on `auto`: compiling transformers' PyTorch delta rule (its chunk loop unrolled) had not
+    finished the first step of a 0.8B Qwen3.5 after 4 minutes on the H200 (issue 34). Its token mixing now stays
+    eager inside a compiled layer (hybrid/layers.py, a graph break), so `compile: true` compiles the rest of each
+    layer; not yet measured on a GPU, hence not `auto`. With
     `lora.experts` neither: PEFT registers and removes a parametrization on the experts in every forward, where
     dynamo breaks the graph (six breaks a layer on CPU, torch 2.13; it trains, uncompiled there)."""
     if cfg.compile != "auto":

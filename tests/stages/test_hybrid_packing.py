@@ -141,6 +141,38 @@ def test_a_packed_row_trains_exactly_as_its_conversations_alone(hybrid):
         torch.testing.assert_close(grads_p[n], grads_a[n], atol=1e-4, rtol=1e-3, msg=n)
 
 
+def test_compiled_decoder_layers_train_a_packed_row_as_the_eager_ones(hybrid, monkeypatch):
+    """stages/speed.py compiles each decoder layer in place; a linear-attention layer's token mixing stays eager
+    inside it (a graph break: fla's Triton wrappers, the data-dependent segment count, the reference's chunk loop).
+    The compiled layers give the eager loss and gradients, and the row's segments are found once a pass, by the
+    first linear-attention layer, for all three (and again for the next batch)."""
+    from medgpt_ray.hybrid import segments
+    from medgpt_ray.trainer_kit.checkpointing import decoder_layers
+
+    found = []
+    monkeypatch.setattr(segments, "cu_seqlens", lambda p, real=segments.cu_seqlens: found.append(1) or real(p))
+    convs = _conversations(load(hybrid).config.vocab_size)
+    row = _packed_row(convs, 96)
+    eager_loss, eager_grads = _loss_and_grads(load(hybrid), [row])
+    assert len(found) == 1  # three linear-attention layers, one pass: the segments once
+    model = load(hybrid)
+    torch._dynamo.reset()
+    for layer in decoder_layers(model):
+        layer.compile()
+    loss, grads = _loss_and_grads(model, [row])
+    assert loss == pytest.approx(eager_loss, abs=1e-5)
+    for n in eager_grads:
+        torch.testing.assert_close(grads[n], eager_grads[n], atol=1e-5, rtol=1e-4, msg=n)
+    from medgpt_ray.stages.speed import compiled_graphs
+
+    assert compiled_graphs() > 0
+    second = _packed_row(convs[::-1], 96)  # another batch: its own segments
+    before = len(found)
+    _loss_and_grads(model, [second])
+    assert len(found) == before + 1
+    torch._dynamo.reset()
+
+
 def test_transformers_own_layer_leaks_a_conversation_into_the_next(hybrid, tiny_model):
     """The leak our layer prevents, shown on transformers' layer; the dense tiny model is the control (its attention
     is block-diagonal, so the same construction changes nothing there)."""

@@ -1,0 +1,1 @@
+PYTHONPATH=/tmp/site-tl:/tmp/site-fla:/tmp/site: python3 bench/generation_throughput.py --model-dir /tmp/hyb/models/qwen2.5-1.5b --batches 16 --paths merged,merged-static --out /tmp/hyb/generation_qwen2.5-1.5b.json
