@@ -60,6 +60,21 @@ def load_tokenizer(path: Path):
     return tok
 
 
+def vocabulary_difference(a: Path, b: Path) -> str | None:
+    """Why two model directories' tokenizers do not encode alike (their vocabularies or special tokens differ), None
+    when they do: a distillation's teacher and student must score the same token ids."""
+    ta, tb = load_tokenizer(a), load_tokenizer(b)
+    if len(ta) != len(tb):
+        return f"{len(ta):,} tokens in {a}, {len(tb):,} in {b}"
+    va, vb = ta.get_vocab(), tb.get_vocab()
+    if va != vb:
+        differ = sum(1 for t, i in va.items() if vb.get(t) != i)
+        return f"{differ:,} of the {len(va):,} tokens have other ids in {b} than in {a}"
+    if ta.all_special_tokens != tb.all_special_tokens:
+        return f"the special tokens differ: {ta.all_special_tokens} in {a}, {tb.all_special_tokens} in {b}"
+    return None
+
+
 def _quantization_config(method: str):
     if method != "qlora":
         return None

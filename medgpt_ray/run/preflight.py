@@ -22,6 +22,7 @@ def check_paths(cfg: PipelineConfig) -> None:
             resolve_model_path(cfg.model.path)
         except OSError as e:  # ModelPathError
             raise ConfigError(str(e)) from None
+    check_teachers(cfg)
     for key in DATA_KEYS:
         for path in cfg.data.paths(key):
             try:
@@ -31,6 +32,24 @@ def check_paths(cfg: PipelineConfig) -> None:
             if all(f.stat().st_size == 0 for f in files):  # found now, not after Ray has started
                 raise ConfigError(f"data.{key}: {path} is empty (0 bytes): no records to read; give a file with "
                                   "records or leave it out")
+
+
+def check_teachers(cfg: PipelineConfig) -> None:
+    """A teacher given as a model directory (opd's `teacher: ./dir`) must exist and tokenize as the student does."""
+    from medgpt_ray.models import resolve_model_path, vocabulary_difference
+    from medgpt_ray.tiny import ensure_tiny
+
+    for name in cfg.enabled_stages():
+        stage = cfg.stages.get(name)
+        if getattr(stage, "teacher_is_stage", True):
+            continue
+        teacher = Path(stage.teacher).expanduser()
+        if not (teacher / "config.json").is_file():
+            raise ConfigError(f"stages.{name}.teacher: {teacher} is not a model directory (no config.json)")
+        student = ensure_tiny() if cfg.model.path == "tiny" else resolve_model_path(cfg.model.path)
+        if (why := vocabulary_difference(student, teacher)) is not None:
+            raise ConfigError(f"stages.{name}.teacher: {teacher} does not share the student's tokenizer "
+                              f"({student}): {why}")
 
 
 def check_cpus(cfg: PipelineConfig, cpus: float, where: str) -> None:

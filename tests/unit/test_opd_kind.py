@@ -82,7 +82,7 @@ def test_the_plan_holds_the_teacher_and_the_students_generation():
     c = make(seq_len=256, max_new_tokens=32).stages.get("opd")
     plan = plan_stage("opd", c, 1, False)
     b = plan.prediction.breakdown_gib
-    assert {"teacher_weights", "teacher_logits", "teacher_forward", "distillation_loss"} <= set(b)
+    assert {"teacher_weights", "teacher_hidden", "teacher_forward", "distillation_loss"} <= set(b)
     assert plan.steps_per_generation == 1  # GKD generates in every on-policy micro-batch
     # The student's generation is planned (memory/generation.py's phase, one answer per prompt): its decode steps
     # are priced, and its KV cache and sampling logits are a phase beside training, the teacher resident in both; with
@@ -126,23 +126,35 @@ def test_the_teacher_is_planned_at_its_own_shape_and_precision(tmp_path):
                                                                                                   rel=1e-3)
 
 
-def test_the_measured_false_fit_is_refused_with_opds_own_options():
-    """On the H200 under a 24 GiB cap, micro-batch 2 of reference answers at seq_len 1024 (1.5B student with LoRA, a
-    1.5B teacher) died at 23.3 GiB while the old JSD count predicted 19.4 (bench/results/opd_memory_1.5b_h200_
-    uncalibrated.json); micro-batch 1 peaked at 18.14 GiB. Now micro-batch 2 is refused, and the options name opd's
-    own keys, priced at the header's micro-batch 1."""
+def test_the_chunked_loss_lets_a_24gib_card_take_micro_batch_4_and_a_refusal_names_opds_own_options():
+    """GKD's full-vocabulary loss held ~12 GiB a 1,024-token sequence (micro-batch 2 died at 23.3 GiB on a 24 GiB
+    cap, bench/results/opd_memory_1.5b_h200_uncalibrated.json); the chunked divergence holds two fp32 tiles and the
+    answer tokens' hidden states, so micro-batch 4 of a 1.5B student and teacher fits a 24 GiB card. A micro-batch
+    that does not fit is refused with opd's own keys among the options."""
+    from medgpt_ray.kinds.opd.memory import TOKEN_TILE, VOCAB_TILE
+
     rtx4090 = make_budget(24.0, 2.0, "rtx4090", True, "t")
     shape = load_shape("qwen2.5-1.5b")
-    c = make(seq_len=1024, max_new_tokens=256, method="lora", micro_batch=2).stages.get("opd")
+    c = make(seq_len=1024, max_new_tokens=256, method="lora", micro_batch=4).stages.get("opd")
+    four = plan_stage("opd", c, 1, True, shape, rtx4090)
+    assert four.micro_batch == 4 and four.prediction.peak_gib <= 22.0
+    tiles = 2 * 4 * min(4 * 1024, TOKEN_TILE) * VOCAB_TILE / 2**30
+    assert tiles <= four.prediction.breakdown_gib["distillation_loss"] <= tiles + 0.2  # not 4 x 12 GiB
     with pytest.raises(PlanError) as err:
-        plan_stage("opd", c, 1, True, shape, rtx4090)
+        plan_stage("opd", c.model_copy(update={"micro_batch": 16, "seq_len": 4096}), 1, True, shape, rtx4090)
     msg = str(err.value)
     assert "other options at micro-batch 1 with full checkpointing: micro_batch 1: " in msg
-    assert re.search(r"micro_batch 1: [0-9.]+ GiB \(fits\)", msg)
     assert "max_new_tokens 128: " in msg and "teacher_quantization 4bit: " in msg
     assert "max_completion_length" not in msg  # grpo's key, not opd's
-    one = plan_stage("opd", c.model_copy(update={"micro_batch": 1}), 1, True, shape, rtx4090)
-    assert 18.14 <= one.prediction.peak_gib <= 22.0  # at or above the measured peak, within the card
+
+
+def test_the_tiles_are_trls():
+    """The terms above price TRL's ChunkedDivergenceFunction's tiles: an upgrade that changes them fails here."""
+    from trl.kernels import chunked_divergence
+
+    from medgpt_ray.kinds.opd.memory import TOKEN_TILE, VOCAB_TILE
+
+    assert (TOKEN_TILE, VOCAB_TILE) == (chunked_divergence.TOKEN_CHUNK_SIZE, chunked_divergence.VOCAB_CHUNK_SIZE)
 
 
 def test_a_4bit_teacher_is_refused_on_cpu():
@@ -213,3 +225,29 @@ def test_the_stage_refuses_a_4bit_teacher_without_a_gpu(tiny_model, tmp_path):
     missing = make(teacher=str(tmp_path / "nothing")).stages.get("opd")
     with pytest.raises(ValueError, match="is not a model directory here"):
         load_teacher(StageInputs("opd", missing, plan, str(tiny_model), "chatml", "t", "e", str(tmp_path)))
+
+
+def test_a_teacher_directory_must_tokenize_as_the_student(tiny_model, tmp_path):
+    """Checked before Ray starts (run/preflight.check_teachers), naming the key and both directories: a teacher
+    with the student's tokenizer passes; one with a token added, or one id moved, is refused with what differs."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from medgpt_ray.run.preflight import check_teachers
+
+    same = tmp_path / "same"
+    shutil.copytree(tiny_model, same)
+    check_teachers(make(teacher=str(same)))
+    grown = tmp_path / "grown"
+    shutil.copytree(tiny_model, grown)
+    tok = AutoTokenizer.from_pretrained(grown, local_files_only=True)
+    tok.add_special_tokens({"additional_special_tokens": ["<|teacher_only|>"]})
+    tok.save_pretrained(grown)
+    with pytest.raises(ConfigError, match=rf"stages\.opd\.teacher: {re.escape(str(grown))} does not share the "
+                                          rf"student's tokenizer \({re.escape(str(tiny_model))}\): 3,000 tokens in "):
+        check_teachers(make(teacher=str(grown)))
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ConfigError, match="stages.opd.teacher: .*bare is not a model directory"):
+        check_teachers(make(teacher=str(tmp_path / "bare")))
+    check_teachers(make())  # the run's own sft stage: nothing to compare

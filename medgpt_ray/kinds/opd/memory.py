@@ -3,19 +3,18 @@ training pass of the student, the frozen teacher and the student's own answers.
 
   resident   the teacher's weights, at its own shape (its config.json; a stage teacher has the run's base shape):
              bf16 (fp32 on CPU), or NF4 with teacher_quantization 4bit, as QLoRA's loader holds them
-  training   at backward start, on top of the student's saved activations: the teacher's no-grad forward (its logits,
-             b x s x vocab, and one layer's working set) and the generalized JSD's full-vocabulary tensors (TRL's
-             GKDTrainer computes both models' full logits: scaled logits, log-softmaxes, the mixture, two KLs)
+  training   at backward start, on top of the student's saved activations: the teacher's no-grad forward (its last
+             hidden state and one layer's working set: no logits, trainer_kit/chunked_jsd.py) and the chunked
+             divergence's (TRL's ChunkedDivergenceFunction): two fp32 [tokens x VOCAB_TILE] tiles of at most
+             TOKEN_TILE tokens, the answer tokens' hidden states of both models, and in backward the student's
+             hidden-state gradient in fp32 (a frozen LoRA head gets none)
   generation the student's answers, one generate call per micro-batch of max_new_tokens: memory/generation.py's
              generation phase (KV cache, sampling logits, prefill) with one completion per prompt
 
-JSD_ELEMENTS_PER_LOGIT is measured: GKDTrainer.generalized_jsd_loss holds the scaled logits and log-softmaxes of both
-models, the stacked pair, the mixture, two KLs, their sum and, in backward, their gradients. On the H200 (random-init
-Qwen2.5-1.5B student with LoRA r8 and a frozen copy as teacher, bf16, reference answers filling seq_len 1024, no
-checkpointing) the peak grew by 12.15 GiB per sequence of the micro-batch (18.14, 30.31, 54.58 GiB at 1, 2, 4:
-bench/results/opd_memory_1.5b_h200_uncapped.json); less the student's activations and the teacher's terms, the loss
-held ~62 B per logit, i.e. ~31 bf16 elements. 12 (a count of the forward's tensors alone) predicted 19.44 GiB for
-micro-batch 2, which died at 23.3 GiB under a 24 GiB cap (bench/results/opd_memory_1.5b_h200_uncalibrated.json)."""
+Before the chunked loss, TRL's GKDTrainer.generalized_jsd_loss held ~62 B per logit of both models' full logits (the
+H200, random-init Qwen2.5-1.5B student with LoRA r8, bf16, seq_len 1024: 12.15 GiB per sequence of the micro-batch,
+bench/results/opd_memory_1.5b_h200_uncapped.json); that term is gone. The tiles' terms below are counted from TRL's
+code, not yet measured on a GPU."""
 
 from __future__ import annotations
 
@@ -28,7 +27,9 @@ from medgpt_ray.kinds.opd.config import OPDStageConfig
 from medgpt_ray.memory.kind_memory import KindMemory, KindTerms, PlannedSetup
 from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape, ShapeError, load_shape
 
-JSD_ELEMENTS_PER_LOGIT = 32  # measured ~31 (module docstring), a little above
+# trl/kernels/chunked_divergence.py's TOKEN_CHUNK_SIZE and VOCAB_CHUNK_SIZE (tests/unit/test_opd_kind.py checks them):
+# the fp32 tiles each of its passes projects a chunk of tokens into, for the student and the teacher.
+TOKEN_TILE, VOCAB_TILE = 4096, 32768
 
 
 def setup_fields(cfg: OPDStageConfig, use_gpu: bool) -> dict[str, Any]:
@@ -64,11 +65,15 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
     t = teacher or shape
     e = 4 if s.precision == "fp32" else 2
     tokens = s.tokens()
+    tiles = 2 * 4 * min(tokens, TOKEN_TILE) * VOCAB_TILE  # student's and teacher's fp32 tile, forward or backward
+    # The answer tokens' hidden states gathered for the loss (both models), the per-token fp32 statistics, and the
+    # student's fp32 hidden-state gradient in backward. Planned as if every token were an answer token.
+    gathered = tokens * (e * (shape.hidden + t.hidden) + 4 * 12 + 4 * shape.hidden)
     return KindTerms(
         resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
-        training={"teacher_logits": e * tokens * t.vocab,
+        training={"teacher_hidden": e * tokens * t.hidden,
                   "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.mlp_width),
-                  "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
+                  "distillation_loss": tiles + gathered})
 
 
 def hints(cfg: OPDStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:

@@ -1,7 +1,9 @@
 """On-policy distillation (MedicalGPT's training/opd_training.py): TRL's GKDTrainer (trl.experimental.gkd) on SFT
-conversations. The student is the model this stage starts from (trained: LoRA, QLoRA or full, as planned); the
-teacher (an earlier stage's output or a model directory) is loaded frozen beside it in every worker, in bf16 (fp32 on
-CPU) or NF4 (teacher_quantization 4bit, QLoRA's loader). Held-out: the generalized JSD at `beta`, per answer token,
+conversations, its loss on TRL's chunked divergence over both models' hidden states and heads cut to the tokenizer
+(trainer_kit/chunked_jsd.py: no [tokens x vocabulary] logits of either model). The student is the model this stage
+starts from (trained: LoRA, QLoRA or full, as planned); the teacher (an earlier stage's output or a model directory)
+is loaded frozen beside it in every worker, in bf16 (fp32 on CPU) or NF4 (teacher_quantization 4bit, QLoRA's
+loader). Held-out: the generalized JSD at `beta`, per answer token,
 on the reference answers (eval_jsd), before and after training."""
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
+from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples, merging_behaviour
 from medgpt_ray.trainer_kit.sharding import ShardLoader
@@ -31,13 +34,16 @@ from medgpt_ray.trainer_kit.static_rollouts import StaticStudentSamples, static_
 
 
 def load_teacher(inp: StageInputs):
-    """The frozen teacher: bf16 on GPU (fp32 where the plan computes in fp32), or NF4 through QLoRA's loader."""
+    """The frozen teacher: bf16 on GPU (fp32 where the plan computes in fp32), or NF4 through QLoRA's loader. A
+    teacher directory must tokenize as the student does (the driver checked it too; this worker's copy may differ)."""
     import torch
 
     cfg = inp.cfg
     path = Path(cfg.teacher_path(inp.needs))
     if not (path / "config.json").is_file():
         raise ValueError(f"opd: teacher '{cfg.teacher}' is not a model directory here (no config.json in {path})")
+    if not cfg.teacher_is_stage and (why := models.vocabulary_difference(Path(inp.model_path), path)) is not None:
+        raise ValueError(f"opd: teacher {path} does not share the student's tokenizer ({inp.model_path}): {why}")
     if cfg.teacher_quantization == "4bit" and not torch.cuda.is_available():
         raise ValueError("opd: teacher_quantization '4bit' needs a CUDA GPU (bitsandbytes NF4); this process has "
                          "none: use 'none' on CPU")
@@ -75,11 +81,12 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
     merged = merging_behaviour(inp.plan.rollout, MergedStudentSamples)
     static = static_decoding(inp.plan, cfg)  # as grpo's
-    trainer = trainer_class(GKDTrainer, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
+    trainer = trainer_class(GKDTrainer, ChunkedJSD, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
                             *((StaticStudentSamples,) if static else ()))(
         model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
         train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
         shard=data.shard, **(static or {}))
+    trainer.vocab_size = len(tok)  # both heads cut to it (a 7B teacher's has 152,064 rows, a 1.5B student's 151,936)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_prompt_too_long": skipped["prompt_too_long"],
                               "overlong": skipped["overlong"],

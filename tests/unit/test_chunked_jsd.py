@@ -1,0 +1,105 @@
+"""opd's chunked generalized JSD (trainer_kit/chunked_jsd.py, issue 49 item 1) against TRL's own
+GKDTrainer.generalized_jsd_loss on the full logits: loss and the student's LoRA gradients within 1e-4, for beta 0,
+0.5 and 1, with a label mask (prompt and padding) and with and without `num_items_in_batch`; the teacher's head
+longer than the tokenizer (as Qwen2.5-7B's is beside 1.5B's) is cut to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medgpt_ray import models
+from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, head_weight
+
+EXTRA_ROWS = 64  # the teacher's head past the tokenizer, as checkpoints pad theirs
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model):
+    """A LoRA student (the tiny model, adapters made non-zero so they matter) and a different, frozen teacher whose
+    head has EXTRA_ROWS more rows than the tokenizer."""
+    from peft import get_peft_model
+
+    from medgpt_ray.config import LoraConfig
+
+    torch.manual_seed(0)
+    base = models.load_causal_lm(tiny_model, "fp32", "lora")
+    student = get_peft_model(base, models.lora_config(LoraConfig(rank=4, alpha=8, dropout=0.0), "CAUSAL_LM", base))
+    with torch.no_grad():
+        for name, p in student.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    teacher = models.load_causal_lm(tiny_model, "fp32", "full")
+    vocab = teacher.config.vocab_size
+    teacher.resize_token_embeddings(vocab + EXTRA_ROWS)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    teacher.requires_grad_(False)
+    return student.train(), teacher.eval(), vocab
+
+
+def _batch(vocab: int) -> dict[str, torch.Tensor]:
+    """Two rows, right-padded: prompts (no target) then answers; the second row shorter."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, vocab, (2, 40), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 31:] = 0
+    labels = ids.clone()
+    labels[0, :12] = -100
+    labels[1, :20] = -100
+    labels[mask == 0] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _reference(student, teacher, batch, vocab: int, beta: float, items) -> torch.Tensor:
+    from trl.experimental.gkd import GKDTrainer
+
+    s = student(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1, :vocab]
+    with torch.no_grad():
+        t = teacher(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1, :vocab]
+    return GKDTrainer.generalized_jsd_loss(s, t, labels=batch["labels"][:, 1:], beta=beta, num_items_in_batch=items)
+
+
+def _chunked(student, teacher, batch, vocab: int, beta: float, items) -> torch.Tensor:
+    trainer = ChunkedJSD()  # the mixin's compute_loss alone, with what GKDTrainer would hold
+    trainer.teacher_model, trainer.beta, trainer.vocab_size = teacher, beta, vocab
+    return trainer.compute_loss(student, batch, num_items_in_batch=items)
+
+
+def _grads(student, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    student.zero_grad()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("items", [None, 37])
+def test_the_chunked_loss_and_gradients_are_gkds(pair, beta, items):
+    student, teacher, vocab = pair
+    batch = _batch(vocab)
+    want = _reference(student, teacher, batch, vocab, beta, items)
+    want_grads = _grads(student, want)
+    got = _chunked(student, teacher, batch, vocab, beta, items)
+    got_grads = _grads(student, got)
+    assert got.item() == pytest.approx(want.item(), abs=1e-4) and want.item() > 1e-3
+    assert got_grads.keys() == want_grads.keys() and all("lora_" in n for n in got_grads) and len(got_grads) > 4
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_the_teachers_longer_head_is_cut_to_the_tokenizer(pair):
+    """TRL's GKD loss on the uncut logits fails on this pair (the stack of two vocabularies); cut, it is the loss."""
+    from trl.experimental.gkd import GKDTrainer
+
+    student, teacher, vocab = pair
+    assert teacher.get_output_embeddings().weight.shape[0] == vocab + EXTRA_ROWS
+    assert head_weight(teacher, vocab).shape[0] == vocab
+    batch = _batch(vocab)
+    with torch.no_grad():
+        s = student(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits[:, :-1]
+        t = teacher(**{k: batch[k] for k in ("input_ids", "attention_mask")}).logits[:, :-1]
+        with pytest.raises(RuntimeError):
+            GKDTrainer.generalized_jsd_loss(s, t, labels=batch["labels"][:, 1:], beta=0.5)
+    with pytest.raises(ValueError, match="fewer than the tokenizer's"):
+        head_weight(student.get_base_model(), vocab + EXTRA_ROWS)
