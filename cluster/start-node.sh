@@ -239,5 +239,5 @@ fi
 note "running: $line"
 note "port $METRICS_PORT answers GET /metrics on every interface without a token (Ray has no bind address for" \
      "it): admit only your Prometheus host, e.g. 'sudo ufw allow from PROM_IP to any port $METRICS_PORT proto tcp" \
-     "&& sudo ufw deny $METRICS_PORT/tcp' (README: Security and data safety)"
+     "&& sudo ufw deny $METRICS_PORT/tcp' (docs/security.md)"
 exec "${cmd[@]}"

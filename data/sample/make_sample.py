@@ -2167,7 +2167,7 @@ held-out pairs ranked chosen-first; the bar of issue 17 is the better baseline +
 
 | where | rm | dpo | orpo | simpo |
 |---|---|---|---|---|
-| `make demo` (configs/tiny-cpu.yaml, seed 42, two Ray workers) | 0.911 | 0.844 | | |
+| `make demo` (configs/tiny-cpu.yaml, seed 42, two Ray workers) | 0.973 | 0.857 | | |
 | its rm and dpo settings from the seed-1 demo's SFT model, one process | 0.918 | 0.805 | | |
 | tiny-cpu-alignment.yaml, seed-42 SFT model, one process (seeds 42; 1) | 0.933 | | 0.810; 0.749 | 0.920; 0.819 (400) |
 | tests/stages/test_pair_learning.py, from the tiny base model, one process | 0.831 | 0.987 | 0.821 | passed (≥ 0.64) |

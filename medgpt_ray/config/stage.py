@@ -1,4 +1,4 @@
-"""The keys every stage kind has (StageConfig, with its field docs: the README's key table is generated from them),
+"""The keys every stage kind has (StageConfig, with its field docs: docs/configs.md's key table is generated from them),
 the ones of the kinds whose examples vary in length, and which keys a stage's fingerprint leaves out."""
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ class OverlongStageConfig(StageConfig):
 
     overlong: Literal["truncate", "skip"] = "truncate"
     """A record longer than seq_len: truncate (cut by the kind's rule) or skip (left out); counted either way in
-    the stage's done line, summary.json and the report. The rule per kind: README "Records longer than seq_len"."""
+    the stage's done line, summary.json and the report. The rule per kind: docs/data.md, "Records longer than
+    seq_len"."""
 
 
 def overlong_policy(cfg: StageConfig) -> str:

@@ -101,7 +101,7 @@ def _card_markdown(info: dict[str, Any]) -> str:
         held = ", ".join(f"{k.removeprefix('eval_')}={v if isinstance(v, int) else f'{v:.3f}'}"
                          for k, v in numbers) or "-"
         lines.append(f"| {s['stage']} ({s['method']}) | {s['from']} | {data} | {s['steps']} | {loss} | {held} |")
-    if info.get("eval_stage"):  # the run's eval stage compared this model (README: the eval stage)
+    if info.get("eval_stage"):  # the run's eval stage compared this model (docs/stages.md: the eval stage)
         lines += ["", *eval_table(info["eval_stage"])]
     lines += ["", "Data hashes are SHA-256 of the prepared Parquet splits in the run's data/ directory (the "
               "full values in medgpt_export.json). Held-out results are the run's own (its held-out split).", ""]

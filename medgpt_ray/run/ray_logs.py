@@ -22,7 +22,7 @@ FORMAT = "%(asctime)s\t%(levelname)s %(name)s %(filename)s:%(lineno)s -- %(messa
 
 class HideOurChoices(logging.Filter):
     """Warnings about what we chose on purpose: Ray Data's progress bars are off (our own progress line replaces
-    them) and token authentication is on (the README's security rules); and one that is wrong for us: "no available
+    them) and token authentication is on (docs/security.md); and one that is wrong for us: "no available
     CPUs ... the Dataset job will hang" when a Dataset starts while our warm-up tasks (clean) or the actor pool
     being built (generate) hold the CPUs for a moment. They stay in the log file."""
 

@@ -1,6 +1,6 @@
 """Records longer than a stage's `seq_len`: the one rule per kind of record, and the counts every stage reports.
 
-The rule (README "Records longer than seq_len"; the stage key `overlong: truncate | skip` chooses where both make
+The rule (docs/data.md, "Records longer than seq_len"; the stage key `overlong: truncate | skip` chooses where both make
 sense):
 
 - blocks (pt): the text is packed into blocks of seq_len; nothing is cut off or left out.

@@ -171,13 +171,14 @@ def test_deepspeed_dict_is_concrete_and_agrees_with_the_plan(tmp_path):
     assert ds["bf16"]["enabled"] is True  # amp-bf16 for full training on GPU
 
 
-def test_readme_stage_keys_are_generated_from_the_config_classes(repo):
-    """The README's per-stage key list is what medgpt_ray.config.keys generates from the field docs (a field
-    without a doc fails here too); regenerate with `python -m medgpt_ray.config.keys README.md`."""
-    from medgpt_ray.config.keys import BEGIN, END, stage_keys_block
+def test_docs_configs_md_stage_keys_are_generated_from_the_config_classes(repo):
+    """docs/configs.md's per-stage key list is what medgpt_ray.config.keys generates from the field docs (a field
+    without a doc fails here too); regenerate with `python -m medgpt_ray.config.keys docs/configs.md`."""
+    from medgpt_ray.config.keys import BEGIN, DOC, END, stage_keys_block
 
-    readme = (repo / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index(BEGIN): readme.index(END) + len(END)]
+    assert DOC == "docs/configs.md"
+    doc = (repo / DOC).read_text(encoding="utf-8")
+    block = doc[doc.index(BEGIN): doc.index(END) + len(END)]
     assert block == stage_keys_block()
     for key in ("`from`", "`needs`", "`eval_steps`", "`lora.rank`", "`beta`", "`placement`"):
         assert key in block

@@ -131,7 +131,7 @@ def readme(truth: dict) -> str:
 
 Written by `make_exam.py` in this folder (do not edit by hand; rerun it). General-practice questions written for
 this project, for a training demo, not clinical advice. The eval stage scores every model of a run on them by the
-log-likelihood of each option and by the letter it generates (README.md: the eval stage).
+log-likelihood of each option and by the letter it generates (docs/stages.md: the eval stage).
 
 | file | records | malformed | format |
 | --- | --- | --- | --- |

@@ -17,10 +17,10 @@ from medgpt_ray.config.stage import StageConfig
 
 
 class EvalStageConfig(StageConfig):
-    """Held-out loss of every model, generations judged by the reward model, exam accuracy (README: the eval stage).
-    The training keys (lr, epochs, ...) are unused; `seq_len` bounds every scored sequence, `method` and `precision`
-    decide only how the models are loaded (the planner plans the stage like an SFT LoRA stage: frozen weights and one
-    micro-batch of activations, an upper bound of a forward pass and a generation's KV cache)."""
+    """Held-out loss of every model, generations judged by the reward model, exam accuracy (docs/stages.md: the eval
+    stage). The training keys (lr, epochs, ...) are unused; `seq_len` bounds every scored sequence, `method` and
+    `precision` decide only how the models are loaded (the planner plans the stage like an SFT LoRA stage: frozen
+    weights and one micro-batch of activations, an upper bound of a forward pass and a generation's KV cache)."""
 
     num_workers: Literal[1] = 1
     """The eval stage runs in one process (one GPU when the run has GPUs)."""
