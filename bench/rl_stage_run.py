@@ -47,7 +47,7 @@ import real_length_throughput as rlt  # noqa: E402
 RESULTS = "rl_stage_run.json"
 TRAINED = ("sft", "rm")
 RL = ("grpo", "rloo")
-# What TRL logs per step that says how generation went, besides our generation counters (kinds/grpo/stage.py).
+# What TRL logs per step that says how generation went, besides our generation counters (stages/online_rl.py).
 RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions/max_length",
            "generation/generations_per_s", "generation/tokens_per_s", "tokens_per_s", "gpu_peak_gib", "time_s")
 

@@ -73,7 +73,8 @@ def implicit_rewards(trainer: Any, prompts: list[str], completions: list[str], b
 
 def pair_accuracy(trainer: Any, pairs: Any, batch_size: int) -> dict[str, Any]:
     """eval_reward_accuracy (chosen's implicit reward above rejected's), eval_reward_margin (mean difference) and
-    eval_pairs over `pairs` (a dataset of rendered prompt/chosen/rejected texts, kinds/dpo/stage.preference_texts)."""
+    eval_pairs over `pairs` (a dataset of rendered prompt/chosen/rejected texts,
+    stages/preference_rows.preference_texts)."""
     if pairs is None or len(pairs) == 0:
         return {"eval_reward_accuracy": None, "eval_reward_margin": None, "eval_pairs": 0}
     chosen = implicit_rewards(trainer, pairs["prompt"], pairs["chosen"], batch_size)

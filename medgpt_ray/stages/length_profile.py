@@ -63,7 +63,7 @@ def measure(stage: str, cfg: StageConfig, template_name: str, base_model: Path, 
 def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageConfig) -> LengthProfile:
     """GRPO: each prompt as the stage renders it (cut to seq_len - max_completion_length, or left out, by
     `overlong`), plus the max_completion_length tokens a generated batch is padded up to."""
-    from medgpt_ray.kinds.dpo.stage import rendered_prompts
+    from medgpt_ray.stages.preference_rows import rendered_prompts
 
     _, _, prompt_lens, tools_unsupported = rendered_prompts(records, tok, template)
     room, policy = cfg.seq_len - cfg.max_completion_length, overlong_policy(cfg)
@@ -75,8 +75,8 @@ def _prompt_profile(records: list[dict], total: int, tok, template, cfg: StageCo
 
 def _pairs_per_row(records: list[dict], tok, template, cfg: StageConfig) -> float | None:
     """The sample's pairs per packed row (stages/reward_packing.py); None when none of them fits."""
-    from medgpt_ray.kinds.rm.stage import encode_pairs
     from medgpt_ray.stages import packing, reward_packing
+    from medgpt_ray.stages.pair_rows import encode_pairs
 
     try:
         encoded = encode_pairs(records, tok, template, cfg.seq_len, overlong_policy(cfg))[0]
@@ -101,8 +101,8 @@ def _no_progress_bars() -> Iterator[None]:
 
 
 def _sft_profile(records: list[dict], total: int, tok, template, cfg: StageConfig, packed: bool) -> LengthProfile:
-    from medgpt_ray.kinds.sft.stage import encode_conversations
     from medgpt_ray.stages import packing
+    from medgpt_ray.stages.conversation_rows import encode_conversations
 
     encoded, skipped = encode_conversations(records, tok, template, cfg.seq_len, overlong_policy(cfg))
     lengths = [len(x) for x in encoded["input_ids"]]

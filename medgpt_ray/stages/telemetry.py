@@ -19,7 +19,7 @@ GIB = 2**30
 # NVML clocks-event reasons that mean "slowed down" (not idle or app-clock settings): SW power cap, HW slowdown,
 # SW/HW thermal slowdown, power brake.
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
-# What TRL's GRPOTrainer and RLOOTrainer (and kinds/grpo/stage.py) log, exported as the RL gauges.
+# What TRL's GRPOTrainer and RLOOTrainer (and stages/online_rl.py) log, exported as the RL gauges.
 RL_LOGS = (("kl", "medgpt_rl_kl"), ("completions/mean_length", "medgpt_rl_completion_length"),
            ("generation/generations_per_s", "medgpt_rl_generations_per_second"),
            ("generation/tokens_per_s", "medgpt_rl_generation_tokens_per_second"))

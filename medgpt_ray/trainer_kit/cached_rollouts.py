@@ -5,7 +5,7 @@ gradient checkpointing, so every new token of the student's samples re-runs the 
 (measured on the tiny model: decode forwards of 44, 45, ... 49 tokens instead of 1). The cache is safe there: TRL
 generates inside `unwrap_model_for_generation`, which switches checkpointing off for the call, and generate runs
 without gradients, where transformers 5.24 keeps the cache even on a checkpointing layer. GKDConfig has no
-`generation_kwargs` (GRPO's and RLOO's rollouts say `use_cache` through theirs: kinds/grpo/stage.py online_kwargs),
+`generation_kwargs` (GRPO's and RLOO's rollouts say `use_cache` through theirs: stages/online_rl.py online_kwargs),
 so the trainer's own generation config is set after TRL built it. tests/stages/test_rollout_kv_cache.py."""
 
 from __future__ import annotations

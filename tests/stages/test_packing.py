@@ -15,9 +15,9 @@ from medgpt_ray import models, templates
 from medgpt_ray.config import ConfigError, LoraConfig, SFTStageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.data.shards import num_rows, read_records
-from medgpt_ray.kinds.sft.stage import encode_conversations
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import build_stage
+from medgpt_ray.stages.conversation_rows import encode_conversations
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.trainer_kit import packed_attention, packed_rows
 

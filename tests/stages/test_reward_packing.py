@@ -16,10 +16,10 @@ from medgpt_ray import models, templates
 from medgpt_ray.config import LoraConfig, RMStageConfig
 from medgpt_ray.data.prepare import prepare_kind
 from medgpt_ray.data.shards import num_rows, read_records
-from medgpt_ray.kinds.rm.stage import encode_pairs
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.stages import build_stage, reward_packing, run_stage
 from medgpt_ray.stages.inputs import StageInputs
+from medgpt_ray.stages.pair_rows import encode_pairs
 from medgpt_ray.stages.reward_trainer import PackedRewardTrainer
 from medgpt_ray.trainer_kit import packed_attention, packed_rows
 from tests.stages.test_stages import EASY_PAIRS

@@ -72,7 +72,7 @@ def test_grpo_rollouts_use_the_kv_cache_under_checkpointing(prompts, trained_che
     widths = ForwardWidths(trainer.model)
     trainer.train()
     widths.assert_cached()
-    # RLOO's rollout is configured by the same keywords (kinds/grpo/stage.py online_kwargs) and generates as GRPO.
+    # RLOO's rollout is configured by the same keywords (stages/online_rl.py online_kwargs) and generates as GRPO.
     assert rloo_args(replace(inp, stage="rloo", cfg=_rloo_config(inp))).generation_kwargs == {"use_cache": True}
 
 

@@ -274,7 +274,7 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
     answers are the loss, observations and the tool schemas (in the system turn) are context only."""
     from medgpt_ray import models, templates
     from medgpt_ray.data.shards import read_records
-    from medgpt_ray.kinds.sft.stage import encode_conversations
+    from medgpt_ray.stages.conversation_rows import encode_conversations
 
     d = prepare_kind("sft", [str(repo / "data/sample/formats/sft_sharegpt_tools.jsonl")], tmp_path, 0.1)
     records = [r for r in read_records(d.train_file) + read_records(d.eval_file) if r.get("tools")]
@@ -303,9 +303,9 @@ def test_tool_calls_are_trained_and_tool_results_are_not(repo, tiny_model, tmp_p
 def test_preference_pairs_with_tools_render_their_schemas(repo, tiny_model, tmp_path):
     from medgpt_ray import models, templates
     from medgpt_ray.data.shards import read_records
-    from medgpt_ray.kinds.dpo.stage import preference_texts
-    from medgpt_ray.kinds.rm.stage import encode_pairs
     from medgpt_ray.stages.overlong import ANSWER_FLOOR
+    from medgpt_ray.stages.pair_rows import encode_pairs
+    from medgpt_ray.stages.preference_rows import preference_texts
 
     d = prepare_kind("preference", [str(repo / "data/sample/formats/preference_sharegpt.jsonl")], tmp_path, 0.1)
     records = read_records(d.train_file) + read_records(d.eval_file)

@@ -35,7 +35,7 @@ def qwen3_model(tiny_model, tmp_path_factory) -> Path:
 
 
 def test_sft_with_the_tokenizers_own_template(repo, qwen3_model, tmp_path):
-    from medgpt_ray.kinds.sft.stage import encode_conversations
+    from medgpt_ray.stages.conversation_rows import encode_conversations
 
     d = prepare_kind("sft", [str(repo / "data/sample/sft_sharegpt.jsonl")], tmp_path / "data", 0.1, max_records=16)
     tok = models.load_tokenizer(qwen3_model)
@@ -59,9 +59,9 @@ def test_sft_with_the_tokenizers_own_template(repo, qwen3_model, tmp_path):
 
 def test_tools_preferences_and_prompts_render_with_it(repo, qwen3_model, tmp_path):
     from medgpt_ray.generation.prompts import render_prompt, stop_token_ids
-    from medgpt_ray.kinds.dpo.stage import preference_texts
-    from medgpt_ray.kinds.rm.stage import encode_pairs
-    from medgpt_ray.kinds.sft.stage import encode_conversations
+    from medgpt_ray.stages.conversation_rows import encode_conversations
+    from medgpt_ray.stages.pair_rows import encode_pairs
+    from medgpt_ray.stages.preference_rows import preference_texts
 
     tok, auto = models.load_tokenizer(qwen3_model), templates.AUTO
     sft = prepare_kind("sft", [str(repo / "data/sample/formats/sft_sharegpt_tools.jsonl")], tmp_path / "s", 0.1)

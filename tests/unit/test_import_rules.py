@@ -134,12 +134,36 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _kind_of(module: str) -> str | None:
+    """`sft` for kinds.sft.stage; None outside a kind's package (kinds/ itself, or another package)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "kinds" and len(parts) >= 2 else None
+
+
+def _kind_crossings(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from one kind into another, and from stages/ into any kind: what they share belongs below them."""
+    out = []
+    for module, deps in graph.items():
+        own = _kind_of(module)
+        for dep in deps:
+            theirs = _kind_of(dep)
+            if theirs is None or module == KIND_MEMORY_LOADER:  # the loader's edges are lookups by name
+                continue
+            if (own is not None and theirs != own) or module.split(".")[0] == "stages":
+                out.append(f"{module} -> {dep}")
+    return sorted(out)
+
+
 def test_ray_is_imported_only_at_the_edges():
     assert _ray_outside_edges(_graph()) == [], f"Ray imported outside {sorted(RAY_ALLOWED)}"
 
 
 def test_imports_go_down_the_layers():
     assert _upward(_graph()) == []
+
+
+def test_no_kind_imports_another_and_stages_import_none():
+    assert _kind_crossings(_graph()) == []
 
 
 def test_no_import_cycles():
@@ -171,6 +195,13 @@ def test_the_rules_can_fail(tmp_path):
               "kinds.x.stage": {"generation.engine"}, "stages.inputs": set(), "models": set()}
     assert _ray_outside_edges(engine) == ["generation.engine"]  # the engine runs in any process
     assert _upward(engine) == ["generation.engine -> infer.batch", "generation.engine -> stages.inputs"]
+    # A kind importing another kind's stage, and stages/ importing a kind (even inside a function), both fail; a
+    # kind's own modules, the kinds/ root and the memory loader's lookups by name do not.
+    crossings = {"kinds.kto.stage": {"kinds.dpo.stage", "kinds.kto.config", "stages.inputs"},
+                 "stages.length_profile": {"kinds.sft.stage"}, "kinds.eval.stage": {"kinds.eval.scores"},
+                 "memory.profiles": {"kinds.grpo.memory"}, "kinds.rloo.memory": {"memory.online_rl"}}
+    assert _kind_crossings(crossings) == ["kinds.kto.stage -> kinds.dpo.stage",
+                                          "stages.length_profile -> kinds.sft.stage"]
 
 
 def test_the_clean_command_does_not_import_torch():

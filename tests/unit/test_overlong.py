@@ -46,7 +46,7 @@ TOOLS = [{"type": "function", "function": {"name": "query_drug_info", "descripti
 
 
 def test_sft_truncates_at_turn_boundaries_skips_a_long_tools_block_and_counts_both(tok):
-    from medgpt_ray.kinds.sft.stage import encode_conversations
+    from medgpt_ray.stages.conversation_rows import encode_conversations
 
     def turns(*texts: str) -> list[dict]:
         return [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(texts)]
@@ -69,8 +69,8 @@ def test_sft_truncates_at_turn_boundaries_skips_a_long_tools_block_and_counts_bo
 
 
 def test_pairs_keep_their_prompt_and_prompts_keep_their_end(tok):
-    from medgpt_ray.kinds.dpo.stage import preference_texts
-    from medgpt_ray.kinds.grpo.stage import prompt_rows
+    from medgpt_ray.stages.online_rl import prompt_rows
+    from medgpt_ray.stages.preference_rows import preference_texts
 
     q = [{"role": "user", "content": "头痛怎么办？"}]
     pairs = [{"conversations": q, "chosen": "休息" * 100, "rejected": "不管"},  # a long response: cut at its tail

@@ -13,10 +13,10 @@ from transformers import TrainerCallback
 
 from medgpt_ray import models
 from medgpt_ray.config import overlong_policy
-from medgpt_ray.kinds.dpo.stage import preference_texts
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import built_pairs, run_pairs
+from medgpt_ray.stages.preference_rows import preference_texts
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class

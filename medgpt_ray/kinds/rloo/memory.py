@@ -1,13 +1,13 @@
 """The rloo kind's memory terms (docs/ARCHITECTURE.md, "The stage-kind contract"): it follows grpo's memory model
-(kinds/grpo/memory.py: a generation phase, a reward model, a reference when `beta` > 0)."""
+(memory/online_rl.py, as grpo's: a generation phase, a reward model, a reference when `beta` > 0)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from medgpt_ray.kinds.grpo.memory import online_rl_fields, online_rl_hints
 from medgpt_ray.kinds.rloo.config import RLOOStageConfig
 from medgpt_ray.memory.kind_memory import KindMemory
+from medgpt_ray.memory.online_rl import online_rl_fields, online_rl_hints
 
 
 def setup_fields(cfg: RLOOStageConfig, use_gpu: bool) -> dict[str, Any]:

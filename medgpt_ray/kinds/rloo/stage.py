@@ -10,7 +10,7 @@ frozen copy. When rm trained with LoRA from this stage's `from` (reward_shared_b
 reward model is no network either: the rm's adapter + score head on the policy's own base (stages/reward_adapter.py),
 one base holding the policy's adapter, the reward adapter and (all adapters off) the reference.
 
-Built and run as grpo is (kinds/grpo/stage.py build_online/run_online): the same prompt shards in TRL's group order,
+Built and run as grpo is (stages/online_rl.py build_online/run_online): the same prompt shards in TRL's group order,
 generation counters and held-out greedy scores, where `eval_reward_model` (the reward model's mean score of the
 held-out greedy completions, before and after) is the number RLOO raises, beside the accuracy reward against the
 reference answers."""
@@ -22,8 +22,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from medgpt_ray.kinds.grpo.stage import build_online, online_kwargs, run_online
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
+from medgpt_ray.stages.online_rl import build_online, online_kwargs, run_online
 
 
 def rloo_args(inp: StageInputs) -> Any:

@@ -15,14 +15,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from medgpt_ray import models, templates
+from medgpt_ray import models
 from medgpt_ray.config import overlong_policy
 from medgpt_ray.kinds.rm.config import RMStageConfig
 from medgpt_ray.stages import packing, reward_packing
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.outputs import finish_stage
-from medgpt_ray.stages.overlong import LengthTally, pair_outcome
+from medgpt_ray.stages.pair_rows import encode_pairs
 from medgpt_ray.stages.reward_adapter import REWARD_ADAPTER
 from medgpt_ray.stages.score_head import fp32_score_head
 from medgpt_ray.stages.stage_data import open_stage_data
@@ -35,34 +35,6 @@ from medgpt_ray.trainer_kit.sharding import ShardLoader
 def center_rewards_coefficient(inp: StageInputs) -> float | None:
     """rm's own key; a config of the base class (a stage built by hand, without the key) leaves it unset."""
     return inp.cfg.center_rewards_coefficient if isinstance(inp.cfg, RMStageConfig) else None
-
-
-def encode_pairs(records: list[dict], tokenizer, template, seq_len: int, policy: str = "truncate"):
-    """Each pair as prompt + chosen and prompt + rejected token ids. Longer than seq_len: the prompt kept whole and
-    the responses cut at their tail, or the pair skipped, by `policy` (stages/overlong.py's rule); a pair with tools
-    the template cannot render is skipped. Returns (dataset, {"too_long", "tools_unsupported", "overlong"})."""
-    from datasets import Dataset
-
-    chosen, rejected, tools_unsupported = [], [], 0
-    tally = LengthTally(seq_len, policy, "pairs", "pairs")
-    for r in records:
-        try:
-            enc = templates.encode_preference(tokenizer, template, r)
-        except templates.TemplateToolsUnsupported:
-            tools_unsupported += 1  # tools, and the template has no tool format: counted
-            continue
-        prompt, longest = len(enc["prompt_ids"]), max(len(enc["chosen_ids"]), len(enc["rejected_ids"]))
-        outcome = pair_outcome(prompt, longest, seq_len, policy)
-        tally.add(prompt + longest, outcome)
-        if outcome != "skipped":  # never scored on an empty or stub answer
-            chosen.append((enc["prompt_ids"] + enc["chosen_ids"])[:seq_len])
-            rejected.append((enc["prompt_ids"] + enc["rejected_ids"])[:seq_len])
-    if not chosen:
-        raise ValueError(f"rm: none of the {len(records)} pairs can be scored ({tally.skipped} do not fit "
-                         f"seq_len {seq_len}, {tools_unsupported} have tools template "
-                         f"{template.name!r} cannot render)")
-    return Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected}), {
-        "too_long": tally.skipped, "tools_unsupported": tools_unsupported, "overlong": tally}
 
 
 # rm packs whole pairs into rows of 2 x seq_len tokens (stages/reward_packing.py).
