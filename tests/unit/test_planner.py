@@ -300,9 +300,9 @@ def test_plan_json_round_trips_with_typed_placement_and_prediction():
     assert back.placement == plan.placement and back.prediction == plan.prediction and back == plan
 
 
-def test_reference_free_methods_are_planned_with_full_logits_and_no_reference():
-    """orpo and simpo (memory kind "orpo"): chosen and rejected in one forward like DPO, no reference pass, and
-    TRL's ORPO/CPO trainers build the full logits (no fused CE) — more loss memory than DPO's chunked head."""
+def test_reference_free_methods_are_planned_on_the_chunked_head_and_no_reference():
+    """orpo and simpo (memory kind "orpo"): chosen and rejected in one forward like DPO, no reference pass, and the
+    loss on TRL's chunked LM head (trainer_kit/fused_preference.py): DPO's loss memory, not the full logits'."""
     from medgpt_ray.config import DPOStageConfig, ORPOStageConfig, SimPOStageConfig
     from medgpt_ray.memory.estimator import TrainSetup, estimate
 
@@ -311,13 +311,13 @@ def test_reference_free_methods_are_planned_with_full_logits_and_no_reference():
     for cls in (ORPOStageConfig, SimPOStageConfig):
         stage = "orpo" if cls is ORPOStageConfig else "simpo"
         plan = plan_stage(stage, cls(**kw), 1, True, Q7, budget)
-        assert not plan.fused_ce and plan.prediction.peak_gib <= 22.0
-        assert plan.prediction.breakdown_gib["loss"] > 1.0  # 2 x micro-batch x 1024 tokens x 152k logits
+        assert plan.fused_ce and plan.prediction.peak_gib <= 22.0
+        assert plan.prediction.breakdown_gib["loss"] < 1.0  # no 2 x micro-batch x 1024 tokens x 152k logits
         assert plan.train_setup(cls(**kw)).stage == "orpo" and not plan.compile
+        with pytest.raises(ConfigError, match=f"stages.{stage}.fused_ce: false is not available"):
+            plan_stage(stage, cls(**kw, fused_ce=False), 1, True, Q7, budget)
     dpo = dict(stage="dpo", method="lora", precision="bf16", micro_batch=2, seq_len=1024, ckpt_fraction=1.0,
                fused_ce=True)
-    assert estimate(Q7, TrainSetup(**{**dpo, "stage": "orpo", "fused_ce": False})).breakdown_gib()["loss"] > \
+    assert estimate(Q7, TrainSetup(**{**dpo, "stage": "orpo"})).breakdown_gib()["loss"] == \
         estimate(Q7, TrainSetup(**dpo)).breakdown_gib()["loss"]
-    with pytest.raises(ConfigError, match="stages.orpo.fused_ce"):
-        plan_stage("orpo", ORPOStageConfig(**kw, fused_ce=True), 1, True, Q7, budget)
     assert plan_stage("dpo", DPOStageConfig(**kw), 1, True, Q7, budget).fused_ce

@@ -1,6 +1,7 @@
 """ORPO: TRL's ORPOTrainer (trl.experimental.orpo): the NLL of the chosen answer plus an odds-ratio term against
 the rejected one, with no reference model, so it can start from the base model as well as from SFT. Held-out
-accuracy is TRL's: chosen ranked first by the length-normalised log-probability."""
+accuracy is TRL's: chosen ranked first by the length-normalised log-probability. Its concatenated forward runs on
+TRL's chunked LM head (trainer_kit/fused_preference.py: no full logits)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from medgpt_ray.stages.preference_rows import preference_texts
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.fused_preference import FusedORPO, add_fused_head
 from medgpt_ray.trainer_kit.pair_tokens import PairTokenCount
 from medgpt_ray.trainer_kit.sharding import ShardLoader
 
@@ -34,10 +36,11 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     lora = peft_config is not None
+    add_fused_head(model)  # before PEFT wraps it: the concatenated forward's log-probabilities without logits
     model, peft_config = models.lora_without_kbit_prep(model, peft_config, inp.seed)  # QLoRA: no fp32 upcast
     kwargs = {**training_kwargs(inp), "include_num_input_tokens_seen": "no"}  # PairTokenCount counts
     args = ORPOConfig(**kwargs, beta=inp.cfg.beta, max_length=inp.cfg.seq_len, dataset_num_proc=None)
-    trainer = trainer_class(ORPOTrainer, PairTokenCount, ShardLoader)(
+    trainer = trainer_class(ORPOTrainer, FusedORPO, PairTokenCount, ShardLoader)(
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
         peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=shard,
         group_by_length=inp.cfg.group_by_length)

@@ -1,5 +1,6 @@
 """The simpo kind's memory terms (docs/ARCHITECTURE.md, "The stage-kind contract"): it follows orpo's memory model
-(TRL's CPO trainer; kinds/orpo/memory.py), with an NLL term on the chosen half only when `cpo_alpha` > 0."""
+(TRL's CPO trainer on the chunked LM head; kinds/orpo/memory.py), with an NLL term on the chosen half only when
+`cpo_alpha` > 0."""
 
 from __future__ import annotations
 
