@@ -12,9 +12,30 @@ Both heads are cut to the tokenizer's length: checkpoints pad their heads past t
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
+
+HIDDEN_ONLY = "medgpt_last_hidden_only"  # the keyword the student's forward returns its last hidden state for
+
+
+def add_hidden_state_output(model: Any) -> None:
+    """Let `model(..., medgpt_last_hidden_only=True)` return the decoder's last hidden state [B, L, H] and no logits;
+    without it the forward is the original one (generation is unchanged). Patched on the causal LM before PEFT wraps
+    it, as TRL's add_fused_lm_head is, so the call goes through DDP's and PEFT's wrappers: DDP's gradient sync hooks
+    in at its own forward, which a call to the inner decoder would skip."""
+    original = model.forward
+
+    @functools.wraps(original)  # generate validates its model kwargs against the original signature
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not kwargs.pop(HIDDEN_ONLY, False):
+            return original(*args, **kwargs)
+        # PEFT hands on the causal LM's own arguments: the decoder takes no labels, and the Nones are defaults
+        kept = {k: v for k, v in kwargs.items() if v is not None and k != "labels"}
+        return model.base_model(*args, **{**kept, "use_cache": False}).last_hidden_state
+
+    model.forward = forward
 
 
 def backbone(model: Any) -> Any:
@@ -39,7 +60,8 @@ def head_weight(model: Any, vocab: int) -> torch.Tensor:
 
 
 def last_hidden(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, L - 1, H]: each position's state that predicts the next token."""
+    """[B, L - 1, H]: each position's state that predicts the next token, of a model no wrapper trains (the
+    teacher)."""
     out = backbone(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return out.last_hidden_state[:, :-1]
 
@@ -73,7 +95,7 @@ class ChunkedJSD:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        student = last_hidden(model, ids, mask)
+        student = model(input_ids=ids, attention_mask=mask, **{HIDDEN_ONLY: True})[:, :-1]  # through DDP and PEFT
         self.teacher_model.eval()
         with torch.no_grad():
             teacher = last_hidden(self.teacher_model, ids, mask)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from medgpt_ray import models
-from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, head_weight
+from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, add_hidden_state_output, head_weight
 
 EXTRA_ROWS = 64  # the teacher's head past the tokenizer, as checkpoints pad theirs
 
@@ -24,6 +24,7 @@ def pair(tiny_model):
 
     torch.manual_seed(0)
     base = models.load_causal_lm(tiny_model, "fp32", "lora")
+    add_hidden_state_output(base)  # as the stage does, before PEFT
     student = get_peft_model(base, models.lora_config(LoraConfig(rank=4, alpha=8, dropout=0.0), "CAUSAL_LM", base))
     with torch.no_grad():
         for name, p in student.named_parameters():
@@ -103,3 +104,23 @@ def test_the_teachers_longer_head_is_cut_to_the_tokenizer(pair):
             GKDTrainer.generalized_jsd_loss(s, t, labels=batch["labels"][:, 1:], beta=0.5)
     with pytest.raises(ValueError, match="fewer than the tokenizer's"):
         head_weight(student.get_base_model(), vocab + EXTRA_ROWS)
+
+
+def test_the_student_runs_through_ddp_and_peft(pair, tmp_path):
+    """A worker's student is DDP-wrapped (its gradient sync hooks in at DDP's forward): the loss goes through the
+    wrapper to the hidden state (add_hidden_state_output), and equals the unwrapped student's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    student, teacher, vocab = pair
+    batch = _batch(vocab)
+    want = _chunked(student, teacher, batch, vocab, 0.5, None).item()
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        wrapped = DistributedDataParallel(student)
+        got = _chunked(wrapped, teacher, batch, vocab, 0.5, None)
+        got.backward()
+        assert got.item() == pytest.approx(want, abs=1e-6)
+        assert any(p.grad is not None for n, p in student.named_parameters() if "lora_" in n)
+    finally:
+        dist.destroy_process_group()

@@ -26,7 +26,7 @@ from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
-from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD
+from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, add_hidden_state_output
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples, merging_behaviour
 from medgpt_ray.trainer_kit.sharding import ShardLoader
@@ -72,6 +72,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
                                               overlong_policy(cfg))
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
     model.generation_config.eos_token_id = stop_ids(tok, template)  # GKDTrainer samples until one of these
+    add_hidden_state_output(model)  # before PEFT wraps it: ChunkedJSD's forward without logits
     peft_config = models.lora_config(cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     args = GKDConfig(**training_kwargs(inp), max_length=None, packing=False, dataset_num_proc=None,
                      lmbda=cfg.lmbda, beta=cfg.beta, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens,
