@@ -84,6 +84,10 @@ def measure(c: dict[str, Any]) -> dict[str, Any]:
     except torch.OutOfMemoryError:
         out["status"] = "oom"
     out["wall_s"] = round(time.perf_counter() - t0, 1)
+    metrics = work / "runs" / c["id"] / "metrics.jsonl"  # the stage's own per-step counts (StageProgress)
+    if metrics.is_file():
+        steps = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+        out["tokens_per_s"] = [round(r["tokens_per_s"]) for r in steps if "tokens_per_s" in r]
     if c["gpu"]:
         out["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
         out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
@@ -139,11 +143,11 @@ def main() -> None:
             print(f"{r['id']}: {r['status']} measured {r.get('peak_allocated_gib', '-')} GiB, predicted "
                   f"{r.get('predicted_gib', 0):.2f} GiB ({r.get('predicted_moment', '-')})", flush=True)
             runs.append(r)
-    doc = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(0) if gpu else "cpu",
-           "versions": {m: __import__(m).__version__ for m in ("torch", "transformers", "trl", "peft")},
-           "runs": runs}
-    if a.out:
-        Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+            doc = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+                   "versions": {m: __import__(m).__version__ for m in ("torch", "transformers", "trl", "peft")},
+                   "runs": runs}
+            if a.out:  # after every configuration: a run cut short keeps what it measured
+                Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -144,7 +144,11 @@ def decode(model: Any, input_ids: Any, attention_mask: Any, call: DecodeCall, ca
     stream = DeferredStream(call.streamer, device) if call.streamer is not None else None
     if stream is not None:
         call.streamer.put(input_ids.cpu())  # as generate does: a streamer skips the prompt itself
-    scores = last_scores(base(input_ids=input_ids, attention_mask=padding, position_ids=positions, **forward).logits)
+    # The prefill sees the prompt's own mask, as generate's does: a linear-attention layer's padding mask is the 2D
+    # mask's trailing columns (transformers' create_recurrent_attention_mask), which over the cache-wide `padding`
+    # would be columns past the prompt, and the left padding would enter its recurrent state.
+    scores = last_scores(base(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                              **forward).logits)
     following = positions[:, -1:] + 1
     rows_state = RowState(rows, call.max_new_tokens, device)
     draws = sampler.Sampler(rows, scores.shape[-1], device, call.held)
