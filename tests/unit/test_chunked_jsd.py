@@ -106,21 +106,35 @@ def test_the_teachers_longer_head_is_cut_to_the_tokenizer(pair):
         head_weight(student.get_base_model(), vocab + EXTRA_ROWS)
 
 
-def test_the_student_runs_through_ddp_and_peft(pair, tmp_path):
-    """A worker's student is DDP-wrapped (its gradient sync hooks in at DDP's forward): the loss goes through the
-    wrapper to the hidden state (add_hidden_state_output), and equals the unwrapped student's."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+DDP_CHECK = """
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from tests.unit import test_chunked_jsd as t
 
-    student, teacher, vocab = pair
-    batch = _batch(vocab)
-    want = _chunked(student, teacher, batch, vocab, 0.5, None).item()
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        wrapped = DistributedDataParallel(student)
-        got = _chunked(wrapped, teacher, batch, vocab, 0.5, None)
-        got.backward()
-        assert got.item() == pytest.approx(want, abs=1e-6)
-        assert any(p.grad is not None for n, p in student.named_parameters() if "lora_" in n)
-    finally:
-        dist.destroy_process_group()
+student, teacher, vocab = t.pair.__wrapped__(sys.argv[1])
+batch = t._batch(vocab)
+want = t._chunked(student, teacher, batch, vocab, 0.5, None).item()
+dist.init_process_group("gloo", store=dist.FileStore(sys.argv[2], 1), rank=0, world_size=1)
+got = t._chunked(DistributedDataParallel(student), teacher, batch, vocab, 0.5, None)
+got.backward()
+grads = any(p.grad is not None for n, p in student.named_parameters() if "lora_" in n)
+print("RESULT", want, got.item(), grads, flush=True)
+os._exit(0)  # gloo's process group can deadlock in its destructor at exit: nothing is left to tear down
+"""
+
+
+def test_the_student_runs_through_ddp_and_peft(tiny_model, tmp_path, repo):
+    """A worker's student is DDP-wrapped (its gradient sync hooks in at DDP's forward): the loss goes through the
+    wrapper to the hidden state (add_hidden_state_output), and equals the unwrapped student's. In a process of its
+    own: a process group in the test session would outlive the test."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", DDP_CHECK, str(tiny_model), str(tmp_path / "store")], cwd=repo,
+                       capture_output=True, text=True, timeout=300)
+    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, p.stderr[-2000:]
+    want, got, grads = line.split()[1:]
+    assert float(got) == pytest.approx(float(want), abs=1e-6) and grads == "True"
