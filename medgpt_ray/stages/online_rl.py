@@ -23,10 +23,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from medgpt_ray import models
-from medgpt_ray.config import overlong_policy
+from medgpt_ray.config import overlong_policy, reward_model_kind
 from medgpt_ray.stages.callbacks import stage_callbacks
 from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
-from medgpt_ray.stages.outputs import finish_stage, policy_in_eval, write_result
+from medgpt_ray.stages.outputs import HELD_OUT, finish_stage, policy_in_eval, write_result
 from medgpt_ray.stages.overlong import LengthTally, prompt_outcome
 from medgpt_ray.stages.preference_rows import rendered_prompts
 from medgpt_ray.stages.reward_adapter import SharedBaseScore, reward_adapter_for
@@ -110,7 +110,7 @@ def build_online(inp: StageInputs, trl_class: Any, make_args: Callable[[StageInp
     shared = shared_base_scorer(inp)
     rewards = reward_functions(cfg.reward_funcs, length_target=cfg.free_length,
                                max_completion_length=cfg.max_completion_length,
-                               reward_model_dir=inp.needs.get("rm"), device=device, stage=inp.stage,
+                               reward_model_dir=inp.needs.get(reward_model_kind()), device=device, stage=inp.stage,
                                remote=shared or inp.reward_scorer, clip=clip)
     # FractionAtEveryForward: the rollout re-enables checkpointing on every layer; the plan's fraction is restored.
     merged = merging_behaviour(inp.plan.rollout, MergedRollouts)
@@ -138,9 +138,10 @@ def shared_base_scorer(inp: StageInputs) -> SharedBaseScore | None:
     """The reward_model reward on the policy's own base (stages/reward_adapter.py) when the config resolved
     reward_shared_base true (config/online_rl.py: a reward_model reward, no actor, the rm trained with LoRA from this
     stage's `from`); its adapter files checked now (a clear error when rm kept none, or kept one of another base)."""
-    if inp.cfg.reward_shared_base is not True or "rm" not in inp.needs:
+    rm = reward_model_kind()
+    if inp.cfg.reward_shared_base is not True or rm not in inp.needs:
         return None
-    return SharedBaseScore(reward_adapter_for(inp.needs["rm"], inp.model_path, inp.stage), inp.needs["rm"])
+    return SharedBaseScore(reward_adapter_for(inp.needs[rm], inp.model_path, inp.stage), inp.needs[rm])
 
 
 def greedy_completions(trainer: Any, prompts: list[str], batch_size: int = 64) -> list[str]:
@@ -196,6 +197,6 @@ def run_online(inp: StageInputs, build_stage: Callable[..., BuiltStage], sink: S
     built.eval_size = 0  # no TRL evaluation: the held-out numbers are the greedy rewards below
     result = finish_stage(inp, built, t0, lambda ev: {})
     after = held_out_rewards(trainer, built.held_out)
-    result["eval"] = {**after, **{f"{k}_before": v for k, v in before.items() if k != "eval_prompts"}}
+    result[HELD_OUT] = {**after, **{f"{k}_before": v for k, v in before.items() if k != "eval_prompts"}}
     write_result(inp, result)
     return result

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 OUTPUTS = ("log_probs", "mean_logits")  # what add_fused_lm_head computes for these trainers
+# TRL's CPO loss types on the answers' mean log-probability (its get_batch_logps' average_log_prob), TRL's words
+AVERAGED_LOSS_TYPES = ("ipo", "simpo")
 
 
 def add_fused_head(model: Any) -> None:
@@ -70,7 +72,7 @@ class FusedCPO:
         cb, logps, mean_logits = _pass(self, model, batch, self.pad_token_id)
         n = batch["chosen_labels"].shape[0]
         answer = cb["concatenated_labels"][:, 1:] != -100
-        if self.loss_type in ("ipo", "simpo"):
+        if self.loss_type in AVERAGED_LOSS_TYPES:
             per_row = _mean(logps, answer, dim=-1)
         else:
             per_row = (logps * answer).sum(-1)

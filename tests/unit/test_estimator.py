@@ -192,35 +192,34 @@ def test_this_sessions_h200_peaks_are_not_under_predicted():
         assert measured <= predicted <= measured * 1.10, (s.stage, predicted)
 
 
-def test_orpo_simpo_and_kto_h200_runs_are_predicted_within_10_percent():
-    """Issue 17's calibration (bench/results/real_length_throughput_1.5b_h200_orpo_simpo_kto.json): the plans that
-    ran on the H200 under the 24 GiB cap, peaks at or above the measured ones and within 10 %, tokens/s within 10 %
-    of the measured medians. SimPO (cpo_alpha 0) has no NLL term: its loss keeps less than ORPO's."""
+def test_kto_h200_run_is_predicted_within_10_percent():
+    """Issue 17's calibration (bench/results/real_length_throughput_1.5b_h200_orpo_simpo_kto.json): the plan that
+    ran on the H200 under the 24 GiB cap, its peak at or above the measured one and within 10 %, tokens/s within 10 %
+    of the measured median. The same file's orpo and simpo rows measured TRL's trainers on the full logits, which the
+    stages no longer run (trainer_kit/fused_preference.py: the chunked head); their chunked runs are still to be
+    measured (issue 49 item 6). What the chunked head leaves out is the loss over the logits: at least the bytes the
+    full-logit runs measured beyond the plan's layers."""
     from medgpt_ray.memory.throughput import spec_for, tokens_per_second
 
     q15, h200 = PRESETS["qwen2.5-1.5b"], spec_for("NVIDIA H200")
-    orpo = setup(stage="orpo", micro_batch=4, ckpt_fraction=0.857, fused_kernels=True, grad_accum=4)
-    simpo = replace(orpo, nll_term=False)
     kto = setup(stage="kto", micro_batch=16, ckpt_fraction=0.643, fused_ce=True, fused_kernels=True, compiled=True,
                 kl_batch=True)
-    for s, peak, tokens_s in ((orpo, 17.726, 7923), (simpo, 15.404, 7971), (kto, 18.881, 9553)):
-        predicted = estimate(q15, s).peak_gib
-        assert peak <= predicted <= peak * 1.10, (s.stage, s.nll_term, predicted)
-        assert tokens_per_second(q15, s, h200) == pytest.approx(tokens_s, rel=0.10), (s.stage, s.nll_term)
-    assert estimate(q15, simpo).peak_gib < estimate(q15, orpo).peak_gib - 2.0
+    predicted = estimate(q15, kto).peak_gib
+    assert 18.881 <= predicted <= 18.881 * 1.10, predicted
+    assert tokens_per_second(q15, kto, h200) == pytest.approx(9553, rel=0.10)
+    orpo = setup(stage="orpo", micro_batch=4, ckpt_fraction=0.857, fused_kernels=True, grad_accum=4)
+    logits_gib = 2 * 4 * 1024 * q15.vocab * 6.8 / 2**30  # SimPO's measured ~6.8 B a logit, the smaller of the two
+    assert estimate(q15, orpo).peak_gib < 15.404 - 0.9 * logits_gib
 
 
-def test_full_fine_tuning_orpo_simpo_kto_on_05b_h200_runs_are_predicted():
+def test_full_fine_tuning_kto_on_05b_h200_run_is_predicted():
     """Issue 17's second configuration (bench/results/real_length_throughput_0.5b_h200_full_orpo_simpo_kto.json,
-    Qwen2.5-0.5B, full, amp-bf16, 24 GiB cap): orpo and simpo ran at or under the plan; kto died at 23.69 GiB
-    allocated where 21.93 was predicted (its step 1 peaked at 20.23 before Adam's states, 3.68 GiB, existed), so the
-    full-KTO estimate must now cover ~23.91."""
+    Qwen2.5-0.5B, full, amp-bf16, 24 GiB cap): kto died at 23.69 GiB allocated where 21.93 was predicted (its step 1
+    peaked at 20.23 before Adam's states, 3.68 GiB, existed), so the full-KTO estimate must now cover ~23.91. The
+    file's orpo and simpo rows measured the full-logit trainers the stages no longer run (see above)."""
     q05 = PRESETS["qwen2.5-0.5b"]
     base = dict(method="full", precision="amp-bf16", fused_kernels=True)
-    orpo = setup(stage="orpo", micro_batch=4, grad_accum=4, ckpt_fraction=0.875, **base)
-    simpo = setup(stage="orpo", micro_batch=4, grad_accum=4, ckpt_fraction=0.625, nll_term=False, **base)
     kto = setup(stage="kto", micro_batch=16, ckpt_fraction=0.25, fused_ce=True, compiled=True, kl_batch=True, **base)
-    adam_states = 8 * q05.params / 2**30
-    for s, measured in ((orpo, 20.648), (simpo, 20.867), (kto, 20.231 + adam_states)):
-        predicted = estimate(q05, s).peak_gib
-        assert measured <= predicted <= measured * 1.10, (s.stage, s.nll_term, predicted)
+    measured = 20.231 + 8 * q05.params / 2**30
+    predicted = estimate(q05, kto).peak_gib
+    assert measured <= predicted <= measured * 1.10, predicted

@@ -6,6 +6,7 @@ a finding, outside kinds/ and the registry itself, except these uses of the same
 - the `return_tensors` keyword ("pt": PyTorch tensors),
 - the train/eval mode of a conditional expression (`"train" if training else "eval"`),
 - the one definition of the stage result's held-out metrics key (stages/outputs.HELD_OUT = "eval"),
+- a tuple of TRL's own `loss_type` values, assigned to a name ending in `_LOSS_TYPES` (CPO's "simpo"),
 - in data/, the data layer's own vocabulary declared in data/kinds.py: data kinds (sft) and source formats (grpo).
 """
 
@@ -41,6 +42,9 @@ def _allowed(node: ast.Constant, parent: ast.AST, grandparent: ast.AST | None, m
         return True
     if (isinstance(parent, ast.IfExp) and node is not parent.test
             and all(isinstance(arm, ast.Constant) and arm.value in MODES for arm in (parent.body, parent.orelse))):
+        return True
+    if (isinstance(parent, ast.Tuple) and isinstance(grandparent, ast.Assign)
+            and all(isinstance(t, ast.Name) and t.id.endswith("_LOSS_TYPES") for t in grandparent.targets)):
         return True
     if isinstance(parent, ast.Assign) and isinstance(grandparent, ast.Module):
         targets = [t.id for t in parent.targets if isinstance(t, ast.Name)]
@@ -96,6 +100,8 @@ def test_pending_exemptions_are_still_needed():
     'f(stage="grpo")\n',
     'HELD_OUT = "eval"\n',  # the held-out key's definition is allowed only where it is defined
     'mode = "train" if training else "dpo"\n',
+    'AVERAGED = ("ipo", "simpo")\n',  # TRL's loss types only under a *_LOSS_TYPES name
+    'if loss_type in ("ipo", "simpo"):\n    pass\n',
 ])
 def test_the_check_flags_a_kind_named(source):
     assert kind_names_in(source, "run.example")
@@ -108,6 +114,7 @@ def test_the_check_flags_a_kind_named(source):
     ('if kind == "sft":\n    pass\n', "data.example"),  # the data kind sft
     ('READERS = {"grpo": read}\n', "data.readers"),  # the source format grpo
     ('text = "sft and rm stages"\n', "run.example"),  # prose naming kinds is no comparison with a name
+    ('AVERAGED_LOSS_TYPES = ("ipo", "simpo")\n', "trainer_kit.example"),  # TRL's CPO loss types
 ])
 def test_the_check_allows_the_non_kind_uses(source, module):
     assert kind_names_in(source, module) == []
