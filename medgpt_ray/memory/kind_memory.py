@@ -83,6 +83,7 @@ class PlannedSetup(Protocol):
     precision: str
     micro_batch: int
     seq_len: int
+    zero: int
 
     def tokens(self) -> int: ...
 

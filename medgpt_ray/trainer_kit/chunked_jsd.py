@@ -89,11 +89,17 @@ def chunked_jsd(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, stud
 
 class ChunkedJSD:
     """Mixed in before GKDTrainer: its compute_loss on the chunked divergence. Everything else (on-policy sampling
-    with probability lmbda, the collator's labels, evaluation's loss) stays GKDTrainer's."""
+    with probability lmbda, the collator's labels, evaluation's loss) stays GKDTrainer's. Under DeepSpeed ZeRO-3 both
+    heads are partitioned to empty tensors outside their modules' forward, so GKDTrainer's own loss runs there (as
+    the plan prices it: kinds/opd/memory.py)."""
 
     vocab_size: int  # set by the stage: len(tokenizer), what both heads are cut to
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        if is_deepspeed_zero3_enabled():
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         ids, mask = inputs["input_ids"], inputs["attention_mask"]
         student = model(input_ids=ids, attention_mask=mask, **{HIDDEN_ONLY: True})[:, :-1]  # through DDP and PEFT
         self.teacher_model.eval()

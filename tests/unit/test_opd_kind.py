@@ -251,3 +251,18 @@ def test_a_teacher_directory_must_tokenize_as_the_student(tiny_model, tmp_path):
     with pytest.raises(ConfigError, match="stages.opd.teacher: .*bare is not a model directory"):
         check_teachers(make(teacher=str(tmp_path / "bare")))
     check_teachers(make())  # the run's own sft stage: nothing to compare
+
+
+def test_under_zero3_the_plan_prices_gkds_own_loss():
+    """ZeRO-3 partitions both heads, so the stage keeps GKDTrainer's full-logit loss there (trainer_kit/chunked_jsd.py)
+    and the plan prices it as measured; elsewhere the chunked divergence's tiles."""
+    from medgpt_ray.kinds.opd.memory import JSD_ELEMENTS_PER_LOGIT
+
+    shape = load_shape("qwen2.5-1.5b")
+    s = replace(TrainSetup(stage="sft", method="full", precision="bf16", micro_batch=2, seq_len=1024),
+                **setup_fields("opd", make(seq_len=1024, max_new_tokens=128).stages.get("opd"), True))
+    chunked, zero3 = estimate(shape, s).breakdown, estimate(shape, replace(s, zero=3)).breakdown
+    assert "teacher_hidden" in chunked and "teacher_logits" not in chunked
+    assert zero3["teacher_logits"] == pytest.approx(2 * s.tokens() * shape.vocab)
+    assert zero3["distillation_loss"] == pytest.approx(JSD_ELEMENTS_PER_LOGIT * 2 * s.tokens() * shape.vocab)
+    assert zero3["distillation_loss"] > 5 * chunked["distillation_loss"]

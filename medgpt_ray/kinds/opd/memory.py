@@ -14,7 +14,8 @@ training pass of the student, the frozen teacher and the student's own answers.
 Before the chunked loss, TRL's GKDTrainer.generalized_jsd_loss held ~62 B per logit of both models' full logits (the
 H200, random-init Qwen2.5-1.5B student with LoRA r8, bf16, seq_len 1024: 12.15 GiB per sequence of the micro-batch,
 bench/results/opd_memory_1.5b_h200_uncapped.json); that term is gone. The tiles' terms below are counted from TRL's
-code, not yet measured on a GPU."""
+code, not yet measured on a GPU. Under ZeRO-3 both heads are partitioned and the stage keeps GKDTrainer's own loss
+(trainer_kit/chunked_jsd.py), priced as measured: the teacher's logits and JSD_ELEMENTS_PER_LOGIT a logit."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape, ShapeError
 # trl/kernels/chunked_divergence.py's TOKEN_CHUNK_SIZE and VOCAB_CHUNK_SIZE (tests/unit/test_opd_kind.py checks them):
 # the fp32 tiles each of its passes projects a chunk of tokens into, for the student and the teacher.
 TOKEN_TILE, VOCAB_TILE = 4096, 32768
+JSD_ELEMENTS_PER_LOGIT = 32  # GKDTrainer's own loss, measured ~31 (above): the ZeRO-3 path
 
 
 def setup_fields(cfg: OPDStageConfig, use_gpu: bool) -> dict[str, Any]:
@@ -65,6 +67,11 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
     t = teacher or shape
     e = 4 if s.precision == "fp32" else 2
     tokens = s.tokens()
+    if s.zero == 3:  # GKDTrainer's own loss over both models' full logits (ChunkedJSD steps aside under ZeRO-3)
+        return KindTerms(resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
+                         training={"teacher_logits": e * tokens * t.vocab,
+                                   "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.mlp_width),
+                                   "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
     tiles = 2 * 4 * min(tokens, TOKEN_TILE) * VOCAB_TILE  # student's and teacher's fp32 tile, forward or backward
     # The answer tokens' hidden states gathered for the loss (both models), the per-token fp32 statistics, and the
     # student's fp32 hidden-state gradient in backward. Planned as if every token were an answer token.
