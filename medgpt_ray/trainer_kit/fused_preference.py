@@ -48,34 +48,42 @@ def _mean(logps: torch.Tensor, where: torch.Tensor, dim: int | None = None) -> t
     return total / (where.sum() if dim is None else where.sum(dim))
 
 
-class FusedORPO:
-    """Mixed in before ORPOTrainer (trl.experimental.orpo)."""
+class _FusedPairs:
+    """The shared concatenated forward: TRL's own where the fused head does not apply, else one fused pass and the
+    subclass's reading of its per-token log-probabilities."""
 
     def concatenated_forward(self, model, batch):
         if self.is_encoder_decoder or self.aux_loss_enabled:
             return super().concatenated_forward(model, batch)
-        cb, logps, mean_logits = _pass(self, model, batch, self.padding_value)
+        cb, logps, mean_logits = _pass(self, model, batch, self._padding_value())
         n = batch["chosen_labels"].shape[0]
         answer = cb["concatenated_labels"][:, 1:] != -100  # get_batch_logps' mask
+        per_row, nll = self._losses(cb, logps, answer, n)
+        return per_row[:n], per_row[n:], mean_logits[:n], mean_logits[n:], nll
+
+
+class FusedORPO(_FusedPairs):
+    """Mixed in before ORPOTrainer (trl.experimental.orpo): answers averaged, the NLL over the chosen row's prompt
+    and answer."""
+
+    def _padding_value(self) -> int:
+        return self.padding_value
+
+    def _losses(self, cb, logps, answer, n):
         real = cb["concatenated_attention_mask"][:, 1:] == 1  # the NLL's targets: prompt and answer
-        average = _mean(logps, answer, dim=-1)
-        nll = -_mean(logps[:n], real[:n])
-        return average[:n], average[n:], mean_logits[:n], mean_logits[n:], nll
+        return _mean(logps, answer, dim=-1), -_mean(logps[:n], real[:n])
 
 
-class FusedCPO:
-    """Mixed in before CPOTrainer (trl.experimental.cpo; SimPO is its loss_type "simpo")."""
+class FusedCPO(_FusedPairs):
+    """Mixed in before CPOTrainer (trl.experimental.cpo; SimPO is its loss_type "simpo"): answers averaged or summed
+    by loss type, the NLL over the chosen answer when cpo_alpha is not 0."""
 
-    def concatenated_forward(self, model, batch):
-        if self.is_encoder_decoder or self.aux_loss_enabled:
-            return super().concatenated_forward(model, batch)
-        cb, logps, mean_logits = _pass(self, model, batch, self.pad_token_id)
-        n = batch["chosen_labels"].shape[0]
-        answer = cb["concatenated_labels"][:, 1:] != -100
-        if self.loss_type in AVERAGED_LOSS_TYPES:
-            per_row = _mean(logps, answer, dim=-1)
-        else:
-            per_row = (logps * answer).sum(-1)
+    def _padding_value(self) -> int:
+        return self.pad_token_id
+
+    def _losses(self, cb, logps, answer, n):
+        per_row = (_mean(logps, answer, dim=-1) if self.loss_type in AVERAGED_LOSS_TYPES
+                   else (logps * answer).sum(-1))
         nll = (-_mean(logps[:n], answer[:n]) if self.cpo_alpha != 0
                else torch.tensor(0.0, device=self.accelerator.device))
-        return per_row[:n], per_row[n:], mean_logits[:n], mean_logits[n:], nll
+        return per_row, nll

@@ -67,20 +67,19 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
     t = teacher or shape
     e = 4 if s.precision == "fp32" else 2
     tokens = s.tokens()
+    forward = e * tokens * (4 * t.hidden + 3 * t.mlp_width)  # the teacher's no-grad forward: one layer's working set
     if s.zero == 3:  # GKDTrainer's own loss over both models' full logits (ChunkedJSD steps aside under ZeRO-3)
-        return KindTerms(resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
-                         training={"teacher_logits": e * tokens * t.vocab,
-                                   "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.mlp_width),
-                                   "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab})
-    tiles = 2 * 4 * min(tokens, TOKEN_TILE) * VOCAB_TILE  # student's and teacher's fp32 tile, forward or backward
-    # The answer tokens' hidden states gathered for the loss (both models), the per-token fp32 statistics, and the
-    # student's fp32 hidden-state gradient in backward. Planned as if every token were an answer token.
-    gathered = tokens * (e * (shape.hidden + t.hidden) + 4 * 12 + 4 * shape.hidden)
-    return KindTerms(
-        resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
-        training={"teacher_hidden": e * tokens * t.hidden,
-                  "teacher_forward": e * tokens * (4 * t.hidden + 3 * t.mlp_width),
-                  "distillation_loss": tiles + gathered})
+        training = {"teacher_logits": e * tokens * t.vocab, "teacher_forward": forward,
+                    "distillation_loss": JSD_ELEMENTS_PER_LOGIT * e * tokens * shape.vocab}
+    else:
+        tiles = 2 * 4 * min(tokens, TOKEN_TILE) * VOCAB_TILE  # student's and teacher's fp32 tile, forward or backward
+        # The answer tokens' hidden states gathered for the loss (both models), the per-token fp32 statistics, and the
+        # student's fp32 hidden-state gradient in backward. Planned as if every token were an answer token.
+        gathered = tokens * (e * (shape.hidden + t.hidden) + 4 * 12 + 4 * shape.hidden)
+        training = {"teacher_hidden": e * tokens * t.hidden, "teacher_forward": forward,
+                    "distillation_loss": tiles + gathered}
+    return KindTerms(resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
+                     training=training)
 
 
 def hints(cfg: OPDStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:
