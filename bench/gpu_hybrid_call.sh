@@ -64,6 +64,14 @@ decode() {  # the static decode path (compiled, CUDA graphs) against generate's 
       --paths merged,merged-static --out "$W/generation_$m.json"
   done
 }
+greedy() {  # the static path's greedy answers against generate's, bf16 (issue 47's correctness target)
+  step greedy_equality 150 "$(best)" python3 bench/greedy_equality.py --model qwen3.5-0.8b --work "$W/greedy" \
+    --out "$W/greedy_equality.json"
+}
+opd_chunked() {  # opd on the chunked JSD (issue 49): plan against peak, tokens/s, micro-batches 4, 2, 1
+  step opd_chunked 240 "$BASE" python3 bench/opd_memory_check.py --model qwen2.5-1.5b --micro-batches 4 2 1 \
+    --lmbdas 0 --steps 4 --out "$W/opd_chunked_1.5b.json"
+}
 pytest_best() {
   step pytest_hybrid 120 "$(best)" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
     -k "trains_exactly or leaks or generation or installs or carry"
