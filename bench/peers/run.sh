@@ -28,7 +28,7 @@ python3 -m pip list 2>/dev/null >"$W/image_pip_list.txt"
 step() {  # step NAME PYTHONPATH COMMAND...: its log and command kept, the results packed after each
   local name=$1 path=$2 start=$SECONDS; shift 2
   echo "PYTHONPATH=$path $*" >"$W/$name.cmd"
-  PYTHONPATH=$path timeout "${LIMIT:-280}" "$@" >"$W/$name.log" 2>&1
+  PYTHONPATH=$path timeout "${LIMIT:-420}" "$@" >"$W/$name.log" 2>&1
   echo "== $name rc $? in $((SECONDS - start)) s"; grep -v Warning "$W/$name.log" | tail -5 | cut -c1-400
   tar czf "$OUT/peers.tgz" -C "$W" --exclude=models --exclude='prepared*' --exclude=corpus --exclude='run-*' \
     --exclude='work-*' .

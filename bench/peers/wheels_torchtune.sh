@@ -35,7 +35,8 @@ if ! ls "$DEST"/antlr4_python3_runtime-4.9.3-*.whl >/dev/null 2>&1; then
   "$PY" -m pip wheel -q --no-deps --no-binary=:all: -w "$DEST" antlr4-python3-runtime==4.9.3
 fi
 for w in datasets-5.2.0 dill-0.4.1 multiprocess-0.70.19; do
-  if ls .whl-hybrid/"$w"-*.whl >/dev/null 2>&1; then cp -n .whl-hybrid/"$w"-*.whl "$DEST"/
+  if ls "$DEST/$w"-*.whl >/dev/null 2>&1; then :
+  elif ls .whl-hybrid/"$w"-*.whl >/dev/null 2>&1; then cp .whl-hybrid/"$w"-*.whl "$DEST"/
   else dl "${w/-/==}"; fi
 done
 ls -l "$DEST" | awk 'NR > 1 {printf "%10d  %s\n", $5, $9}'

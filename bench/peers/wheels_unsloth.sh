@@ -35,7 +35,8 @@ dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$DEST" "$@" \
         2> >(grep -v "^WARNING: Location" >&2); }
-dl unsloth==$UNSLOTH unsloth_zoo==$UNSLOTH trl==1.15.0 datasets==4.8.5 peft==0.21.2 dill==0.4.1 multiprocess==0.70.19
+[ -f "$DEST/unsloth-$UNSLOTH-py3-none-any.whl" ] || dl unsloth==$UNSLOTH  # stripped below: a rerun keeps it
+dl unsloth_zoo==$UNSLOTH trl==1.15.0 datasets==4.8.5 peft==0.21.2 dill==0.4.1 multiprocess==0.70.19
 if [ "${NO_XFORMERS:-0}" = 1 ]; then rm -f "$DEST"/xformers-*.whl; else dl xformers==0.0.35; fi
 if [ "${WITH_TORCHVISION:-0}" = 1 ]; then dl torchvision==0.26.0; else rm -f "$DEST"/torchvision-*.whl; fi
 
@@ -65,7 +66,9 @@ kept = zipfile.ZipFile(path).namelist()
 assert "unsloth/__init__.py" in kept and "unsloth/models/llama.py" in kept, "stripped too much"
 print(f"{path}: dropped studio/ and unsloth_cli/, {len(kept)} files kept")
 EOF
-bash bench/make_bnb_wheel.sh "$ABS" 130 >/dev/null  # an absolute DEST: it leaves .git/info/exclude alone
+# An absolute DEST: it leaves .git/info/exclude alone. Tried twice: its `unzip -l | grep -q` under pipefail can fail
+# when grep exits before unzip has written its last line (seen once here, silently).
+bash bench/make_bnb_wheel.sh "$ABS" 130 || bash bench/make_bnb_wheel.sh "$ABS" 130
 
 for w in "$DEST"/*.whl; do printf '%8.2f MiB  %s\n' "$(stat -c %s "$w" | awk '{print $1/1048576}')" "$(basename "$w")"; done
 printf '%8.2f MiB  total\n' "$(cat "$DEST"/*.whl | wc -c | awk '{print $1/1048576}')"
