@@ -65,7 +65,7 @@ decode() {  # the static decode path (compiled, CUDA graphs) against generate's 
   done
 }
 greedy() {  # the static path's greedy answers against generate's, bf16 (issue 47's correctness target)
-  step greedy_equality 150 "$(best)" python3 bench/greedy_equality.py --model qwen3.5-0.8b --work "$W/greedy" \
+  step greedy_equality 150 "$(best)" python3 bench/greedy_equality.py --model qwen3.5-0.8b --work "$W" \
     --out "$W/greedy_equality.json"
 }
 opd_chunked() {  # opd on the chunked JSD (issue 49): plan against peak, tokens/s, micro-batches 4, 2, 1

@@ -15,6 +15,10 @@ else adamw_torch. `import unsloth` comes first (before transformers, trl, peft),
         --work /tmp/us-work --out $OUT/unsloth.json [--quant 4bit] [--profile 2]
     # CPU, without Unsloth: the data conversion and the token check only (Unsloth's tokenization rule, replayed)
     .venv/bin/python bench/peers/unsloth_peer.py --model-dir TINY --data sft.jsonl --out /tmp/us.json --check-only
+    # CPU with Unsloth (a side site of transformers 5.17, trl 1.15, datasets 4.8.5 and the two unsloth wheels): it
+    # picks its CPU backend (stock transformers + PEFT + TRL, packing off), so this smokes the script, not the GPU path
+    PYTHONPATH=SIDE_SITE .venv/bin/python bench/peers/unsloth_peer.py --model-dir TINY --data sft.jsonl --steps 3 \
+        --out /tmp/us.json --work /tmp/us-work
 """
 
 from __future__ import annotations
@@ -79,18 +83,19 @@ def unsloth_counts(tokenizer: Any, texts: list[str]) -> tuple[list[int], str]:
 
 
 def attention_path() -> dict[str, Any]:
-    """Which attention Unsloth's packed rows take: flash-attn varlen, xformers' block-diagonal mask, or SDPA."""
-    out: dict[str, Any] = {}
+    """Which attention Unsloth's packed rows take (attention_dispatch.select_attention_backend): flash-attn varlen,
+    xformers' block-diagonal mask, or SDPA (torch's varlen_attn, which needs torch >= 2.12, or one call a segment)."""
     try:
         from unsloth.models import _utils as u
         from unsloth.utils import attention_dispatch as ad
 
-        out = {"flash_attn": bool(getattr(u, "HAS_FLASH_ATTENTION", False)),
-               "xformers": getattr(u, "xformers_version", None), "xformers_used": bool(getattr(ad, "HAS_XFORMERS",
-                                                                                                 False))}
-    except Exception as e:  # noqa: BLE001
-        out["error"] = f"{type(e).__name__}: {e}"
-    return out
+        return {"packed_backend": ad.select_attention_backend(use_varlen=True),
+                "flash_attn": bool(getattr(u, "HAS_FLASH_ATTENTION", False)),
+                "xformers": getattr(u, "xformers_version", None), "xformers_usable": bool(ad.HAS_XFORMERS),
+                "torch_varlen_attn": getattr(ad, "_TORCH_VARLEN_ATTN", None) is not None,
+                "sdpa_packed_segments": getattr(ad, "_SDPA_PACKED_SEGMENTS", None)}
+    except Exception as e:  # noqa: BLE001 - a record, not a requirement
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def profile_top(prof: Any, seconds: float, top: int = 12) -> dict[str, Any]:
@@ -229,7 +234,8 @@ def train(args: argparse.Namespace, conversations: list[list[dict[str, str]]]) -
         "data: ShareGPT -> messages (common.load_conversations) -> tokenizer.apply_chat_template(tokenize=False) as a "
         "'text' column; SFTTrainer(packing=True, max_length 2048): Unsloth tokenizes (truncating at 2048), TRL packs "
         "(bfd) into rows of <= 2048, Unsloth's collator hands a step's 3 rows as one padding-free row with "
-        "packed_seq_lengths",
+        f"packed_seq_lengths; as the trainer ended: packing {bool(getattr(targs, 'packing', False))}, padding_free "
+        f"{bool(getattr(targs, 'padding_free', False))}, {len(packed)} rows",
         "timing: StepClock.step in a TrainerCallback's on_step_end (after the optimizer step), clock.start in "
         "on_train_begin; tokens from a forward pre-hook on trainer.model: real = sum(packed_seq_lengths) (else "
         "attention_mask.sum(), else numel), padded = input_ids.numel() (padding-free: the same); losses from on_log",
@@ -237,6 +243,8 @@ def train(args: argparse.Namespace, conversations: list[list[dict[str, str]]]) -
         "lr_scheduler linear, warmup 0 (the notebooks: 5), weight_decay 0.001 as the notebooks",
         "network: " + ", ".join(f"{k}={v}" for k, v in OFFLINE_ENV.items()) + " before import",
     ]
+    if not sum(clock.real_tokens):
+        notes.append("no tokens counted: the forward pre-hook on trainer.model never fired (tokens/s is null)")
     if len(clock.seconds) < args.steps:
         notes.append(f"only {len(clock.seconds)} of {args.steps} steps ran")
     if args.profile:

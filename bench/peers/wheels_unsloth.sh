@@ -8,8 +8,10 @@
 #   peft 0.21.2, dill, multiprocess  what ../shared/gpu/make-wheelhouse.sh adds for datasets and peft too
 #   bitsandbytes 0.50.2              cut to CUDA 13.0 by bench/make_bnb_wheel.sh: --quant 4bit, and adamw_8bit
 #   xformers 0.0.35                  an Unsloth requirement on Linux; PyPI's wheel is built for torch 2.10 + CUDA
-#                                    12.8, so on the cu130 image it may not load: Unsloth then says so and uses
-#                                    PyTorch attention (unsloth_peer.py records which). NO_XFORMERS=1 leaves it out.
+#                                    12.8 (its _C.so needs libcudart.so.12), so on the cu130 image it may not load:
+#                                    Unsloth then says so and packed rows take SDPA, one call a segment (torch 2.11
+#                                    has no varlen_attn with enable_gqa); unsloth_peer.py records which path ran.
+#                                    NO_XFORMERS=1 leaves it out.
 #
 # The rest of Unsloth's Requires-Dist is left out: nothing a text LoRA run imports needs it. torchvision (7.5 MB;
 # unsloth skips its torchvision check when it is absent, unsloth_zoo.vision_utils guards its import: vision models
@@ -28,15 +30,19 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${1:-.whl-peer-unsloth}
 PY=${PYTHON:-.venv/bin/python}
-UNSLOTH=2026.10.9
+UNSLOTH=${UNSLOTH:-2026.10.9}  # the fallback if it fails on the image: UNSLOTH=2026.10.1 TRL=1.13.0 (its pin)
+TRL=${TRL:-1.15.0}
 mkdir -p "$DEST"
+for w in "$DEST"/unsloth-*.whl "$DEST"/unsloth_zoo-*.whl "$DEST"/trl-*.whl; do  # another version's, from a rerun
+  case $(basename "$w") in "unsloth-$UNSLOTH-"*|"unsloth_zoo-$UNSLOTH-"*|"trl-$TRL-"*) ;; *) rm -f "$w";; esac
+done
 case "$DEST" in /*) ABS=$DEST;; *) ABS=$PWD/$DEST;; esac
 dl() { "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d "$DEST" "$@" \
         2> >(grep -v "^WARNING: Location" >&2); }
 [ -f "$DEST/unsloth-$UNSLOTH-py3-none-any.whl" ] || dl unsloth==$UNSLOTH  # stripped below: a rerun keeps it
-dl unsloth_zoo==$UNSLOTH trl==1.15.0 datasets==4.8.5 peft==0.21.2 dill==0.4.1 multiprocess==0.70.19
+dl unsloth_zoo==$UNSLOTH trl==$TRL datasets==4.8.5 peft==0.21.2 dill==0.4.1 multiprocess==0.70.19
 if [ "${NO_XFORMERS:-0}" = 1 ]; then rm -f "$DEST"/xformers-*.whl; else dl xformers==0.0.35; fi
 if [ "${WITH_TORCHVISION:-0}" = 1 ]; then dl torchvision==0.26.0; else rm -f "$DEST"/torchvision-*.whl; fi
 
