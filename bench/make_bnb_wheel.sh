@@ -19,7 +19,7 @@ rm -f "$DEST"/bitsandbytes-*.whl
   --platform manylinux_2_24_x86_64 -d "$DEST" bitsandbytes==0.50.2
 WHEEL=$(ls "$DEST"/bitsandbytes-*.whl)
 KEEP="bitsandbytes/libbitsandbytes_cuda$CUDA.so"
-unzip -l "$WHEEL" | grep " $KEEP$" || { echo "$WHEEL has no $KEEP"; exit 1; } >/dev/null
+unzip -l "$WHEEL" | grep " $KEEP$" >/dev/null || { echo "$WHEEL has no $KEEP"; exit 1; }
 CUT=$(unzip -Z1 "$WHEEL" | grep -E '^bitsandbytes/libbitsandbytes_(cuda|rocm|xpu)[0-9]*\.so$' | grep -vx "$KEEP")
 # shellcheck disable=SC2086  # one name per line, none with spaces
 zip -q -d "$WHEEL" $CUT
