@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("--cap-gib", type=float, default=JOB.cap_gib)
     ap.add_argument("--compile", default="true", choices=["auto", "true", "false"])
     ap.add_argument("--method", default="lora", choices=["lora", "qlora"])
+    ap.add_argument("--profile", type=int, default=0, help="torch profiler over this many steps after step 3")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peers"))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -77,7 +78,7 @@ def main() -> int:
     from medgpt_ray.stages.inputs import StageInputs
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from hybrid_sft import plan_for  # the bench's planner call: the card's budget, the data's lengths
+    from hybrid_sft import plan_for, profiled  # the bench's planner call: the card's budget, the data's lengths
     from memory_calibration import single_process_env
 
     single_process_env()
@@ -103,8 +104,12 @@ def main() -> int:
     inputs = StageInputs("sft", cfg, plan, str(model), "chatml", data.train_file, data.eval_file, str(out),
                          resume=False)
     clock.start()
+    profile = None
     try:
-        result = run_stage(inputs)
+        if args.profile:  # the profiled steps (and the one after) are slower: their tokens/s is not the benchmark's
+            result, profile = profiled(lambda: run_stage(inputs), 3, args.profile)
+        else:
+            result = run_stage(inputs)
     finally:
         hook.remove()
     # The stage's own non-padding count per step, from its metrics (one record per optimizer step).
@@ -122,7 +127,8 @@ def main() -> int:
     notes = [f"plan: {plan_line(plan)}", f"lengths: {lengths.describe() if lengths else None}",
              "real tokens per step: the stage's own non-padding count (packed_counts); laid out: rows x seq_len"]
     settings = {"method": args.method, "compile": args.compile, "packing": packing, "plan": plan.to_dict(),
-                "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None}
+                "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,
+                **({"profile": profile} if profile else {})}
     common.write_result(args.out, "medgpt-ray", _version(), settings, clock, model, args.data, check, notes)
     return 0
 
