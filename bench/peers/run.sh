@@ -8,7 +8,8 @@
 # Carry [".whl-hybrid", ".whl-peer-PEER"] (bench/make_hybrid_wheelhouse.sh; bench/peers/wheels_PEER.sh). Our run
 # takes .whl-hybrid's wheels (not fla: a dense model) in /tmp/site; the peer takes only its own, in /tmp/peer-PEER.
 # DATA=FILE trains on a ShareGPT file of your own (MedicalGPT's medical_sft_1K_format.jsonl); by default the
-# real-length mix of bench/make_real_length_corpus.py. Results: $OUT/peers.tgz after each step.
+# real-length mix of bench/make_real_length_corpus.py. OURS_LIMIT / PEER_LIMIT: seconds each process may take
+# (240 / 330: one device call is 600 s). Results: $OUT/peers.tgz after each step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?the device run sets OUT}
@@ -25,10 +26,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt"
 python3 -m pip list 2>/dev/null >"$W/image_pip_list.txt"
 
-step() {  # step NAME PYTHONPATH COMMAND...: its log and command kept, the results packed after each
-  local name=$1 path=$2 start=$SECONDS; shift 2
+step() {  # step NAME SECONDS PYTHONPATH COMMAND...: its log and command kept, the results packed after each
+  local name=$1 limit=$2 path=$3 start=$SECONDS; shift 3
   echo "PYTHONPATH=$path $*" >"$W/$name.cmd"
-  PYTHONPATH=$path timeout "${LIMIT:-420}" "$@" >"$W/$name.log" 2>&1
+  PYTHONPATH=$path timeout "$limit" "$@" >"$W/$name.log" 2>&1
   echo "== $name rc $? in $((SECONDS - start)) s"; grep -v Warning "$W/$name.log" | tail -5 | cut -c1-400
   tar czf "$OUT/peers.tgz" -C "$W" --exclude=models --exclude='prepared*' --exclude=corpus --exclude='run-*' \
     --exclude='work-*' .
@@ -40,10 +41,10 @@ if [ -z "$DATA" ]; then
   [ -f "$DATA" ] || PYTHONPATH=/tmp/site python3 bench/make_real_length_corpus.py --out "$W/corpus" --sft 3000 \
     --pref 10 >"$W/corpus.json"
 fi
-step "ours_$MODEL" /tmp/site python3 bench/peers/ours.py --model "$MODEL" --data "$DATA" --work "$W" \
+step "ours_$MODEL" "${OURS_LIMIT:-240}" /tmp/site python3 bench/peers/ours.py --model "$MODEL" --data "$DATA" --work "$W" \
   --out "$W/ours_$MODEL.json"
 if [ "$PEER" != none ]; then
-  step "${PEER}_$MODEL" "/tmp/peer-$PEER" python3 "bench/peers/${PEER}_peer.py" --model-dir "$W/models/$MODEL" \
+  step "${PEER}_$MODEL" "${PEER_LIMIT:-330}" "/tmp/peer-$PEER" python3 "bench/peers/${PEER}_peer.py" --model-dir "$W/models/$MODEL" \
     --data "$DATA" --work "$W/work-$PEER" --out "$W/${PEER}_$MODEL.json" "$@"
 fi
 ls -la "$W"
