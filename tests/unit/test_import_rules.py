@@ -171,6 +171,21 @@ def test_no_import_cycles():
     assert _cycles(graph) == []
 
 
+def _bench_imports(paths: list[Path]) -> list[str]:
+    """Benchmarks (bench/, its peers' scripts among them) are run, never imported: a module that imports one."""
+    names = {p.stem for p in (PKG.parent / "bench").rglob("*.py")} | {"bench"}
+    return sorted(f"{p.relative_to(p.parents[1])}: {i}" for p in paths for i in _imports(p)
+                  if i.split(".")[0] in names and not i.startswith("medgpt_ray"))
+
+
+def test_the_package_imports_no_benchmark(tmp_path):
+    assert _bench_imports(sorted(PKG.rglob("*.py"))) == []
+    bad = tmp_path / "pkg" / "m.py"
+    bad.parent.mkdir()
+    bad.write_text("def f():\n    from bench.peers import common\n    import ours\n")
+    assert _bench_imports([bad]) == ["pkg/m.py: bench.peers", "pkg/m.py: ours"]
+
+
 def test_the_rules_can_fail(tmp_path):
     """The checks see what they must: nested imports, a Ray import in stages/ or generation/, an upward import (also
     from the engine to its Ray front-ends or to the stages that use it), a cycle."""
