@@ -10,6 +10,9 @@ Stage code is called in one process, no Ray: the wheelhouse is `bash ../shared/g
 
     # the GPU machine:
     python3 bench/opd_memory_check.py --model qwen2.5-1.5b --out $OUT/opd_memory.json
+    # a 7B teacher in NF4 beside a 1.5B student (issue 49 item 3; carry bitsandbytes: bench/make_bnb_wheel.sh)
+    python3 bench/opd_memory_check.py --model qwen2.5-1.5b --teacher qwen2.5-7b --teacher-quantization 4bit \
+        --micro-batches 2 1 --lmbdas 0 1 --steps 4 --out $OUT/opd_7b_nf4_teacher.json
     # here (CPU, the tiny preset, no cap): a smoke run of the same path
     .venv/bin/python bench/opd_memory_check.py --model tiny --seq-len 128 --max-new-tokens 16 --out /tmp/opd.json
 """
@@ -37,7 +40,8 @@ def stage_config(c: dict[str, Any], teacher: Path) -> Any:
 
     return OPDStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16), lr=1e-5, max_steps=c["steps"],
                           seq_len=c["seq_len"], max_new_tokens=c["max_new_tokens"], lmbda=c["lmbda"],
-                          teacher=str(teacher), micro_batch=c["micro_batch"], effective_batch=c["micro_batch"],
+                          teacher=str(teacher), teacher_quantization=c.get("teacher_quantization", "none"),
+                          micro_batch=c["micro_batch"], effective_batch=c["micro_batch"],
                           logging_steps=1, save_steps=10**6, warmup_ratio=0.0)
 
 
@@ -64,7 +68,9 @@ def measure(c: dict[str, Any]) -> dict[str, Any]:
         cap_allocator(c["cap_gib"])
     work = Path(c["work"])
     model = work / "models" / c["model"]
-    cfg = stage_config(c, model)  # the teacher: the same shape, a second frozen copy beside the student
+    # The teacher: by default the same shape, a second frozen copy beside the student; --teacher another preset
+    # (a 7B teacher over a 1.5B student: heads of 152,064 and 151,936 rows over one tokenizer).
+    cfg = stage_config(c, work / "models" / c.get("teacher", c["model"]))
     plan = planned(c, cfg)
     split = work / "data" / "prepared" / "sft" / "sft.train.parquet"
     inp = StageInputs("opd", cfg, plan, str(model), "chatml", str(split), str(split.with_name("sft.eval.parquet")),
@@ -106,6 +112,8 @@ def child(c: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen2.5-1.5b")
+    ap.add_argument("--teacher", help="the teacher's preset (random weights; default: --model's shape)")
+    ap.add_argument("--teacher-quantization", default="none", choices=["none", "4bit"])
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4])
@@ -132,12 +140,16 @@ def main() -> None:
             model_dir.symlink_to(ensure_tiny())
     else:
         prepare_model(a.model, work / "models", ensure_tiny())
+        if a.teacher and a.teacher != a.model:
+            prepare_model(a.teacher, work / "models", ensure_tiny())
     prepare_data(work / "data", n=16)
     runs = []
     for mb in a.micro_batches:
         for lmbda in a.lmbdas:
-            c = {"id": f"{a.model}-opd-lora-mb{mb}-s{a.seq_len}-new{a.max_new_tokens}-lmbda{lmbda}",
-                 "model": a.model, "seq_len": a.seq_len, "max_new_tokens": a.max_new_tokens, "micro_batch": mb,
+            teacher = f"-t{a.teacher}-{a.teacher_quantization}" if a.teacher else ""
+            c = {"id": f"{a.model}{teacher}-opd-lora-mb{mb}-s{a.seq_len}-new{a.max_new_tokens}-lmbda{lmbda}",
+                 "model": a.model, "teacher": a.teacher or a.model, "teacher_quantization": a.teacher_quantization,
+                 "seq_len": a.seq_len, "max_new_tokens": a.max_new_tokens, "micro_batch": mb,
                  "lmbda": lmbda, "steps": a.steps, "cap_gib": a.cap_gib, "gpu": gpu, "work": str(work)}
             r = child(c)
             print(f"{r['id']}: {r['status']} measured {r.get('peak_allocated_gib', '-')} GiB, predicted "
