@@ -72,6 +72,11 @@ opd_chunked() {  # opd on the chunked JSD (issue 49): plan against peak, tokens/
   step opd_chunked 240 "$BASE" python3 bench/opd_memory_check.py --model qwen2.5-1.5b --micro-batches 4 2 1 \
     --lmbdas 0 --steps 4 --out "$W/opd_chunked_1.5b.json"
 }
+opd_7b_teacher() {  # issue 49 item 3: a 7B teacher in NF4 beside a 1.5B student (carry .whl-bnb too)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl-bnb/*.whl 2>&1 | grep -v '^WARNING: Target'
+  step opd_7b_teacher 280 "$BASE" python3 bench/opd_memory_check.py --model qwen2.5-1.5b --teacher qwen2.5-7b \
+    --teacher-quantization 4bit --micro-batches 2 1 --lmbdas 0 --steps 4 --out "$W/opd_7b_nf4_teacher.json"
+}
 pytest_best() {
   step pytest_hybrid 120 "$(best)" python3 -m pytest -q -p no:cacheprovider tests/stages/test_hybrid_packing.py \
     -k "trains_exactly or leaks or generation or installs or carry"
