@@ -41,7 +41,8 @@ if [ -z "$DATA" ]; then
   [ -f "$DATA" ] || PYTHONPATH=/tmp/site python3 bench/make_real_length_corpus.py --out "$W/corpus" --sft 3000 \
     --pref 10 >"$W/corpus.json"
 fi
-step "ours_$MODEL" "${OURS_LIMIT:-240}" /tmp/site python3 bench/peers/ours.py --model "$MODEL" --data "$DATA" --work "$W" \
+# OURS=0: the peer alone, where this warm machine already ran ours (its JSON is still in $W and packed again)
+[ "${OURS:-1}" = 0 ] || step "ours_$MODEL" "${OURS_LIMIT:-240}" /tmp/site python3 bench/peers/ours.py --model "$MODEL" --data "$DATA" --work "$W" \
   --out "$W/ours_$MODEL.json"
 if [ "$PEER" != none ]; then
   step "${PEER}_$MODEL" "${PEER_LIMIT:-330}" "/tmp/peer-$PEER" python3 "bench/peers/${PEER}_peer.py" --model-dir "$W/models/$MODEL" \
