@@ -19,7 +19,10 @@ limit), with what finished.
 
     # the GPU machine (the wheelhouse with ray etc. installed as in bench/real_length_throughput.py's docstring):
     timeout 560 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --out $OUT
-    # here (CPU, the tiny preset, a few minutes):
+    # opd with a 7B NF4 teacher over a 1.5B student (issue 49 item 3; .whl + bench/make_bnb_wheel.sh's bitsandbytes):
+    timeout 560 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --teacher qwen2.5-7b \
+        --teacher-quantization 4bit --train-steps 0 --steps 20 --max-completion-length 128 --out $OUT
+    # here (CPU, the tiny preset, a few minutes; opd: --stages opd, its teacher the sft stage):
     .venv/bin/python bench/rl_stage_run.py --model tiny --steps 2 --train-steps 2 --num-generations 4 \\
         --max-completion-length 16 --set stages.grpo.seq_len=256 --set stages.rloo.seq_len=256 --out /tmp/rsr
 """
@@ -46,7 +49,8 @@ import real_length_throughput as rlt  # noqa: E402
 
 RESULTS = "rl_stage_run.json"
 TRAINED = ("sft", "rm")
-RL = ("grpo", "rloo")
+RL = ("grpo", "rloo", "opd")
+# opd's own keys (issue 49 item 3): the teacher a model directory (--teacher: a preset's random weights) or `sft`.
 # What TRL logs per step that says how generation went, besides our generation counters (stages/online_rl.py).
 RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions/max_length",
            "generation/generations_per_s", "generation/tokens_per_s", "tokens_per_s", "gpu_peak_gib", "time_s")
@@ -55,7 +59,11 @@ RL_LOGS = ("reward", "reward_std", "kl", "completions/mean_length", "completions
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pipeline_bench.add_pipeline_run_args(ap, "/tmp/medgpt-rsr")
-    ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo")
+    ap.add_argument("--stages", default="grpo,rloo", help="the RL stages to run: grpo,rloo,opd")
+    ap.add_argument("--teacher", help="opd's teacher: a preset's random weights (e.g. qwen2.5-7b); default: sft")
+    ap.add_argument("--teacher-quantization", default="none", choices=["none", "4bit"])
+    ap.add_argument("--lmbda", type=float, default=0.5, help="opd: the share of micro-batches the student answers")
+    ap.add_argument("--opd-batch", type=int, default=8, help="opd: conversations per optimizer step")
     ap.add_argument("--steps", type=int, default=4, help="optimizer steps of each RL stage")
     ap.add_argument("--train-steps", type=int, default=2, help="optimizer steps of sft and rm (0: neither runs, "
                                                                "grpo starts from the base model; not with rloo)")
@@ -69,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--stages: a subset of {','.join(RL)}, not {a.stages}")
     if a.train_steps == 0 and "rloo" in a.rl:
         ap.error("--train-steps 0: rloo needs the rm stage")
+    if a.train_steps == 0 and "opd" in a.rl and not a.teacher:
+        ap.error("--train-steps 0: opd's default teacher is the sft stage; name a --teacher")
     return a
 
 
@@ -86,21 +96,30 @@ def write_prompts(sft_file: str, out: Path) -> int:
     return n
 
 
-def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: Path, use_gpu: bool) -> list[str]:
-    """real_length_throughput's one-stage sets made sft -> rm -> grpo / rloo."""
+def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: Path, use_gpu: bool,
+             teacher: str | None = None) -> list[str]:
+    """real_length_throughput's one-stage sets made sft -> rm -> grpo / rloo, and opd (from the base model, its
+    teacher the sft stage or `teacher`, a model directory)."""
     from medgpt_ray.config import STAGE_KINDS
 
     sets = [s for s in rlt.base_sets(a, "sft", "rl-run", model, data, use_gpu)
             if not s.startswith(("stages.", "data.preference=", "data.prompt="))]
     sets += [f"data.preference=[{data['preference']}]", f"data.prompt=[{prompts}]"]
-    trained = TRAINED if a.train_steps else ()  # --train-steps 0: grpo from the base model, no rm
+    # --train-steps 0: grpo (or opd with a --teacher) from the base model, no rm; opd alone needs no reward model
+    trained = (TRAINED if {"grpo", "rloo"} & set(a.rl) else ("sft",)) if a.train_steps else ()
     sets += [f"stages.{s}.enabled={str(s in (*trained, *a.rl)).lower()}" for s in STAGE_KINDS]
     for s in TRAINED:
         sets += [f"stages.{s}.max_steps={a.train_steps}", f"stages.{s}.logging_steps=1",
                  f"stages.{s}.save_steps=1000000"]
     for s in a.rl:
-        sets += [f"stages.{s}.max_steps={a.steps}", f"stages.{s}.logging_steps=1", f"stages.{s}.save_steps=1000000",
-                 f"stages.{s}.num_generations={a.num_generations}",
+        sets += [f"stages.{s}.max_steps={a.steps}", f"stages.{s}.logging_steps=1", f"stages.{s}.save_steps=1000000"]
+        if s == "opd":
+            sets += [f"stages.opd.teacher={teacher or 'sft'}",
+                     f"stages.opd.teacher_quantization={a.teacher_quantization}",
+                     f"stages.opd.max_new_tokens={a.max_completion_length}", f"stages.opd.seq_len={a.rl_seq_len}",
+                     f"stages.opd.lmbda={a.lmbda}", f"stages.opd.effective_batch={a.opd_batch}"]
+            continue
+        sets += [f"stages.{s}.num_generations={a.num_generations}",
                  f"stages.{s}.max_completion_length={a.max_completion_length}",
                  f"stages.{s}.seq_len={a.rl_seq_len}",
                  f"stages.{s}.effective_batch={a.prompts_per_step * a.num_generations}"]
@@ -150,8 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     model, corpus = rlt.prepare(a, use_gpu)
     prompts = Path(a.workdir) / "prompts.jsonl"
     n_prompts = write_prompts(corpus["files"]["sft"], prompts)
+    teacher = None
+    if a.teacher:  # random weights of the preset, the tiny tokenizer: the same vocabulary as the student's
+        from memory_calibration import prepare_model
+
+        from medgpt_ray.tiny import ensure_tiny
+
+        teacher = str(prepare_model(a.teacher, Path(a.workdir) / "models", ensure_tiny()).resolve())
     rlt.start_bench_ray(a, use_gpu)
-    sets = run_sets(a, model, corpus["files"], prompts, use_gpu)
+    sets = run_sets(a, model, corpus["files"], prompts, use_gpu, teacher)
     doc: dict[str, Any] = {"command": shlex.join(["python", *sys.argv]), **rlt.environment(use_gpu),
                            "gpu_mem_gib": a.gpu_mem_gib if use_gpu else None, "config": a.config, "sets": sets,
                            "prompts": n_prompts, "corpus_measured": corpus.get("measured")}
