@@ -1,0 +1,1 @@
+PYTHONPATH=/tmp/peer-torchtune python3 bench/peers/torchtune_peer.py --model-dir /tmp/peers/models/qwen2.5-7b --data /tmp/peers/corpus/sft.jsonl --work /tmp/peers/work-torchtune --out /tmp/peers/torchtune_qwen2.5-7b.json

@@ -1,0 +1,1 @@
+PYTHONPATH=/tmp/peer-unsloth python3 bench/peers/unsloth_peer.py --model-dir /tmp/peers/models/qwen2.5-7b --data /tmp/peers/corpus/sft.jsonl --work /tmp/peers/work-unsloth --out /tmp/peers/unsloth_qwen2.5-7b.json
