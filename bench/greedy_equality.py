@@ -8,6 +8,11 @@ The reference is generate's dynamic path with its per-step logits (output_logits
 StaticDecoder (the static cache, compiled with CUDA graphs on a GPU), as `generate`, grpo's rollouts and opd's
 samples run it. Prompts are random token ids of --prompt-len, every other row left-padded by a quarter.
 
+--control also runs generate on each row alone (batch 1, its padding dropped) and compares it with generate's batched
+answers the same way: how often generate disagrees with itself when only the batch changes the kernels' rounding.
+Each divergence also gives its gap in steps of its dtype at the reference logit (`gap_steps`; bf16 keeps 8 bits of
+mantissa, so at logits ~3 a step is 0.0156: a gap under 1e-3 there is an exact tie).
+
     python3 bench/greedy_equality.py --model qwen3.5-0.8b --out $OUT/greedy_equality.json     # GPU, bf16
     .venv/bin/python bench/greedy_equality.py --model-dir DIR --dtype fp32 --batch 2 --new-tokens 8 --out /tmp/g.json
 """
@@ -48,8 +53,39 @@ def first_divergence(want: Any, got: Any, logits: list[Any], start: int, near_ti
         gap = float(step[a] - step[b])
         rows.append({"row": r, "equal": False, "step": k, "reference_token": a, "our_token": b,
                      "reference_logit": round(float(step[a]), 5), "logit_gap": round(gap, 6),
+                     "gap_steps": round(abs(gap) / dtype_step(logits[k].dtype, float(step[a])), 2),
                      "near_tie": abs(gap) < near_tie})
     return rows
+
+
+def dtype_step(dtype: Any, value: float) -> float:
+    """The spacing of `dtype`'s numbers at `value` (its unit in the last place)."""
+    import math
+
+    import torch
+
+    mantissa = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}.get(dtype, 23)
+    return 2.0 ** (math.floor(math.log2(max(abs(value), 1e-30))) - mantissa)
+
+
+def alone(model: Any, ids: Any, mask: Any, kw: dict[str, Any]) -> Any:
+    """generate on each row by itself, its left padding dropped, re-padded on the left to the batch's width."""
+    import torch
+
+    out = []
+    for r in range(ids.shape[0]):
+        keep = mask[r].bool()
+        seq = model.generate(ids[r:r + 1, keep], attention_mask=mask[r:r + 1, keep], **kw)
+        pad = ids.shape[1] - int(keep.sum())
+        out.append(torch.cat([ids[r, :pad], seq[0]]))
+    return torch.stack(out)
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    diverged = [r for r in rows if not r["equal"]]
+    return {"rows_equal": len(rows) - len(diverged), "rows_diverged": len(diverged),
+            "all_divergences_near_ties": all(r["near_tie"] for r in diverged),
+            "gap_steps": sorted(r["gap_steps"] for r in diverged)}
 
 
 def main() -> int:
@@ -61,6 +97,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--near-tie", type=float, default=1e-3)
+    ap.add_argument("--control", action="store_true", help="also generate each row alone against generate batched")
     ap.add_argument("--work", type=Path, default=Path("/tmp/greedy_equality"))
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
@@ -83,16 +120,21 @@ def main() -> int:
         ref = model.generate(ids, attention_mask=mask, output_logits=True, return_dict_in_generate=True, **kw)
         decoder = StaticDecoder(a.prompt_len + a.new_tokens)
         ours = decoder.generate(model, ids, attention_mask=mask, **kw)
+        single = alone(model, ids, mask, kw) if a.control else None
     rows = first_divergence(ref.sequences, ours, list(ref.logits), a.prompt_len, a.near_tie)
-    diverged = [r for r in rows if not r["equal"]]
     doc = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
            "model": str(a.model_dir), "dtype": a.dtype, "batch": a.batch, "prompt_len": a.prompt_len,
-           "new_tokens": a.new_tokens, "near_tie": a.near_tie, "rows_equal": len(rows) - len(diverged),
-           "rows_diverged": len(diverged), "all_divergences_near_ties": all(r["near_tie"] for r in diverged),
-           "decoder": decoder.stats(), "rows": rows}
+           "new_tokens": a.new_tokens, "near_tie": a.near_tie, **summary(rows), "decoder": decoder.stats(),
+           "rows": rows}
+    if single is not None:  # generate against itself: the same rows, only the batch differs
+        control = first_divergence(ref.sequences, single, list(ref.logits), a.prompt_len, a.near_tie)
+        doc["control_generate_alone"] = {**summary(control), "rows": control}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in doc.items() if k != "rows"}, indent=1))
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("rows", "control_generate_alone")}, indent=1))
+    if single is not None:
+        print("control (generate alone):", json.dumps({k: v for k, v in doc["control_generate_alone"].items()
+                                                        if k != "rows"}))
     return 0
 
 
