@@ -9,7 +9,9 @@
 # takes .whl-hybrid's wheels (not fla: a dense model) in /tmp/site; the peer takes only its own, in /tmp/peer-PEER.
 # DATA=FILE trains on a ShareGPT file of your own (MedicalGPT's medical_sft_1K_format.jsonl); by default the
 # real-length mix of bench/make_real_length_corpus.py. OURS_LIMIT / PEER_LIMIT: seconds each process may take
-# (240 / 330: one device call is 600 s). Results: $OUT/peers.tgz after each step.
+# (240 / 330: one device call is 600 s). OURS_ARGS: more arguments to ours.py (`--method qlora` for the QLoRA row,
+# with .whl-bnb carried: bench/make_bnb_wheel.sh .whl-bnb); TAG: a suffix for the result names (_qlora).
+# Results: $OUT/peers.tgz after each step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?the device run sets OUT}
@@ -18,7 +20,8 @@ W=${W:-/tmp/peers}
 mkdir -p "$W" /tmp/site "/tmp/peer-$PEER"
 export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  $(ls .whl-hybrid/*.whl | grep -v -e fla_core -e flash_linear) 2>&1 | grep -v '^WARNING: Target'
+  $(ls .whl-hybrid/*.whl | grep -v -e fla_core -e flash_linear) $(ls .whl-bnb/*.whl 2>/dev/null) \
+  2>&1 | grep -v '^WARNING: Target'
 if [ "$PEER" != none ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/peer-$PEER" .whl-peer-"$PEER"/*.whl \
     2>&1 | grep -v '^WARNING: Target'
@@ -42,10 +45,10 @@ if [ -z "$DATA" ]; then
     --pref 10 >"$W/corpus.json"
 fi
 # OURS=0: the peer alone, where this warm machine already ran ours (its JSON is still in $W and packed again)
-[ "${OURS:-1}" = 0 ] || step "ours_$MODEL" "${OURS_LIMIT:-240}" /tmp/site python3 bench/peers/ours.py --model "$MODEL" --data "$DATA" --work "$W" \
-  --out "$W/ours_$MODEL.json"
+[ "${OURS:-1}" = 0 ] || step "ours_$MODEL${TAG:-}" "${OURS_LIMIT:-240}" /tmp/site python3 bench/peers/ours.py \
+  --model "$MODEL" --data "$DATA" --work "$W" --out "$W/ours_$MODEL${TAG:-}.json" ${OURS_ARGS:-}
 if [ "$PEER" != none ]; then
-  step "${PEER}_$MODEL" "${PEER_LIMIT:-330}" "/tmp/peer-$PEER" python3 "bench/peers/${PEER}_peer.py" --model-dir "$W/models/$MODEL" \
-    --data "$DATA" --work "$W/work-$PEER" --out "$W/${PEER}_$MODEL.json" "$@"
+  step "${PEER}_$MODEL${TAG:-}" "${PEER_LIMIT:-330}" "/tmp/peer-$PEER" python3 "bench/peers/${PEER}_peer.py" \
+    --model-dir "$W/models/$MODEL" --data "$DATA" --work "$W/work-$PEER" --out "$W/${PEER}_$MODEL${TAG:-}.json" "$@"
 fi
 ls -la "$W"
