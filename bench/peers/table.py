@@ -92,7 +92,8 @@ def main() -> int:
     ap.add_argument("results", nargs="+", type=Path)
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    rows = [row(json.loads(p.read_text())) for p in a.results]
+    docs = [json.loads(p.read_text()) for p in a.results]
+    rows = [row(d) for d in docs if isinstance(d, dict) and "tool" in d]  # not the corpus or requirement files
     print(markdown(rows) if a.markdown else json.dumps(rows, indent=1))
     return 0
 
