@@ -29,11 +29,13 @@ PEAK_BF16_TFLOPS = 989.0  # H100/H200 SXM, dense
 
 
 def shape_of(preset: str) -> Any:
-    from family_models import shape_config
+    from family_models import FAMILY_MODELS, shape_config, write_config_only
 
     from medgpt_ray.memory.shapes import load_shape
 
     with tempfile.TemporaryDirectory() as d:
+        if preset in FAMILY_MODELS:  # qwen3-8b, qwen3.5-0.8b: bench/family_models.py's own configs
+            return load_shape(str(write_config_only(preset, Path(d))))
         shape_config(preset).save_pretrained(d)
         return load_shape(d)
 
