@@ -29,18 +29,10 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "bench")]
 import common  # noqa: E402
 from common import JOB  # noqa: E402
 
-
-def model_dir(name: str, work: Path) -> Path:
-    """Random-init weights of a preset's shape, saved once under WORK/models (every tool of a run reads them)."""
-    from medgpt_ray.tiny import ensure_tiny
-
-    if name in ("qwen3.5-0.8b", "qwen3-8b", "qwen3-moe-8l"):
-        from family_models import prepare_family_model
-
-        return prepare_family_model(name, work / "models", ensure_tiny())
-    from memory_calibration import prepare_model
-
-    return prepare_model(name, work / "models", ensure_tiny())
+# The bench's model (random weights saved once under WORK/models, which every tool of the run reads) and its planner
+# call (the card's budget, the data's lengths).
+from hybrid_sft import model_dir, plan_for, profiled  # noqa: E402
+from memory_calibration import single_process_env  # noqa: E402
 
 
 def our_token_counts(model: Path, conversations: list[list[dict[str, str]]]) -> list[int]:
@@ -76,10 +68,6 @@ def main() -> int:
     from medgpt_ray.memory.format import plan_line
     from medgpt_ray.stages import run_stage
     from medgpt_ray.stages.inputs import StageInputs
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from hybrid_sft import plan_for, profiled  # the bench's planner call: the card's budget, the data's lengths
-    from memory_calibration import single_process_env
 
     single_process_env()
     gpu = torch.cuda.is_available()
