@@ -11,6 +11,8 @@
 #   bash bench/gpu_calls.sh 4     # Qwen3.5 LoRA's peak on the GPU's allocator (issue 34)
 #   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
 #   bash bench/gpu_calls.sh 6     # issue 34: lora.experts on the 8-layer MoE; the planner's own (padded) Qwen3.5 plan
+#   bash bench/gpu_calls.sh 8     # issue 47: grpo on Qwen3.5-0.8B beside the dense 1.5B, generation_path auto
+#   bash bench/gpu_calls.sh 9     # issue 47: serve on slots, dense then Qwen3.5; issue 49: opd, 7B NF4 teacher
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -109,4 +111,29 @@ call7() {  # call 6's MoE run without Liger: its SwiGLU kernel reads the experts
     --set stages.sft.fused_kernels=false --out "$W/moe-experts-nofused"
 }
 
-"call${1:?which call: 1 to 7}"
+grpo_auto() {  # NAME MODEL STEPS: grpo through the pipeline, 16 x 256, generation_path auto (issue 47's grpo target)
+  step "grpo_$1" 240 python3 bench/rl_stage_run.py --model "$2" --stages grpo --train-steps 0 --steps "$3" \
+    --num-generations 16 --prompts-per-step 1 --set stages.grpo.generation_path=auto --out "$W/grpo_$1"
+}
+
+decodable() {  # MODEL: rl_stage_run's random weights of MODEL made decodable (serve_load's TTFT needs text)
+  [ -d "/tmp/g/$1-decodable" ] || python3 bench/decodable_model.py --src "/tmp/medgpt-rsr/models/$1" \
+    --dest "/tmp/g/$1-decodable"
+}
+
+call8() {  # issue 47: Qwen3.5-0.8B grpo beside the dense 1.5B, both through the pipeline on this machine
+  grpo_auto dense_1.5b qwen2.5-1.5b 6
+  grpo_auto qwen3.5_0.8b qwen3.5-0.8b 6
+}
+
+call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid; issue 49: opd with a 7B NF4 teacher
+  decodable qwen2.5-1.5b; decodable qwen3.5-0.8b
+  serve slots /tmp/g/qwen2.5-1.5b-decodable 1
+  step serve_hybrid 130 python3 bench/serve_load.py --model /tmp/g/qwen3.5-0.8b-decodable --clients 32 \
+    --max-tokens 256 --engine slots --max-prompt-tokens 512 --max-tokens-limit 256 --stream-interval 1 --rounds 3 \
+    --out "$W/serve_load_qwen3.5-0.8b_slots_1.json"
+  step opd_7b_teacher 280 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --teacher qwen2.5-7b \
+    --teacher-quantization 4bit --train-steps 0 --steps 12 --max-completion-length 128 --out "$W/opd_7b"
+}
+
+"call${1:?which call: 1 to 9}"
