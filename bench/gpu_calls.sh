@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device calls of bench/README.md "The next GPU session", one script so a call's command stays short and the
 # committed results name the exact commands that made them. On the device machine, from the project root, with
-# .whl and .whl-serve carried:
+# .whl and .whl-serve carried (.whl-serve only for the calls that serve: a run carries 64 MiB):
 #
 #   bash bench/gpu_calls.sh 1     # issue 35's 1.5B targets (grpo, the static loop, generate, serve on slots): ran
 #                                 #   on an H100 on 2026-12-05 (bench/results/*_h100*.json)
@@ -22,7 +22,7 @@ OUT=${OUT:?the device run sets OUT}
 W=${W:-/tmp/calls}
 mkdir -p "$W"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  .whl-serve/*.whl 2>&1 | grep -v '^WARNING: Target directory' ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+  $(ls .whl-serve/*.whl 2>/dev/null) 2>&1 | grep -v '^WARNING: Target directory' ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed's op builder fails on the image's 9.0a
 M=/tmp/medgpt-rsr/models/qwen2.5-1.5b  # rl_stage_run builds it: random weights, the tokenizer
 G=/tmp/g/qwen2.5-1.5b  # the same shape, built by generation_throughput.random_model
