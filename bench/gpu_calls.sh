@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device calls of bench/README.md "The next GPU session", one script so a call's command stays short and the
 # committed results name the exact commands that made them. On the device machine, from the project root, with
-# .whl and .whl-serve carried (.whl-serve only for the calls that serve: a run carries 64 MiB):
+# .whl carried, and .whl-serve for the calls that serve or .whl-bnb (bench/make_bnb_wheel.sh) for a 4-bit model:
+# a run carries 64 MiB, the working tree's ~6 MB included, so never both:
 #
 #   bash bench/gpu_calls.sh 1     # issue 35's 1.5B targets (grpo, the static loop, generate, serve on slots): ran
 #                                 #   on an H100 on 2026-12-05 (bench/results/*_h100*.json)
@@ -12,7 +13,8 @@
 #   bash bench/gpu_calls.sh 5     # chat on our loop; the serving engines in generation_throughput
 #   bash bench/gpu_calls.sh 6     # issue 34: lora.experts on the 8-layer MoE; the planner's own (padded) Qwen3.5 plan
 #   bash bench/gpu_calls.sh 8     # issue 47: grpo on Qwen3.5-0.8B beside the dense 1.5B, generation_path auto
-#   bash bench/gpu_calls.sh 9     # issue 47: serve on slots, dense then Qwen3.5; issue 49: opd, 7B NF4 teacher
+#   bash bench/gpu_calls.sh 9     # issue 47: serve on slots, dense then Qwen3.5
+#   bash bench/gpu_calls.sh 10    # issue 49: opd through the pipeline, a 7B NF4 teacher over the 1.5B (.whl-bnb)
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -22,7 +24,7 @@ OUT=${OUT:?the device run sets OUT}
 W=${W:-/tmp/calls}
 mkdir -p "$W"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  $(ls .whl-serve/*.whl 2>/dev/null) 2>&1 | grep -v '^WARNING: Target directory' ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+  $(ls .whl-serve/*.whl .whl-bnb/*.whl 2>/dev/null) 2>&1 | grep -v '^WARNING: Target directory' ; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 export PYTHONPATH=/tmp/site:${PYTHONPATH:-} TORCH_CUDA_ARCH_LIST=9.0  # DeepSpeed's op builder fails on the image's 9.0a
 M=/tmp/medgpt-rsr/models/qwen2.5-1.5b  # rl_stage_run builds it: random weights, the tokenizer
 G=/tmp/g/qwen2.5-1.5b  # the same shape, built by generation_throughput.random_model
@@ -126,14 +128,17 @@ call8() {  # issue 47: Qwen3.5-0.8B grpo beside the dense 1.5B, both through the
   grpo_auto qwen3.5_0.8b qwen3.5-0.8b 6
 }
 
-call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid; issue 49: opd with a 7B NF4 teacher
+call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid (models: call 8's)
   decodable qwen2.5-1.5b; decodable qwen3.5-0.8b
   serve slots /tmp/g/qwen2.5-1.5b-decodable 1
   step serve_hybrid 130 python3 bench/serve_load.py --model /tmp/g/qwen3.5-0.8b-decodable --clients 32 \
     --max-tokens 256 --engine slots --max-prompt-tokens 512 --max-tokens-limit 256 --stream-interval 1 --rounds 3 \
     --out "$W/serve_load_qwen3.5-0.8b_slots_1.json"
+}
+
+call10() {  # issue 49 item 3: opd, a 7B teacher in NF4 beside the 1.5B student, planned and run through the pipeline
   step opd_7b_teacher 280 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --teacher qwen2.5-7b \
     --teacher-quantization 4bit --train-steps 0 --steps 12 --max-completion-length 128 --out "$W/opd_7b"
 }
 
-"call${1:?which call: 1 to 9}"
+"call${1:?which call: 1 to 10}"
