@@ -55,6 +55,7 @@ def main() -> int:
     ap.add_argument("--cap-gib", type=float, default=JOB.cap_gib)
     ap.add_argument("--compile", default="true", choices=["auto", "true", "false"])
     ap.add_argument("--method", default="lora", choices=["lora", "qlora"])
+    ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex"], help="stages.sft.attention")
     ap.add_argument("--profile", type=int, default=0, help="torch profiler over this many steps after step 3")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peers"))
     ap.add_argument("--out", type=Path, required=True)
@@ -78,7 +79,7 @@ def main() -> int:
                                                              dropout=JOB.lora_dropout, targets="all-linear"),
                          lr=JOB.lr, seq_len=JOB.seq_len, precision="bf16" if gpu else "fp32",
                          effective_batch=JOB.conversations_per_step, max_steps=args.steps, logging_steps=1,
-                         save_steps=10**6, warmup_ratio=0.0, packing="auto",
+                         save_steps=10**6, warmup_ratio=0.0, packing="auto", attention=args.attention,
                          compile={"auto": "auto", "true": True, "false": False}[args.compile])
     plan, lengths = plan_for(model, cfg, data, args.cap_gib if gpu else 0)
     print("plan:", plan_line(plan), flush=True)
@@ -114,7 +115,8 @@ def main() -> int:
                            our_token_counts(model, conversations))
     notes = [f"plan: {plan_line(plan)}", f"lengths: {lengths.describe() if lengths else None}",
              "real tokens per step: the stage's own non-padding count (packed_counts); laid out: rows x seq_len"]
-    settings = {"method": args.method, "compile": args.compile, "packing": packing, "plan": plan.to_dict(),
+    settings = {"method": args.method, "compile": args.compile, "attention": args.attention, "packing": packing,
+                "plan": plan.to_dict(),
                 "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,
                 **({"profile": profile} if profile else {})}
     common.write_result(args.out, "medgpt-ray", _version(), settings, clock, model, args.data, check, notes)

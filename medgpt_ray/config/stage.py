@@ -113,7 +113,7 @@ class StageConfig(_Strict):
 # `group_by_length` are not (they change which examples share a step): they stay in the fingerprint.
 MEMORY_KNOBS: frozenset[str] = frozenset(
     {"micro_batch", "grad_ckpt", "fused_ce", "fused_kernels", "compile", "zero_stage", "offload", "placement",
-     "reward_model_gpu", "reward_shared_base"})
+     "reward_model_gpu", "reward_shared_base", "attention"})
 # What only changes what is logged, not what is trained.
 NOT_IN_FINGERPRINT: frozenset[str] = frozenset({"report_to"})
 # Planner knobs that change the updates: in a fingerprint through StagePlan.identity(), resolved.

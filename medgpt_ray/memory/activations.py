@@ -197,7 +197,8 @@ def activation_terms(shape: ModelShape, s: TrainSetup) -> dict[str, float]:
     # Around the layers: embedding output and final norm; the LM head input when the head trains.
     edges = (2 * stream + 4) * shape.hidden + (2 * shape.hidden if full else 0)
     b["activations"] = tokens * (saved + edges) * scale
-    if s.packed:  # micro_batch packed rows; rm's are 2 x seq_len wide (the tokens are those of micro_batch pairs)
+    if s.packed and s.attention != "flex":  # micro_batch packed rows; rm's are 2 x seq_len wide (the tokens are
+        # those of micro_batch pairs). Flex attention's BlockMask holds a few bytes per 128 x 128 block instead.
         width = s.seq_len * profile.packed_row_sequences
         attention = sum(n for (linear, _), n in live.items() if not linear)  # linear attention takes no mask
         b["packed_attention_mask"] = PACKED_MASK_BYTES_PER_ELEMENT * s.micro_batch * width ** 2 * max(attention, 1)

@@ -30,6 +30,8 @@ def plan_line(p: StagePlan) -> str:
     else:
         at = "" if p.seq_len_planned is None else f" at {p.seq_len_planned} tokens"
         layout = f"micro-batch {p.micro_batch}{at} x accum {p.grad_accum} x {p.num_workers} worker(s)"
+    if p.attention:
+        layout += f", {p.attention} attention"
     return (f"{p.method}, {layout}, {ck}, "
             f"{'fused CE' if p.fused_ce else 'unfused CE'}, "
             f"{'compiled layers, ' if p.compile else 'Liger layer kernels, ' if p.fused_kernels else ''}"
@@ -68,6 +70,8 @@ def format_plan(plan: StagePlan) -> list[str]:
         rows.append(f"  reward model: on {plan.reward_model_on}")
     if plan.rollout:
         rows.append(f"  rollouts: {plan.rollout}")
+    if plan.attention:
+        rows.append(f"  attention: {plan.attention} (stages.{plan.stage}.attention)")
     if plan.linear_attention:
         rows.append(f"  linear attention: on {plan.linear_attention}")
     if plan.reward_clip:

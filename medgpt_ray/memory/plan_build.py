@@ -74,5 +74,6 @@ def build_plan(stage: str, cfg: StageConfig, shape: ModelShape, budget: Budget, 
         steps_per_generation=s.gen_steps or None, reward_model_on=reward_model_on,
         rollout=rollout_line(shape, s, host_room_gib(budget, s, chosen.est)),
         generation_path=decode.name if (decode := decode_path(shape, s)) else None, reward_clip=cfg.reward_clip,
-        linear_attention=linear_attention_line(shape, budget, s))
+        linear_attention=linear_attention_line(shape, budget, s),
+        attention=None if s.attention == "sdpa" else s.attention)
     return replace(plan, deepspeed=deepspeed_config(plan, cfg))

@@ -33,6 +33,9 @@ class TrainSetup:
     fused_kernels: bool = False  # Liger RMSNorm/SwiGLU/RoPE
     compiled: bool = False  # decoder layers compiled in place (stages/speed.py)
     packed: bool = False  # packed rows with a block-diagonal mask (sft: stages/packing.py, rm: reward_packing.py)
+    # The attention kernel (sft's `attention`): sdpa keeps a dense block-diagonal mask per packed row, flex a
+    # BlockMask of a few bytes per block.
+    attention: str = "sdpa"
     # A hybrid's linear attention in training: on flash-linear-attention's kernels (True), on the PyTorch reference
     # (False), or not known (None: the GPU was not probed; priced by whether fla imports here).
     linear_kernels: bool | None = None

@@ -86,6 +86,9 @@ class StagePlan:
     linear_attention: str | None = None
     # Online-RL stages with reward_clip_range: {min, max, applied_to} (config/online_rl.py reward_clip); None: none.
     reward_clip: dict[str, Any] | None = None
+    # sft's attention kernel when it is not the model's SDPA: "flex" (trainer_kit/packed_attention.use_attention).
+    # None: SDPA, as the model loads.
+    attention: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """What plan.json holds (run/job.write_plan, its one writer, writes it)."""

@@ -1,8 +1,9 @@
 """Which attention path keeps a packed row's conversations apart (trainer_kit/packed_rows.py), checked on the loaded
 model for EVERY layer type it has (docs/ARCHITECTURE.md, issue 34's hybrid models):
 
-- layers that read the attention mask (full, sliding attention): SDPA and eager get rows with position ids restarting
-  at every conversation, and the mask the first such layer receives must be exactly block-diagonal; FlashAttention
+- layers that read the attention mask (full, sliding attention): SDPA, eager and flex attention get rows with
+  position ids restarting at every conversation, and the mask the first such layer receives (flex: its BlockMask's
+  mask function, token by token) must be exactly block-diagonal; FlashAttention
   gets TRL's padding-free flattened batches (its varlen kernel reads their cu_seq_lens);
 - linear-attention layers (Qwen3.5's Gated DeltaNet) take no attention mask: their recurrent state and short
   convolution run on through a whole row unless the kernels are given the boundaries (trainer_kit/linear_attention.py).
@@ -22,6 +23,14 @@ from medgpt_ray.trainer_kit.checkpointing import decoder_layers
 
 ROWS, FLAT = "rows", "flat"  # [rows, seq_len] with per-row masks (SDPA/eager); one flattened sequence (flash)
 MASKED = ("full_attention", "sliding_attention")  # layer types that read the attention mask
+FLEX = "flex_attention"  # transformers' name for PyTorch's flex attention (the sft stage's `attention: flex`)
+
+
+def use_attention(model: Any, attention: str | None) -> None:
+    """Switch a loaded model to the attention the plan trains with (StagePlan.attention; None or sdpa: as loaded).
+    Switched before the packing check, which then reads the mask this attention builds."""
+    if attention == "flex":
+        model.set_attn_implementation(FLEX)
 
 
 class _Stop(Exception):
@@ -42,8 +51,14 @@ def block_diagonal(position_ids: torch.Tensor) -> torch.Tensor:
 
 
 def allowed_pairs(mask: Any) -> torch.Tensor | None:
-    """A 4-D attention mask as [rows, L, L] bool "may attend" (SDPA's bool mask, or eager's additive 0/-inf);
-    None when the model built none (plain causal attention: every earlier token, across conversations)."""
+    """A 4-D attention mask as [rows, L, L] bool "may attend" (SDPA's bool mask, eager's additive 0/-inf, or flex
+    attention's BlockMask evaluated token by token); None when the model built none (plain causal attention: every
+    earlier token, across conversations)."""
+    from torch.nn.attention.flex_attention import BlockMask, create_mask
+
+    if isinstance(mask, BlockMask):  # its mask_mod, not its block layout: a partly masked block is kept whole
+        rows, _, q_len, kv_len = mask.shape
+        return create_mask(mask.mask_mod, rows, 1, q_len, kv_len, device=mask.kv_num_blocks.device)[:, 0]
     if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
         return None
     first_head = mask[:, 0]
@@ -159,8 +174,11 @@ def attention_path(model: Any) -> tuple[str | None, str]:
         mode, why = FLAT, f"{impl}: TRL's padding-free batches (one flattened sequence per micro-batch, varlen kernel)"
     elif impl in ("sdpa", "eager"):
         mode, why = ROWS, f"{impl}: a block-diagonal causal mask per row from the position ids (checked on this model)"
+    elif impl == FLEX:
+        mode, why = ROWS, (f"{impl}: a block-diagonal causal BlockMask per row from the position ids (checked on this "
+                           f"model); the blocks outside every conversation are skipped")
     else:
-        return None, f"attention '{impl}' is not one packing is checked for (sdpa, eager, flash attention)"
+        return None, f"attention '{impl}' is not one packing is checked for (sdpa, eager, flex, flash attention)"
     refused = layers_refusal(model, mode, impl)
     if refused:
         return None, refused

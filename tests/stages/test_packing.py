@@ -110,6 +110,38 @@ def test_the_model_gets_a_block_diagonal_mask_per_row_and_a_conversation_sees_on
     torch.testing.assert_close(alone[1], logits[first : first + second], atol=1e-5, rtol=1e-5)
 
 
+def test_flex_attention_packs_rows_with_a_checked_block_mask_and_each_conversation_sees_only_itself(encoded,
+                                                                                                  tiny_model):
+    """sft's `attention: flex` (the plan's attention, switched on the loaded model): packing checks the BlockMask
+    transformers builds for packed position ids token by token, and each packed conversation's logits are its logits
+    alone (forward only: flex attention has no CPU backward). A BlockMask that lets conversations see each other fails
+    the same check."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    tok, ds = encoded
+    padded, packed, rows = padded_and_packed(tok, ds)
+    model = load(tiny_model)
+    packed_attention.use_attention(model, "flex")
+    assert model.config._attn_implementation == packed_attention.FLEX
+    mode, why = packed_attention.attention_path(model)
+    assert mode == packed_attention.ROWS and "BlockMask" in why
+    pos = packed["position_ids"]
+    mask = packed_attention.mask_the_model_builds(model, pos)
+    assert not isinstance(mask, torch.Tensor)  # a BlockMask, not a dense mask
+    assert torch.equal(packed_attention.allowed_pairs(mask), packed_attention.block_diagonal(pos))
+    causal = create_block_mask(lambda b, h, q, k: q >= k, pos.shape[0], 1, SEQ_LEN, SEQ_LEN, device="cpu")
+    assert not torch.equal(packed_attention.allowed_pairs(causal), packed_attention.block_diagonal(pos))
+    sdpa = load(tiny_model)
+    with torch.no_grad():
+        got = model(input_ids=packed["input_ids"], position_ids=pos, use_cache=False).logits
+        for r, row in enumerate(rows):  # each packed conversation against itself alone, under SDPA
+            start = 0
+            for n in row["seq_lengths"]:
+                alone = sdpa(input_ids=packed["input_ids"][r:r + 1, start:start + n]).logits[0]
+                torch.testing.assert_close(got[r, start:start + n], alone, atol=1e-4, rtol=1e-4)
+                start += n
+
+
 def test_rows_filled_to_the_last_token_still_get_a_mask_and_the_same_loss(encoded, tiny_model):
     """A micro-batch whose rows each hold one conversation cut to seq_len has no restart in its position ids:
     transformers would give it no mask (another graph for compiled layers). Its last position restarts instead,

@@ -192,3 +192,28 @@ def test_grpo_is_measured_as_its_prompts_plus_the_completion_budget(prepared, ti
     prompt = len(tok(rendered, add_special_tokens=False)["input_ids"])
     assert 8 < prof.p50 <= prof.max <= 96 and prof.over_seq_len == 0
     assert prompt + 8 <= prof.max
+
+
+def test_flex_attention_plans_packed_rows_without_the_dense_mask_and_says_so():
+    """sft's `attention: flex` keeps a BlockMask instead of SDPA's [rows, L, L] mask per layer: the planner drops that
+    term (so the same rows cost less, or more fit), plan.json and the plan line name the attention, and a CPU stage
+    (flex has no CPU backward) is refused naming the key."""
+    from medgpt_ray.config import ConfigError
+    from medgpt_ray.memory.format import format_plan, plan_line
+
+    profile = LengthProfile.of([200] * 100, records=100, seq_len=2048, conversations_per_row=8.0)
+    sdpa = plan_stage("sft", sft(), 1, True, Q7, CARD, profile)
+    flex = plan_stage("sft", sft(attention="flex"), 1, True, Q7, CARD, profile)
+    assert sdpa.attention is None and flex.attention == "flex"
+    assert "packed_attention_mask" in sdpa.prediction.breakdown_gib
+    assert "packed_attention_mask" not in flex.prediction.breakdown_gib
+    same_rows = [estimate(Q7, TrainSetup("sft", "lora", "bf16", micro_batch=2, seq_len=2048, packed=True,
+                                         ckpt_fraction=0.0, attention=a)).peak_bytes for a in ("sdpa", "flex")]
+    # the mask of every layer that keeps its activations (all 28: no checkpointing)
+    assert same_rows[0] - same_rows[1] == pytest.approx(PACKED_MASK_BYTES_PER_ELEMENT * 2 * 2048**2 * 28)
+    assert "flex attention" in plan_line(flex) and "flex attention" not in plan_line(sdpa)
+    assert any("attention: flex (stages.sft.attention)" in r for r in format_plan(flex))
+    assert flex.identity() == sdpa.identity()  # a memory knob: the same updates, the same fingerprint
+    with pytest.raises(ConfigError, match=r"stages\.sft\.attention: flex trains on a GPU only"):
+        plan_stage("sft", sft(attention="flex").model_copy(update={"precision": "fp32"}), 1, False, Q7, None,
+                   profile)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from medgpt_ray.config.base import Auto
 from medgpt_ray.config.registry import StageKind, register_stage_kind
 from medgpt_ray.config.stage import LengthGroupedStageConfig
@@ -16,6 +18,11 @@ class SFTStageConfig(LengthGroupedStageConfig):
     elsewhere; true there is an error. `effective_batch` still counts conversations: a step takes as many packed
     rows as hold about that many (the real count is logged as conversations_per_step). Not a memory knob: it
     changes which conversations share a step, so it is in the fingerprint."""
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """The attention kernel of the model's attention layers. sdpa: PyTorch's SDPA, packed rows with a dense
+    block-diagonal mask per row (its memory is planned); flex: PyTorch's flex attention (transformers'
+    `flex_attention`), packed rows with a BlockMask that skips the blocks outside every conversation and keeps no
+    dense mask (GPU only: it has no CPU backward; compiled on its first step); auto: sdpa. A memory knob."""
 
 
 register_stage_kind(StageKind("sft", SFTStageConfig, "sft", "pt"))

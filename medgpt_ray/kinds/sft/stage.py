@@ -26,6 +26,7 @@ from medgpt_ray.stages.outputs import finish_stage
 from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import bucket_kwargs, group_by_length, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
+from medgpt_ray.trainer_kit.packed_attention import use_attention
 from medgpt_ray.trainer_kit.packed_counts import PackedCounts
 from medgpt_ray.trainer_kit.packed_rows import PackedCollator
 from medgpt_ray.trainer_kit.sharding import ShardLoader
@@ -40,6 +41,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len, overlong_policy(inp.cfg))
 
     model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
+    use_attention(model, inp.plan.attention)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, template, train_ds, shard,
                                                                       CONVERSATIONS, sink)
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
