@@ -15,6 +15,7 @@
 #   bash bench/gpu_calls.sh 8     # issue 47: grpo on Qwen3.5-0.8B beside the dense 1.5B, generation_path auto
 #   bash bench/gpu_calls.sh 9     # issue 47: serve on slots, dense then Qwen3.5
 #   bash bench/gpu_calls.sh 10    # issue 49: opd through the pipeline, a 7B NF4 teacher over the 1.5B (.whl-bnb)
+#   bash bench/gpu_calls.sh 11    # issue 49: orpo and simpo on the chunked head; opd on the chunked JSD, sft teacher
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -141,4 +142,12 @@ call10() {  # issue 49 item 3: opd, a 7B teacher in NF4 beside the 1.5B student,
     --teacher-quantization 4bit --train-steps 0 --steps 12 --max-completion-length 128 --out "$W/opd_7b"
 }
 
-"call${1:?which call: 1 to 10}"
+call11() {  # issue 49: orpo and simpo on the chunked head (the H200's committed full-logit medians: 7,923 / 7,971), then
+  # opd on the chunked JSD, 1.5B student and the run's sft as its teacher (today 242-455 tokens/s at micro-batch 1)
+  step orpo_simpo 230 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo --steps 10 \
+    --workdir /tmp/rlt --out "$W/orpo_simpo"
+  step opd_sft_teacher 300 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 --steps 8 \
+    --max-completion-length 128 --out "$W/opd"
+}
+
+"call${1:?which call: 1 to 11}"
