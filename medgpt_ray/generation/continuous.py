@@ -131,7 +131,7 @@ class RequestEngine:
         for field in ("top_k", "repetition_penalty"):
             if getattr(params, field) != getattr(defaults, field):
                 return field
-        return None
+        return params.generate_cannot()
 
     def _start_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
                        on_output: Any) -> None:

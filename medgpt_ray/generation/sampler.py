@@ -3,6 +3,9 @@ every next token here, each row with its own settings. It is transformers' sampl
 answered as generate would answer it:
 1. the repetition penalty (RepetitionPenaltyLogitsProcessor: a seen token's logit divided by the penalty, or
    multiplied where negative) and the stop tokens held back until min_new_tokens (MinNewTokensLengthLogitsProcessor);
+   then OpenAI's own (generate has none of them; a served request's): `logit_bias` added to its tokens' logits, and
+   `frequency_penalty` x the times a token was generated plus `presence_penalty` where it was, subtracted (counted
+   over the answer, not the prompt, as OpenAI and vLLM count them);
 2. a row at temperature 0 takes the argmax of that, as greedy generate does;
 3. a sampled row: temperature, top-k, top-p, min-p (generate's warpers, in its order), then torch.multinomial's
    one-sample draw: probs / Exp(1), argmax (the same random numbers, without its host checks).
@@ -38,6 +41,9 @@ class Settings:
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0  # the stop tokens are held back until this many new tokens
     seed: int | None = None  # None: torch's global generator
+    presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token the answer holds
+    frequency_penalty: float = 0.0  # OpenAI's: x the times the answer holds the token, subtracted
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -50,6 +56,18 @@ class Settings:
             raise ValueError(f"min_p {self.min_p!r}: a number in [0, 1] is required")
         if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise ValueError(f"repetition_penalty {self.repetition_penalty!r}: a number > 0 is required (1: off)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2 <= value <= 2):
+                raise ValueError(f"{name} {value!r}: a number in [-2, 2] is required (0: off)")
+        for token, bias in self.logit_bias:
+            if not (math.isfinite(bias) and -100 <= bias <= 100) or token < 0:
+                raise ValueError(f"logit_bias: token {token} bias {bias!r}: a token id >= 0 and a bias in [-100, 100]")
+
+    @property
+    def counts_answer(self) -> bool:
+        """Whether the row needs its answer's token counts (a presence or frequency penalty)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @property
     def sampled(self) -> bool:
@@ -120,6 +138,11 @@ class Sampler:
         self.produced = torch.zeros(rows, dtype=torch.long, device=device)
         self.held = torch.tensor(held or [], dtype=torch.long, device=device)
         self.seen: Any = None  # [rows, vocab] bool, made when a row first asks for a repetition penalty
+        self.counts: Any = None  # [rows, vocab] float: the answer's tokens, made when a row first asks for a
+        # presence or frequency penalty
+        self.bias: Any = None  # [rows, vocab] float, made when a row first asks for a logit_bias
+        self.presence = torch.zeros(rows, device=device)
+        self.frequency = torch.zeros(rows, device=device)
         self.generators: dict[int, Any] = {}
         self.settings: dict[int, Settings] = {}  # the host's copy: which steps a draw needs, read without the GPU
 
@@ -140,6 +163,8 @@ class Sampler:
         put(self.min_p, [s.min_p for s in settings])
         put(self.penalty, [s.repetition_penalty for s in settings])
         put(self.min_new, [s.min_new_tokens for s in settings])
+        put(self.presence, [s.presence_penalty for s in settings])
+        put(self.frequency, [s.frequency_penalty for s in settings])
         self.produced[index] = 0
         for row, s in zip(rows, settings, strict=True):
             self.settings[row] = s
@@ -148,6 +173,19 @@ class Sampler:
                 self.generators[row] = torch.Generator(device=self.device).manual_seed(s.seed)
         if any(s.repetition_penalty != 1 for s in settings) and self.seen is None:
             self.seen = torch.zeros(self.rows, self.vocab, dtype=torch.bool, device=self.device)
+        if any(s.counts_answer for s in settings) and self.counts is None:
+            self.counts = torch.zeros(self.rows, self.vocab, device=self.device)
+        if self.counts is not None:
+            self.counts[index] = 0
+        if any(s.logit_bias for s in settings) and self.bias is None:
+            self.bias = torch.zeros(self.rows, self.vocab, device=self.device)
+        if self.bias is not None:
+            self.bias[index] = 0
+            for row, s in zip(rows, settings, strict=True):
+                for token, bias in s.logit_bias:
+                    if token >= self.vocab:
+                        raise ValueError(f"logit_bias: token {token} is past the model's {self.vocab} logits")
+                    self.bias[row, token] = bias
         if self.seen is not None:
             self.seen[index] = False
             if isinstance(history, torch.Tensor):
@@ -180,6 +218,11 @@ class Sampler:
         if self._any(lambda s: s.repetition_penalty != 1, rows):
             penalty = of(self.penalty)[:, None]
             scores = torch.where(of(self.seen), torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+        if self._any(lambda s: bool(s.logit_bias), rows):
+            scores = scores + of(self.bias)
+        if self._any(lambda s: s.counts_answer, rows):
+            counts = of(self.counts)
+            scores = scores - of(self.frequency)[:, None] * counts - of(self.presence)[:, None] * (counts > 0)
         if self.held.numel() and self._any(lambda s: s.min_new_tokens > 0, rows):
             early = (of(self.produced) < of(self.min_new))[:, None] & torch.isin(
                 torch.arange(scores.shape[-1], device=scores.device), self.held)[None]
@@ -195,6 +238,8 @@ class Sampler:
         self.produced[index] += 1
         if self.seen is not None:
             self.seen[index, token] = True
+        if self.counts is not None:
+            self.counts[index, token] += 1
         return token
 
     def _sample(self, scores: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, generators: list,

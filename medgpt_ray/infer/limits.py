@@ -153,19 +153,18 @@ def _unpaired_surrogate(text: str) -> bool:
 # The body's fields this server reads (parse_chat), and those it takes as OpenAI's clients send them because they
 # change nothing here (`user`, `metadata`: for the client's own records; `store`, `service_tier`: OpenAI's platform).
 READ = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
-        "stream_options", "stop", "seed", "top_k", "repetition_penalty"}
+        "stream_options", "stop", "seed", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
+        "logit_bias"}
 INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # OpenAI's fields this server cannot honour: why, and the values that ask for nothing (sent as they are, taken).
-TOOLS, LOGPROBS, PENALTY = ("this server does not call tools", "this server does not return log-probabilities",
-                            "not applied here: use repetition_penalty")
+TOOLS, LOGPROBS = "this server does not call tools", "this server does not return log-probabilities"
 UNHONOURED: dict[str, tuple[str, tuple]] = {
     "tools": (TOOLS, (None, [])), "tool_choice": (TOOLS, (None, "none")), "functions": (TOOLS, (None, [])),
     "function_call": (TOOLS, (None, "none")), "logprobs": (LOGPROBS, (None, False)),
     "top_logprobs": (LOGPROBS, (None, 0)),
     "response_format": ("this server does not constrain the answer's format (only {\"type\": \"text\"})",
-                        (None, {"type": "text"})),
-    "presence_penalty": (PENALTY, (None, 0, 0.0)), "frequency_penalty": (PENALTY, (None, 0, 0.0)),
-    "logit_bias": ("this server does not bias tokens", (None, {}))}
+                        (None, {"type": "text"}))}
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on the tokens one request biases
 
 
 def _no_silent_fields(body: dict) -> None:
@@ -192,6 +191,24 @@ def _stops(body: dict) -> tuple[str, ...]:
     if not all(0 < len(s) <= MAX_STOP_CHARS for s in stops):
         raise RequestError("stop", f"each stop string needs 1 to {MAX_STOP_CHARS} characters")
     return tuple(stops)
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: null or {token id (a string of digits): bias in [-100, 100]}, at most MAX_LOGIT_BIAS;
+    the ids are checked against the model's logits when the request is taken."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise RequestError("logit_bias", f"an object of at most {MAX_LOGIT_BIAS} token ids is required")
+    out = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9):
+            raise RequestError("logit_bias", f"keys are token ids (strings of digits), not {json.dumps(key)[:40]}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise RequestError("logit_bias", f"token {key}: a bias in [-100, 100] is required")
+        out.append((int(key), float(value)))
+    return tuple(sorted(out))
 
 
 def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
@@ -228,6 +245,9 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
                                     f"{json.dumps(top_k)[:40]}")
     penalty = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True)
     params = GenerationParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                              top_k=top_k or 0, repetition_penalty=penalty)
+                              top_k=top_k or 0, repetition_penalty=penalty,
+                              presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+                              frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+                              logit_bias=_logit_bias(body))
     return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body),
                        body.get("model"))

@@ -77,11 +77,15 @@ class _Answers:
 
     def _start(self) -> StreamedAnswer | ContinuousAnswer:
         gen, limits, req, engine = self.model.generator, self.model.limits, self.req, self.model.engine
+        # generate samples from the process's one generator, and has no processor for OpenAI's penalties or bias
         unsupported = engine.unsupported(req.params) if engine is not None else \
-            ("seed" if req.params.seed is not None else None)  # generate samples from the process's one generator
+            ("seed" if req.params.seed is not None else req.params.generate_cannot())
         if unsupported is not None:
             raise RequestError(unsupported, f"this server cannot honour {unsupported} ({self.model.path}); "
                                             "`serve --engine slots` can")
+        vocab = self.model.vocab
+        if past := [t for t, _ in req.params.logit_bias if t >= vocab]:
+            raise RequestError("logit_bias", f"token {past[0]} is not among the model's {vocab} token ids")
         if req.params.seed is not None and self.live:  # each of the n choices its own draw, as OpenAI's n does
             params = dataclasses.replace(req.params, seed=req.params.seed + len(self.live))
             req = dataclasses.replace(req, params=params)
@@ -192,6 +196,7 @@ class ChatModel:
         self.generator = Generator(model_path, template, GenerationParams().as_dict())
         self.name, self.api_key = name, api_key
         self.context = _model_context(self.generator)
+        self.vocab = self.generator.model.get_output_embeddings().weight.shape[0]  # the logits logit_bias may bias
         self.limits = limits.for_context(self.context)
         self.engine, self.path = serving_path(self.generator, self.limits, self.context, engine)
 

@@ -224,12 +224,17 @@ def test_a_model_this_server_does_not_serve_is_a_404_and_an_unhonoured_field_a_4
 
 def test_a_seed_this_engine_cannot_honour_is_refused_not_ignored(endpoint, replica):
     """transformers' engine samples every request from one generator: a request's seed would be silently ignored,
-    so it is a 400 naming the field and the engine that can (test_serve_slots.py: the slots honour it)."""
+    so it is a 400 naming the field and the engine that can (test_serve_slots.py: the slots honour it); so are
+    OpenAI's penalties and logit_bias, which generate has no processor for."""
     for seed in (3, 0):  # 0 is a seed too, not "none"
         with pytest.raises(openai.BadRequestError) as e:
             client(endpoint).chat.completions.create(model="sft", messages=USER, max_tokens=4, temperature=1.0,
                                                      seed=seed)
         assert e.value.param == "seed" and "--engine slots" in e.value.message
+    for field, value in (("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("logit_bias", {"5": 10})):
+        with pytest.raises(openai.BadRequestError) as e:
+            client(endpoint).chat.completions.create(model="sft", messages=USER, max_tokens=4, **{field: value})
+        assert e.value.param == field and "--engine slots" in e.value.message
     healthy(endpoint, replica)
 
 

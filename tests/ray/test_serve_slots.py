@@ -60,3 +60,28 @@ def test_a_seed_gives_the_same_answer_and_each_choice_its_own(endpoint, replica)
     pair = answers(11, n=2)
     assert pair[0] == first[0] and pair[1] != pair[0]
     assert answers(12) != first
+
+
+def test_logit_bias_and_the_penalties_are_honoured_on_the_slots(endpoint, replica, tiny_model):  # noqa: F811
+    """logit_bias +100 on one token: every greedy token of the answer is that token. With frequency_penalty 2 too,
+    each time it is drawn costs it 2: after about 50 of them (100 over the spread of the tiny model's logits) other
+    tokens win, so a 64-token answer holds it 40 to 63 times (the arithmetic itself: tests/unit/test_sampler.py).
+    A token id past the model's logits is a 400 naming logit_bias."""
+    import openai
+
+    from medgpt_ray.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model)
+    token = tok.convert_tokens_to_ids(tok.tokenize("病")[0])
+    ask = client(endpoint).chat.completions.create
+
+    def ids(**kw) -> list[int]:
+        reply = ask(model="sft", messages=USER, max_tokens=64, logit_bias={str(token): 100}, **kw)
+        assert reply.usage.completion_tokens == 64
+        return tok(reply.choices[0].message.content, add_special_tokens=False)["input_ids"]
+
+    assert ids() == [token] * 64
+    assert 40 <= ids(frequency_penalty=2.0).count(token) < 64
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(model="sft", messages=USER, max_tokens=2, logit_bias={str(len(tok) + 10**6): 5})
+    assert e.value.param == "logit_bias"

@@ -81,6 +81,26 @@ def test_the_penalty_counts_what_the_row_drew():
     assert [int(sampler.draw(logits.clone())[0]) for _ in range(2)] == [7, 9]
 
 
+def test_openai_penalties_count_the_answer_and_logit_bias_moves_the_logits():
+    """frequency_penalty x count + presence_penalty, subtracted from the logits of the tokens the answer holds (not
+    the prompt's), and logit_bias added: greedy steps whose argmax follows the arithmetic, per row."""
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 7], logits[:, 9], logits[:, 11] = 5.0, 4.2, 3.0
+    sampler = Sampler(3, VOCAB, "cpu")
+    sampler.take([0, 1, 2], [Settings(frequency_penalty=0.5), Settings(presence_penalty=1.0),
+                             Settings(logit_bias=((11, 2.5), (7, -100.0)))], torch.tensor([[9, 9]] * 3))
+    drawn = [sampler.draw(logits.clone()).tolist() for _ in range(4)]
+    # row 0: 7 (5.0), 7 (4.5 > 4.2), 9 (7 at 4.0 < 4.2), 7 (4.0 > 9's 3.7); the prompt's 9s count for nothing
+    assert [d[0] for d in drawn] == [7, 7, 9, 7]
+    # row 1: 7 once, then 9 (4.2 > 7's 4.0), then 7 and 9 both penalised once: 7 (4.0 > 3.2)
+    assert [d[1] for d in drawn] == [7, 9, 7, 7]
+    assert [d[2] for d in drawn] == [11] * 4  # 3.0 + 2.5 over 9's 4.2; 7 banned
+    sampler.take([0], [Settings(frequency_penalty=0.5)])  # a new request: its counts start at zero
+    assert int(sampler.draw(logits.clone(), rows=[0])[0]) == 7
+    with pytest.raises(ValueError, match="past the model's"):
+        sampler.take([1], [Settings(logit_bias=((VOCAB, 1.0),))])
+
+
 def test_stop_tokens_are_held_back_until_min_new_tokens():
     logits = torch.zeros(1, VOCAB)
     logits[0, 3] = 10.0  # the stop token, the argmax
@@ -136,6 +156,7 @@ def test_generate_processors_map_to_settings_and_others_are_named():
 
 
 def test_settings_refuse_nonsense():
-    for bad in [{"top_k": -1}, {"repetition_penalty": 0.0}, {"top_p": 0.0}, {"min_p": 1.5}, {"temperature": -1}]:
+    for bad in [{"top_k": -1}, {"repetition_penalty": 0.0}, {"top_p": 0.0}, {"min_p": 1.5}, {"temperature": -1},
+                {"presence_penalty": 2.5}, {"frequency_penalty": -3.0}, {"logit_bias": ((1, 101.0),)}]:
         with pytest.raises(ValueError, match=next(iter(bad))):
             Settings(**bad)

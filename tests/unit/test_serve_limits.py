@@ -37,6 +37,11 @@ def test_a_good_request_and_its_defaults():
                    "frequency_penalty": 0.0, "logit_bias": {}, "response_format": {"type": "text"}, "user": "u-1",
                    "metadata": {"ward": "3"}, "model": "sft"})
     assert quiet.params == GenerationParams(max_new_tokens=16, seed=None) and quiet.model == "sft"
+    # OpenAI's penalties and logit_bias are read (the slots honour them; generate's engines refuse them by name)
+    req = parse({"messages": USER, "presence_penalty": 0.5, "frequency_penalty": -1, "logit_bias": {"7": -100,
+                                                                                                   "3": 2.5}})
+    assert (req.params.presence_penalty, req.params.frequency_penalty) == (0.5, -1.0)
+    assert req.params.logit_bias == ((3, 2.5), (7, -100.0)) and req.params.generate_cannot() == "presence_penalty"
 
 
 @pytest.mark.parametrize("body, field", [
@@ -64,9 +69,12 @@ def test_a_good_request_and_its_defaults():
     ({"messages": USER, "tool_choice": "auto"}, "tool_choice"), ({"messages": USER, "logprobs": True}, "logprobs"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
-    ({"messages": USER, "frequency_penalty": -1}, "frequency_penalty"),
-    ({"messages": USER, "logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"messages": USER, "presence_penalty": 2.5}, "presence_penalty"),
+    ({"messages": USER, "frequency_penalty": "-1"}, "frequency_penalty"),
+    ({"messages": USER, "logit_bias": {"50256": -101}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"token": 1}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": [1, 2]}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
     ({"messages": USER, "max_tokenz": 5}, "max_tokenz"), ({"messages": USER, "stop": 5}, "stop"),
     ({"messages": USER, "seed": -1}, "seed"), ({"messages": USER, "seed": 1.5}, "seed"),
     ({"messages": USER, "seed": 2**63}, "seed"), ({"messages": USER, "top_k": -1}, "top_k"),
