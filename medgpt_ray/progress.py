@@ -14,10 +14,24 @@ def format_eta(seconds: float | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def remaining_s(rec: dict[str, Any], step: int, total: int) -> float | None:
+    """Seconds left at the pace of the steps after the attempt's first (which compiles, autotunes and warms up: on a
+    7B layer tens of seconds), or of all steps where none came after it yet."""
+    if not (step and total):
+        return None
+    first, first_s = rec.get("first_step"), rec.get("first_step_s")
+    if first is not None and first_s is not None and step > first:
+        return (rec["time_s"] - first_s) / (step - first) * (total - step)
+    return rec["time_s"] / step * (total - step)
+
+
 def progress_line(rec: dict[str, Any]) -> str:
     step, total = rec.get("step", 0), rec.get("total_steps") or 0
-    eta = rec["time_s"] / step * (total - step) if step and total else None
     parts = [f"[{rec.get('stage', '?'):>3}] step {step}/{total}"]
+    if rec.get("phase") == "compiling":  # sent when training starts on compiled layers, before the first step
+        return "  ".join([*parts, "first step: compiling the layers (kept in the compile cache for later runs); "
+                                  "the ETA follows the steps after it"])
+    eta = remaining_s(rec, step, total)
     if "loss" in rec:
         parts.append(f"loss {rec['loss']:.4f}")
     if "tokens_per_s" in rec:

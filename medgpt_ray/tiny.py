@@ -42,6 +42,17 @@ def cache_root() -> Path:
     return Path(os.environ.get("MEDGPT_RAY_CACHE", Path.home() / ".cache" / "medgpt-ray"))
 
 
+def use_compile_caches() -> dict[str, str]:
+    """Keep torch.compile's inductor artefacts and Triton's kernels under the cache directory, shared by every stage
+    and run on this machine (a later run's first step loads them instead of compiling: inductor's FX graph and
+    autograd caches key on the graph, the versions and the GPU). An environment variable already set wins. Returns
+    what this process now uses."""
+    caches = {"TORCHINDUCTOR_CACHE_DIR": cache_root() / "inductor", "TRITON_CACHE_DIR": cache_root() / "triton"}
+    for name, path in caches.items():
+        os.environ.setdefault(name, str(path))
+    return {name: os.environ[name] for name in caches}
+
+
 def _corpus_files(corpus: Path) -> list[Path]:
     return sorted(p for p in corpus.glob("*.jsonl") if p.is_file())
 

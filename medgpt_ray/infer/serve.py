@@ -31,6 +31,7 @@ from medgpt_ray.infer.limits import ChatRequest, RequestError, ServeLimits, pars
 from medgpt_ray.infer.serve_engine import serving_path
 from medgpt_ray.infer.source import ModelSource
 from medgpt_ray.templates.base import TemplateError
+from medgpt_ray.tiny import use_compile_caches
 
 app = FastAPI(title="medgpt-ray")
 
@@ -193,6 +194,7 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
 class ChatModel:
     def __init__(self, model_path: str, template: str | None, name: str, api_key: str | None, limits: ServeLimits,
                  engine: str = "auto"):
+        use_compile_caches()  # the slot engine's compiled decode step: a restarted replica loads it
         self.generator = Generator(model_path, template, GenerationParams().as_dict())
         self.name, self.api_key = name, api_key
         self.context = _model_context(self.generator)

@@ -47,6 +47,9 @@ class ProgressPrinter:
 
     def feed(self, records: list[dict[str, Any]]) -> None:
         for rec in records:
+            if rec.get("phase") == "compiling":
+                self.echo(progress_line(rec))
+                continue
             if "loss" not in rec:
                 continue
             stage, step = rec.get("stage", "?"), int(rec.get("step", 0))

@@ -44,7 +44,7 @@ class RayOptions:
 
 def start_worker() -> None:
     """First thing in every stage worker, before CUDA is touched."""
-    from medgpt_ray.tiny import cache_root
+    from medgpt_ray.tiny import cache_root, use_compile_caches
 
     # What a worker writes (checkpoints, the model, metrics.jsonl) was trained on or holds medical records: owner-only.
     os.umask(0o077)
@@ -52,6 +52,7 @@ def start_worker() -> None:
     logging.getLogger("ray.train").setLevel(logging.WARNING)
     # DeepSpeed JIT-builds its CPU comm op (~25 s) on first use: keep the build for later stages and runs.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
+    use_compile_caches()  # before anything compiles: inductor and Triton read them when they first do
     # The GPU the placement chose is bound before this runs, by the placed backend's train-function context.
 
 

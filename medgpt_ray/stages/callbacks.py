@@ -104,12 +104,21 @@ class StageProgress(TrainerCallback):
         self._t0 = time.monotonic()
         self._last_t = self._t0
         self._last_tokens = 0
+        self._first_step, self._first_step_s = 1, None  # the attempt's first step and when it ended
 
     def on_train_begin(self, args, state, control, **kwargs):
         # HF has loaded the checkpoint's TrainerState by now: global_step is the step resumed from (0 on a fresh
         # start). What a dead attempt logged after that step is trained and logged again: keep each step once.
         if state.is_world_process_zero:
             keep_steps_up_to(self.metrics_path, state.global_step)
+            self._first_step = state.global_step + 1
+            if self.compiles is not None and self.sink is not None:  # its first step compiles for tens of seconds
+                self.sink({"stage": self.stage, "step": state.global_step, "total_steps": state.max_steps,
+                           "phase": "compiling"})
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self._first_step:  # the attempt's first step: compiling, autotuning, warm-up
+            self._first_step_s = round(time.monotonic() - self._t0, 3)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -122,6 +131,8 @@ class StageProgress(TrainerCallback):
             "step": state.global_step,
             "total_steps": state.max_steps,
             "time_s": round(now - self._t0, 3),
+            **({"first_step": self._first_step, "first_step_s": self._first_step_s}
+               if self._first_step_s is not None else {}),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }
         if self.compiles is not None and self.compiles.recompiles is not None:
