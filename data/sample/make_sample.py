@@ -10,6 +10,7 @@ rewrites every file below byte-identically on each run:
     reward.jsonl          {"question", "response_chosen", "response_rejected"}  shibing624/medical reward
     raw/                  a small dirty corpus (synthetic PII, duplicates, malformed lines) for cleaning
     README.md, raw/README.md
+    cmb/                  exam questions in CMB's format, for the eval stage (its own generator, cmb/make_cmb.py)
 
 Everything is composed from the hand-written knowledge table in this file; nothing is downloaded. All
 personal data in raw/ (resident IDs, phones, e-mails, bank cards) is synthetic, generated here with
@@ -2229,7 +2230,13 @@ def main(out: Path = HERE) -> dict:
         formats = make_formats.main(out / "formats", out / "README.md")
     finally:
         del sys.modules[spec.name]
-    return {"sample": counts, "raw": raw_counts, "formats": {name: f["records"] for name, f in formats.items()}}
+    # cmb/ (exam questions in CMB's format, data.exam) has its own small generator too.
+    spec = importlib.util.spec_from_file_location("make_cmb", HERE / "cmb" / "make_cmb.py")
+    make_cmb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_cmb)
+    cmb = make_cmb.main(out / "cmb")
+    return {"sample": counts, "raw": raw_counts, "formats": {name: f["records"] for name, f in formats.items()},
+            "cmb": {name: f["records"] for name, f in cmb.items()}}
 
 
 if __name__ == "__main__":

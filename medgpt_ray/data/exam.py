@@ -1,12 +1,17 @@
 """The exam kind: multiple-choice questions (CMExam / C-Eval style), read, checked and put as a prompt.
 
-Canonical record: {"question": str, "options": {"A": str, "B": str, ...}, "answer": "A" | "AC" ...}: option letters
-A-Z in order with no gap, at least two options, the answer one or more distinct option letters, sorted.
+Canonical record: {"question": str, "options": {"A": str, "B": str, ...}, "answer": "A" | "AC" ..., "subject"?: str}:
+option letters A-Z in order with no gap, at least two options, the answer one or more distinct option letters,
+sorted; "subject" (what per-subject accuracy groups by) only where the source names one, so a record without one is
+the record it always was (same hash key, same id).
 
 Source formats (data/readers.py):
 
     exam   {"question", "options": {"A": ..., ...} | [..., ...], "answer": "A" | "AC" | "A,C" | ["A", "C"]}
+           (+ "subject")
     ceval  C-Eval's columns {"question", "A", "B", "C", "D", ..., "answer"} (+ "id", "explanation", ignored)
+    cmb    CMB's {"exam_type", "exam_class", "exam_subject", "question", "answer", "question_type",
+           "option": {"A": ..., ...}}: the subject is the most specific of exam_subject, exam_class, exam_type given
 
 How a question is asked (`exam_prompt`) and answered (`option_text`, `answer_text`) is defined here once: the eval
 stage scores each option's text after the prompt and parses the letter a model generates (`parse_letters`); a test
@@ -37,15 +42,15 @@ def _text(value: object, where: str) -> str:
     return value.strip()
 
 
-def _options(value: object) -> dict[str, str]:
+def _options(value: object, name: str = "options") -> dict[str, str]:
     if value is None:
-        raise RecordError("missing field 'options'")
+        raise RecordError(f"missing field {name!r}")
     if isinstance(value, list):
         if len(value) > len(LETTERS):
             raise RecordError(f"{len(value)} options: at most {len(LETTERS)} (A-Z)")
         value = dict(zip(LETTERS, value, strict=False))
     if not isinstance(value, dict):
-        raise RecordError(f"field 'options' is a {type(value).__name__}, not an object or a list")
+        raise RecordError(f"field {name!r} is a {type(value).__name__}, not an object or a list")
     out: dict[str, str] = {}
     for key, text in value.items():
         letter = key.strip().upper() if isinstance(key, str) else ""
@@ -82,17 +87,31 @@ def _answer(value: object, options: dict[str, str]) -> str:
     return "".join(sorted(letters))
 
 
-def exam_record(question: object, options: object, answer: object) -> dict:
+def exam_record(question: object, options: object, answer: object, options_field: str = "options") -> dict:
     """The canonical exam record; RecordError says why the fields cannot make one."""
     text = _text(question, "field 'question'")
-    opts = _options(options)
+    opts = _options(options, options_field)
     return {"question": text, "options": opts, "answer": _answer(answer, opts)}
+
+
+def subject(row: dict, fields: tuple[str, ...]) -> dict[str, str]:
+    """{"subject": the first of `fields` the row gives (a non-blank string)}, or {} when it gives none; a field
+    given as anything but a string (or null) is a RecordError naming it."""
+    for name in fields:
+        value = row.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RecordError(f"field {name!r} is a {type(value).__name__}, not a string")
+        if value.strip():
+            return {"subject": value.strip()}
+    return {}
 
 
 def from_exam(row: dict) -> list[dict]:
     if "question" not in row:
         raise RecordError("missing field 'question'")
-    return [exam_record(row["question"], row.get("options"), row.get("answer"))]
+    return [{**exam_record(row["question"], row.get("options"), row.get("answer")), **subject(row, ("subject",))}]
 
 
 def from_ceval(row: dict) -> list[dict]:
@@ -103,6 +122,27 @@ def from_ceval(row: dict) -> list[dict]:
             break
         options[letter] = row[letter]
     return [exam_record(row.get("question"), options, row.get("answer"))]
+
+
+CMB_SUBJECT_FIELDS = ("exam_subject", "exam_class", "exam_type")  # the most specific first
+
+
+def from_cmb(row: dict) -> list[dict]:
+    """CMB's exam records: options under the singular "option" (an object; a blank last option, a padded slot, is
+    left out), the subject from exam_subject, else exam_class, else exam_type; question_type is not read (the
+    answer's letters say how many are right)."""
+    options = row.get("option")
+    if isinstance(options, dict):
+        letters = sorted(options, key=lambda k: str(k).strip().upper())
+        while letters and _blank(options[letters[-1]]):
+            letters.pop()
+        options = {k: options[k] for k in letters}
+    return [{**exam_record(row.get("question"), options, row.get("answer"), "option"),
+             **subject(row, CMB_SUBJECT_FIELDS)}]
+
+
+def _blank(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def exam_prompt(record: dict) -> str:

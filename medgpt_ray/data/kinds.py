@@ -16,7 +16,7 @@ KIND_FORMATS: dict[str, tuple[str, ...]] = {
     "preference": ("reward", "sharegpt_preference", "canonical_preference"),
     "prompt": ("grpo", "sharegpt_prompt", "canonical_prompt"),
     "unpaired": ("trl_unpaired", "sharegpt_unpaired", "canonical_unpaired"),
-    "exam": ("exam", "ceval"),
+    "exam": ("exam", "ceval", "cmb"),
 }
 KINDS: tuple[str, ...] = tuple(KIND_FORMATS)
 # Multiple-choice exams (data.exam) are read as they are, for the eval stage: the cleaner (data.raw) takes the others.
@@ -95,7 +95,9 @@ def detect_format(row: dict) -> str:
       example, else with "answer" a prompt, else sft; the turn style (from/value or role/content) of the first
       turn picks sharegpt_* or canonical_*. A preference, unpaired or prompt record whose turns are unreadable
       counts as canonical_*, whose converter then says why.
-    - "options" exam (question/options/answer); "question" with "A" and "B" ceval (C-Eval's option columns).
+    - "options" exam (question/options/answer); "option" (singular) with "question", or any of CMB's
+      exam_type/exam_class/exam_subject, cmb (CMB's exam records); "question" with "A" and "B" ceval (C-Eval's
+      option columns).
     - otherwise, first match: "response_chosen"/"response_rejected" reward, "completion"/"label" trl_unpaired
       (TRL's KTO {"prompt", "completion", "label"}), "questions" huatuo, "instruction" alpaca, "ask" toyhom,
       "question" grpo, "text" text, a single string field text.
@@ -115,6 +117,8 @@ def detect_format(row: dict) -> str:
         return "sharegpt" if _conversation_style(row["conversations"]) == "sharegpt" else "canonical_sft"
     if "options" in keys:
         return "exam"
+    if keys & {"exam_type", "exam_class", "exam_subject"} or {"option", "question"} <= keys:
+        return "cmb"
     if "question" in keys and {"A", "B"} <= keys:
         return "ceval"
     if "response_chosen" in keys or "response_rejected" in keys:

@@ -25,6 +25,7 @@ FORMAT_KIND = {fmt: kind for kind, fmts in KIND_FORMATS.items() for fmt in fmts}
 # stand-in is a letter every exam has; an SFT format's becomes the assistant turn the prompt then drops.)
 REFERENCE_FIELDS = {"grpo": ("answer", None), "sharegpt_prompt": ("answer", None),
                     "canonical_prompt": ("answer", None), "exam": ("answer", "A"), "ceval": ("answer", "A"),
+                    "cmb": ("answer", "A"),
                     "alpaca": ("output", "-"), "toyhom": ("answer", "-"), "huatuo": ("answers", "-")}
 
 

@@ -7,7 +7,8 @@ Canonical records:
     preference:  {"conversations": [...prompt turns...], "chosen": str, "rejected": str, "tools": [...]}
     prompt:      {"conversations": [...prompt turns...], "answer": str | None, "tools": [...]}
     unpaired:    {"conversations": [...prompt turns...], "completion": str, "label": bool, "tools": [...]}
-    exam:        {"question": str, "options": {"A": str, ...}, "answer": "A" | "AC" ...}   (data/exam.py)
+    exam:        {"question": str, "options": {"A": str, ...}, "answer": "A" | "AC" ..., "subject"?: str}
+                 (data/exam.py; "subject" only where the source names one)
                  (+ "pair": an id shared by the two halves of a preference pair read as unpaired data)
 
 A turn is {"role": R, "content": str}, R one of system (first only), user, assistant, tool_call (the
@@ -38,6 +39,8 @@ Source formats understood (`detect_format` names):
                            "label"} (+ optional "system")
     exam                   {"question", "options": {letter: text} | [text, ...], "answer": letters} (CMExam-style)
     ceval                  C-Eval {"question", "A", "B", "C", "D", "answer"} (+ "id", "explanation")
+    cmb                    CMB {"question", "option": {letter: text}, "answer": letters, "exam_subject",
+                           "exam_class", "exam_type", "question_type"} (the subject: the most specific given)
 
 A preference pair read as unpaired data (data/kinds.py ALSO_READ_AS) is two records, chosen with label true and
 rejected with label false, as TRL unpairs them; both carry the pair's id in "pair", which keeps them in the same
@@ -56,7 +59,7 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from medgpt_ray.data.exam import from_ceval, from_exam
+from medgpt_ray.data.exam import from_ceval, from_cmb, from_exam
 from medgpt_ray.data.fields import (  # noqa: F401  (the public helpers: imported from here too)
     SHAREGPT_ROLES,
     _answer,
@@ -243,6 +246,7 @@ CONVERTERS: dict[str, Callable[[dict], list[dict]]] = {
     "trl_unpaired": _from_trl_unpaired,
     "exam": from_exam,
     "ceval": from_ceval,
+    "cmb": from_cmb,
 }
 assert set(CONVERTERS) == {f for fmts in KIND_FORMATS.values() for f in fmts}
 

@@ -1,6 +1,6 @@
 """The report's eval section: the eval stage's results.json (held-out loss per model, answers judged by the reward
-model and the win rates over the reference, exam accuracy; each model's decode path). Numbers only: the answers
-themselves stay in runs/<name>/eval/generations.jsonl (owner-only)."""
+model and the win rates over the reference, exam accuracy, per subject where the questions name theirs; each model's
+decode path). Numbers only: the answers themselves stay in runs/<name>/eval/generations.jsonl (owner-only)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,28 @@ def _win_rates(ev: dict[str, Any]) -> str:
     return body
 
 
+def _per_subject(ev: dict[str, Any]) -> str:
+    """The exam's accuracy per subject (results.json's models.<name>.exam.per_subject): a row a subject, its
+    questions, then each model's log-likelihood and generated-letter accuracy; "" when no question names one."""
+    names = [n for n in _ordered(list(ev["models"])) if (ev["models"][n].get("exam") or {}).get("per_subject")]
+    if not names:
+        return ""
+    subjects: dict[str, int] = {}
+    for n in names:
+        for subject, v in ev["models"][n]["exam"]["per_subject"].items():
+            subjects.setdefault(subject, v["questions"])
+    rows = []
+    for subject, questions in subjects.items():
+        cells: list[Any] = [subject, questions]
+        for n in names:
+            v = ev["models"][n]["exam"]["per_subject"].get(subject, {})
+            cells += [v.get("loglik_accuracy"), v.get("generated_accuracy")]
+        rows.append(cells)
+    headers = ["subject", "questions",
+               *(f"{n}: {how}" for n in names for how in ("log-likelihood", "generated letter"))]
+    return section("eval-exam-subjects", "Exam accuracy by subject", table(headers, rows), level=3)
+
+
 def eval_section(ev: dict[str, Any] | None) -> str:
     if not ev:
         return section(anchor(), "Evaluation", note("not run: no eval stage in this run (stages.eval.enabled)"))
@@ -75,4 +97,5 @@ def eval_section(ev: dict[str, Any] | None) -> str:
             "log-likelihood": [ev["models"][n]["exam"]["loglik_accuracy"] for n in names],
             "generated letter": [ev["models"][n]["exam"]["generated_accuracy"] for n in names]}),
             "exam accuracy", "")
+    body += _per_subject(ev)
     return section(anchor(), "Evaluation", body)

@@ -54,6 +54,7 @@ NO_REFERENCE = {  # every format `generate` reads a prompt from, without its ref
     "role/content ending on the user": {"conversations": [{"role": "user", "content": "头痛怎么办？"}]},
     "exam": {"question": "头痛首选？", "options": {"A": "休息", "B": "手术"}},
     "ceval": {"question": "头痛首选？", "A": "休息", "B": "手术", "C": "输液", "D": "观察"},
+    "cmb": {"exam_subject": "临床执业医师", "question": "头痛首选？", "option": {"A": "休息", "B": "手术"}},
     "alpaca": {"instruction": "头痛怎么办？", "input": ""},
     "toyhom": {"department": "内科", "title": "头痛", "ask": "怎么办？"},
     "huatuo": {"questions": [["头痛怎么办？", "头疼怎么办？"]]},

@@ -9,9 +9,9 @@ log-likelihood and the letter it generates (kinds/eval/scores.py). Then the rm s
 each model's answers are compared with the reference model's (the stage's `from`, SFT by default) prompt by prompt:
 wins, ties, losses, the win rate (ties half) with a bootstrap 95 % interval (kinds/eval/stats.py).
 
-runs/<name>/eval/: results.json (the numbers, no record text; per model its decode path and why), generations.jsonl
-and exam.jsonl (per item: the answers and their scores; owner-only, they hold medical text), result.json (the stage's
-receipt)."""
+runs/<name>/eval/: results.json (the numbers, no record text; per model its decode path and why, and the exam's
+accuracy per subject by the subjects' names where the questions name them), generations.jsonl and exam.jsonl (per
+item: the answers and their scores; owner-only, they hold medical text), result.json (the stage's receipt)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class ModelEval:
     loss: dict[str, Any]
     text_loss: dict[str, Any] | None
     answers: list[dict[str, Any]] = field(default_factory=list)  # per prompt: id, response, new_tokens, finished
-    exam: list[dict[str, Any]] = field(default_factory=list)  # per question: id, picks, generated
+    exam: list[dict[str, Any]] = field(default_factory=list)  # per question: id, subject?, picks, generated
     generate_seconds: float = 0.0
     decode_path: str | None = None  # how its answers decoded and why (DecodePath.describe); None: it generated none
 
@@ -111,8 +111,8 @@ def _exam(gen: Generator, template: Any, data: EvalData, cfg: Any) -> list[dict]
     generated, _ = _answers(gen, asked, cfg.batch_size)
     out = []
     for (qid, r), s, g in zip(data.exam, option_scores, generated, strict=True):
-        out.append({"id": qid, "answer": r["answer"], "loglik": scores.loglik_choice(s),
-                    "loglik_sum": scores.loglik_choice(s, normalised=False),
+        out.append({"id": qid, **({"subject": r["subject"]} if "subject" in r else {}), "answer": r["answer"],
+                    "loglik": scores.loglik_choice(s), "loglik_sum": scores.loglik_choice(s, normalised=False),
                     "generated": parse_letters(g["response"], r["options"]), "response": g["response"]})
     return out
 
@@ -179,7 +179,8 @@ def judge(inp: StageInputs, data: EvalData, answers: dict[str, list[dict]]) -> d
 
 def summarise(ref: str, evals: dict[str, ModelEval], rewards: dict[str, list[float]], data: EvalData,
               inp: StageInputs) -> dict[str, Any]:
-    """results.json: per model its loss, answers' mean reward and length, exam accuracies; win rates over ref."""
+    """results.json: per model its loss, answers' mean reward and length, exam accuracies (per subject too); win rates
+    over ref."""
     per_model: dict[str, Any] = {}
     for name, e in evals.items():
         m: dict[str, Any] = {"heldout": e.loss, **({"pretrain_heldout": e.text_loss} if e.text_loss else {}),
@@ -191,12 +192,8 @@ def summarise(ref: str, evals: dict[str, ModelEval], rewards: dict[str, list[flo
                             "generate_seconds": round(e.generate_seconds, 2)}
             if name in rewards:
                 m["answers"]["mean_reward"] = round(sum(rewards[name]) / len(rewards[name]), 4)
-        if e.exam:
-            m["exam"] = {"questions": len(e.exam),
-                         "loglik_accuracy": stats.accuracy([x["loglik"] == x["answer"] for x in e.exam]),
-                         "loglik_sum_accuracy": stats.accuracy([x["loglik_sum"] == x["answer"] for x in e.exam]),
-                         "generated_accuracy": stats.accuracy([x["generated"] == x["answer"] for x in e.exam]),
-                         "unparsed": sum(not x["generated"] for x in e.exam)}
+        if e.exam:  # accuracies, and per subject where the questions name theirs
+            m["exam"] = stats.exam_summary(e.exam)
         per_model[name] = m
     wins = {name: stats.win_rate(rewards[name], rewards[ref], inp.cfg.bootstrap, inp.seed)
             for name in rewards if name != ref and ref in rewards}  # a pretraining reference answers nothing

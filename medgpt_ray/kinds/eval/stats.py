@@ -1,5 +1,6 @@
 """The eval stage's statistics, pure numpy: the win rate of one model over another on the same prompts, judged by
-reward scores (ties count half), with a seeded bootstrap 95 % interval over the prompts; exam accuracy."""
+reward scores (ties count half), with a seeded bootstrap 95 % interval over the prompts; exam accuracy, overall and
+per subject."""
 
 from __future__ import annotations
 
@@ -45,3 +46,26 @@ def win_rate(candidate: Sequence[float], reference: Sequence[float], resamples: 
 
 def accuracy(correct: Sequence[bool]) -> float | None:
     return round(float(np.mean(correct)), 4) if len(correct) else None
+
+
+NO_SUBJECT = "(none)"  # per_subject's group of the questions whose record names no subject
+
+
+def exam_summary(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A model's exam block of results.json from its per-question items (id, answer, loglik, loglik_sum, generated,
+    subject where the record names one): the accuracies, and per subject (sorted, NO_SUBJECT last) the questions,
+    log-likelihood and generated-letter accuracy when any question has a subject."""
+    out: dict[str, Any] = {"questions": len(items),
+                           "loglik_accuracy": accuracy([x["loglik"] == x["answer"] for x in items]),
+                           "loglik_sum_accuracy": accuracy([x["loglik_sum"] == x["answer"] for x in items]),
+                           "generated_accuracy": accuracy([x["generated"] == x["answer"] for x in items]),
+                           "unparsed": sum(not x["generated"] for x in items)}
+    if any("subject" in x for x in items):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for x in items:
+            groups.setdefault(x.get("subject", NO_SUBJECT), []).append(x)
+        out["per_subject"] = {name: {"questions": len(g),
+                                     "loglik_accuracy": accuracy([x["loglik"] == x["answer"] for x in g]),
+                                     "generated_accuracy": accuracy([x["generated"] == x["answer"] for x in g])}
+                              for name, g in sorted(groups.items(), key=lambda kv: (kv[0] == NO_SUBJECT, kv[0]))}
+    return out
