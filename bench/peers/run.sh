@@ -11,6 +11,7 @@
 # real-length mix of bench/make_real_length_corpus.py. OURS_LIMIT / PEER_LIMIT: seconds each process may take
 # (240 / 330: one device call is 600 s). OURS_ARGS: more arguments to ours.py (`--method qlora` for the QLoRA row,
 # with .whl-bnb carried: bench/make_bnb_wheel.sh .whl-bnb); TAG: a suffix for the result names (_qlora).
+# OURS_WHEELS: our run's wheelhouse where .whl-hybrid is not carried (.whl, Ray's, has what ours.py needs too).
 # Results: $OUT/peers.tgz after each step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +21,7 @@ W=${W:-/tmp/peers}
 mkdir -p "$W" /tmp/site "/tmp/peer-$PEER"
 export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  $(ls .whl-hybrid/*.whl | grep -v -e fla_core -e flash_linear) $(ls .whl-bnb/*.whl 2>/dev/null) \
+  $(ls "${OURS_WHEELS:-.whl-hybrid}"/*.whl | grep -v -e fla_core -e flash_linear) $(ls .whl-bnb/*.whl 2>/dev/null) \
   2>&1 | grep -v '^WARNING: Target'
 if [ "$PEER" != none ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/peer-$PEER" .whl-peer-"$PEER"/*.whl \
