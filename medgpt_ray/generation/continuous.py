@@ -53,6 +53,9 @@ class Answer:
     new_tokens: int = 0
     finished: bool = False  # stopped on its own stop token, not at max_new_tokens
     ttft_s: float | None = None  # seconds from submission to the first piece
+    # Where the request asked for logprobs (the slots): per generated token so far, (its id, its log-probability,
+    # [(token id, log-probability)] of the likeliest), as slot_engine.SlotOutput carries them.
+    logprobs: list | None = None
 
 
 def page_bytes(model: Any) -> int:
@@ -168,6 +171,7 @@ class RequestEngine:
                     out = outputs.get_nowait()
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
+                answer.logprobs = getattr(out, "logprobs", None)  # transformers' outputs carry none
                 done = out.is_finished()
                 if not done and emitted and len(out.generated_tokens) - sent < self.stream_interval:
                     continue  # the first piece at once, then one per stream_interval tokens
@@ -271,6 +275,10 @@ class ContinuousAnswer:
     @property
     def prompt_tokens(self) -> int:
         return self.answer.prompt_tokens
+
+    @property
+    def logprobs(self) -> list | None:
+        return self.answer.logprobs
 
     @property
     def new_tokens(self) -> int:

@@ -97,15 +97,18 @@ class DeferredTokens(_Copies):
         super().__init__(device)
         self.pending: deque[tuple[Any, Any, dict]] = deque()
 
-    def push(self, tokens: Any, owners: dict) -> None:
-        self.pending.append((*self.copy(tokens), owners))
+    def push(self, tokens: Any, owners: dict, extra: tuple | None = None) -> None:
+        """`extra`: more device tensors of the step (the sampler's log-probabilities), copied behind the tokens."""
+        copies = None if extra is None else [self.copy(t)[0] for t in extra]
+        self.pending.append((*self.copy(tokens), owners, copies))
 
-    def settle(self, keep: int) -> list[tuple[list[int], dict]]:
-        """The steps pushed before the last `keep`, oldest first: (their tokens, their owners), waited for."""
+    def settle(self, keep: int) -> list[tuple[list[int], dict, list | None]]:
+        """The steps pushed before the last `keep`, oldest first: (their tokens, their owners, their extra tensors
+        as lists or None), waited for."""
         out = []
         while len(self.pending) > keep:
-            host, event, owners = self.pending.popleft()
-            if event is not None:
+            host, event, owners, extra = self.pending.popleft()
+            if event is not None:  # recorded after the extra copies' too
                 event.synchronize()
-            out.append((host.tolist(), owners))
+            out.append((host.tolist(), owners, None if extra is None else [t.tolist() for t in extra]))
         return out

@@ -25,6 +25,7 @@ class GenerationParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # OpenAI's logprobs / top_logprobs: None off; k the likeliest k beside each token
 
     def __post_init__(self) -> None:
         # Refused here too, not only by the callers' parsers: transformers reads max_new_tokens 0 as "its default"
@@ -44,7 +45,7 @@ class GenerationParams:
         for name in ("presence_penalty", "frequency_penalty", "logit_bias"):
             if getattr(self, name):
                 return name
-        return None
+        return "logprobs" if self.logprobs is not None else None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,7 +55,7 @@ class GenerationParams:
         return Settings(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                         repetition_penalty=self.repetition_penalty, seed=self.seed,
                         presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                        logit_bias=self.logit_bias)
+                        logit_bias=self.logit_bias, logprobs=self.logprobs)
 
     def sampling(self) -> dict[str, Any]:
         """transformers' generate() arguments for the decoding: sampled above temperature 0, else greedy. Every one

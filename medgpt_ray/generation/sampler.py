@@ -30,6 +30,9 @@ TAKEN = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "Min
          "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor"}
 
 
+MAX_LOGPROBS = 20  # OpenAI's most top_logprobs
+
+
 @dataclass(frozen=True)
 class Settings:
     """One row's sampling."""
@@ -44,6 +47,7 @@ class Settings:
     presence_penalty: float = 0.0  # OpenAI's: subtracted from the logit of every token the answer holds
     frequency_penalty: float = 0.0  # OpenAI's: x the times the answer holds the token, subtracted
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI's: (token id, added to its logit)
+    logprobs: int | None = None  # OpenAI's: None off; k: each drawn token's log-probability and the k likeliest
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -60,6 +64,8 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and -2 <= value <= 2):
                 raise ValueError(f"{name} {value!r}: a number in [-2, 2] is required (0: off)")
+        if self.logprobs is not None and not (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs {self.logprobs!r}: an integer in [0, {MAX_LOGPROBS}] is required")
         for token, bias in self.logit_bias:
             if not (math.isfinite(bias) and -100 <= bias <= 100) or token < 0:
                 raise ValueError(f"logit_bias: token {token} bias {bias!r}: a token id >= 0 and a bias in [-100, 100]")
@@ -145,6 +151,9 @@ class Sampler:
         self.frequency = torch.zeros(rows, device=device)
         self.generators: dict[int, Any] = {}
         self.settings: dict[int, Settings] = {}  # the host's copy: which steps a draw needs, read without the GPU
+        # The last draw's (chosen log-probability [n], top values [n, k], top ids [n, k]) of the model's own
+        # distribution (log-softmax of the logits, before penalties and temperature), where a row asked; else None.
+        self.last_logprobs: Any = None
 
     def take(self, rows: list[int], settings: list[Settings], history: Any = None) -> None:
         """Rows `rows` start a request each with `settings`; `history` (a [len(rows), width] tensor of token ids, a
@@ -235,12 +244,22 @@ class Sampler:
             sampled = self._sample(scores, temperature, of(self.top_k), of(self.top_p), of(self.min_p), generators,
                                    rows, bad)
             token = torch.where(temperature > 0, sampled, token)
+        self.last_logprobs = self._logprobs(logits, token, rows)
         self.produced[index] += 1
         if self.seen is not None:
             self.seen[index, token] = True
         if self.counts is not None:
             self.counts[index, token] += 1
         return token
+
+    def _logprobs(self, logits: Any, token: Any, rows: list[int] | None) -> Any:
+        asked = [s.logprobs for row, s in self.settings.items() if (rows is None or row in rows)
+                 and s.logprobs is not None]
+        if not asked:
+            return None
+        logprobs = logits.float().log_softmax(dim=-1)
+        top = logprobs.topk(max(max(asked), 1), dim=-1)
+        return logprobs.gather(1, token[:, None])[:, 0], top.values, top.indices
 
     def _sample(self, scores: Any, temperature: Any, top_k: Any, top_p: Any, min_p: Any, generators: list,
                 rows: list[int] | None, bad: Any) -> Any:

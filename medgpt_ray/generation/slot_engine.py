@@ -46,6 +46,9 @@ class SlotOutput:
     generated_tokens: list[int]
     error: str | None = None
     finished: bool = False
+    # A request that asked for logprobs: per generated token (its id, its log-probability, [(token id,
+    # log-probability)] of the likeliest top_logprobs); None otherwise.
+    logprobs: list | None = None
 
     def is_finished(self) -> bool:
         return self.finished or self.error is not None
@@ -59,6 +62,7 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     on_output: Any
     tokens: list[int] = field(default_factory=list)
+    logprobs: list | None = None  # as SlotOutput's, filled where params.logprobs asks
 
     def deliver(self, out: SlotOutput) -> bool:
         """Hand `out` to the request's event loop; False when that loop is closed (nobody reads any more)."""
@@ -235,7 +239,9 @@ class SlotEngine(RequestEngine):
         for row, req in zip(rows, batch, strict=True):
             self.rows[row] = req
         self.admitting = []
-        self._hand_out(dict(zip(rows, first.tolist(), strict=True)))
+        lp = self.sampler.last_logprobs
+        self._hand_out(dict(zip(rows, first.tolist(), strict=True)),
+                       None if lp is None else dict(zip(rows, _rows_of([t.tolist() for t in lp]), strict=True)))
 
     def _step_logits(self) -> Any:
         """One decode step of every row (decode_loop.decode_step, the batch loop's): each row's float32 scores."""
@@ -251,20 +257,28 @@ class SlotEngine(RequestEngine):
         self.tokens.copy_(following)
         self.positions += self.slots.active
         self.steps += 1
-        self.readback.push(following, dict(self.rows))
-        for host, owners in self.readback.settle(keep=1):  # the last step's, while the GPU runs this one
-            self._hand_out({row: host[row] for row, req in owners.items() if self.rows.get(row) is req})
+        self.readback.push(following, dict(self.rows), self.sampler.last_logprobs)
+        for host, owners, lp in self.readback.settle(keep=1):  # the last step's, while the GPU runs this one
+            live = [row for row, req in owners.items() if self.rows.get(row) is req]
+            self._hand_out({row: host[row] for row in live},
+                           None if lp is None else {row: _rows_of(lp)[row] for row in live})
 
-    def _hand_out(self, tokens: dict[int, int]) -> None:
-        """Each row's new token to its request; a request that stopped (its stop token, its max_new_tokens) or whose
-        reader's loop is gone gives its row back."""
+    def _hand_out(self, tokens: dict[int, int], logprobs: dict[int, tuple] | None = None) -> None:
+        """Each row's new token to its request (with its log-probabilities where it asked); a request that stopped
+        (its stop token, its max_new_tokens) or whose reader's loop is gone gives its row back."""
         for row, token in tokens.items():
             req = self.rows[row]
             req.tokens.append(token)
+            if req.params.logprobs is not None and logprobs is not None:
+                chosen, values, ids = logprobs[row]
+                req.logprobs = req.logprobs if req.logprobs is not None else []
+                req.logprobs.append((token, chosen, list(zip(ids, values, strict=True))[:req.params.logprobs]))
             finished = token in self.gen.stops or len(req.tokens) >= req.params.max_new_tokens
             if finished:  # given back before the reader hears of it: a reader that finished sees its row free
                 self._free(row)
-            if not req.deliver(SlotOutput(list(req.tokens), finished=finished)) and not finished:
+            out = SlotOutput(list(req.tokens), finished=finished,
+                             logprobs=None if req.logprobs is None else list(req.logprobs))
+            if not req.deliver(out) and not finished:
                 self._free(row)
 
     def _fail_all(self, error: str) -> None:
@@ -277,3 +291,8 @@ class SlotEngine(RequestEngine):
         self.readback.pending.clear()
         self.admitting = []
         self.slots.clear()
+
+
+def _rows_of(logprobs: list) -> list[tuple]:
+    """The sampler's (chosen, top values, top ids) as host lists, row by row."""
+    return list(zip(*logprobs, strict=True))

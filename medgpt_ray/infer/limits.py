@@ -154,14 +154,13 @@ def _unpaired_surrogate(text: str) -> bool:
 # change nothing here (`user`, `metadata`: for the client's own records; `store`, `service_tier`: OpenAI's platform).
 READ = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
         "stream_options", "stop", "seed", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
-        "logit_bias"}
+        "logit_bias", "logprobs", "top_logprobs"}
 INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # OpenAI's fields this server cannot honour: why, and the values that ask for nothing (sent as they are, taken).
-TOOLS, LOGPROBS = "this server does not call tools", "this server does not return log-probabilities"
+TOOLS = "this server does not call tools"
 UNHONOURED: dict[str, tuple[str, tuple]] = {
     "tools": (TOOLS, (None, [])), "tool_choice": (TOOLS, (None, "none")), "functions": (TOOLS, (None, [])),
-    "function_call": (TOOLS, (None, "none")), "logprobs": (LOGPROBS, (None, False)),
-    "top_logprobs": (LOGPROBS, (None, 0)),
+    "function_call": (TOOLS, (None, "none")),
     "response_format": ("this server does not constrain the answer's format (only {\"type\": \"text\"})",
                         (None, {"type": "text"}))}
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on the tokens one request biases
@@ -211,6 +210,21 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
+def _logprobs(body: dict) -> int | None:
+    """OpenAI's `logprobs` (true: each token's log-probability) and `top_logprobs` (0-20 likeliest beside it, only
+    with logprobs true); None where none is asked."""
+    from medgpt_ray.generation.sampler import MAX_LOGPROBS
+
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is not None and not isinstance(asked, bool):
+        raise RequestError("logprobs", "true or false is required")
+    if top is not None and not (_is_int(top) and 0 <= top <= MAX_LOGPROBS):
+        raise RequestError("top_logprobs", f"an integer in [0, {MAX_LOGPROBS}] is required")
+    if top and not asked:
+        raise RequestError("top_logprobs", "needs logprobs: true")
+    return (top or 0) if asked else None
+
+
 def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
     """A /v1/chat/completions body, read and bounded; RequestError (400) naming the field otherwise."""
     try:
@@ -248,6 +262,6 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
                               top_k=top_k or 0, repetition_penalty=penalty,
                               presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
                               frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-                              logit_bias=_logit_bias(body))
+                              logit_bias=_logit_bias(body), logprobs=_logprobs(body))
     return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body),
                        body.get("model"))

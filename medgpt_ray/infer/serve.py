@@ -28,6 +28,8 @@ from medgpt_ray.generation.params import GenerationParams
 from medgpt_ray.generation.stop_text import StopText
 from medgpt_ray.generation.stream import PromptTooLong, StreamedAnswer
 from medgpt_ray.infer.limits import ChatRequest, RequestError, ServeLimits, parse_chat, read_body
+from medgpt_ray.infer.logprobs import LogprobCursor
+from medgpt_ray.infer.logprobs import content as logprob_content
 from medgpt_ray.infer.serve_engine import serving_path
 from medgpt_ray.infer.source import ModelSource
 from medgpt_ray.templates.base import TemplateError
@@ -118,18 +120,18 @@ class _Answers:
 
 
 async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]):
-    def chunk(index: int, delta: dict[str, str], finish: str | None = None) -> str:
+    def chunk(index: int, delta: dict[str, str], finish: str | None = None, more: dict | None = None) -> str:
         body = {**head, "object": "chat.completion.chunk",
-                "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+                "choices": [{"index": index, "delta": delta, **(more or {}), "finish_reason": finish}]}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    completion = 0
+    completion, tok = 0, answers.model.generator.tok
     for i in range(answers.req.n):
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
-        stop = StopText(answers.req.stop)
+        stop, cursor = StopText(answers.req.stop), LogprobCursor(tok, answers.req.params.logprobs is not None)
         async for text in _until_stop(answer, stop):
-            yield chunk(i, {"content": text})
+            yield chunk(i, {"content": text}, more=cursor.next(answer))
         if answer.stopped and not stop.hit:  # the deadline: said in the stream (OpenAI's clients raise on an error)
             yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
             break
@@ -183,6 +185,9 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
             new += answer.new_tokens
             choices.append({"index": i, "message": {"role": "assistant", "content": text},
                             "finish_reason": "stop" if answer.finished or stop.hit else "length"})
+            if answers.req.params.logprobs is not None:  # the tokens the answer holds (a stop string's cut them)
+                choices[-1]["logprobs"] = {"content": logprob_content(answers.model.generator.tok, answer.logprobs,
+                                                                      0, answer.new_tokens)}
     finally:  # a cancelled request (client gone, Serve's own timeout) stops its generation too
         answers.cancel()
     usage = {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new}

@@ -85,3 +85,29 @@ def test_logit_bias_and_the_penalties_are_honoured_on_the_slots(endpoint, replic
     with pytest.raises(openai.BadRequestError) as e:
         ask(model="sft", messages=USER, max_tokens=2, logit_bias={str(len(tok) + 10**6): 5})
     assert e.value.param == "logit_bias"
+
+
+def test_logprobs_whole_and_streamed(endpoint, replica, tiny_model):  # noqa: F811
+    """OpenAI's logprobs on the slots, through the openai client: one entry per completion token, each a
+    log-probability with top_logprobs likeliest sorted beside it; greedy, the chosen token is the likeliest; the
+    streamed chunks carry the same entries as the whole answer."""
+    from medgpt_ray.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model)
+    ask = client(endpoint).chat.completions.create
+    whole = ask(model="sft", messages=USER, max_tokens=12, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens == 12
+    for entry in content:
+        tops = [t.logprob for t in entry.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True) and all(v <= 0 for v in tops)
+        assert entry.token == entry.top_logprobs[0].token and entry.logprob == tops[0]  # greedy: the argmax
+        assert sum(2.718281828 ** v for v in tops) <= 1 + 1e-6
+    assert "".join(e.token for e in content) == tok.decode(tok(whole.choices[0].message.content,
+                                                             add_special_tokens=False)["input_ids"])
+    streamed = [e for chunk in ask(model="sft", messages=USER, max_tokens=12, logprobs=True, top_logprobs=3,
+                                   stream=True)
+                for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+    plain = ask(model="sft", messages=USER, max_tokens=4)
+    assert plain.choices[0].logprobs is None

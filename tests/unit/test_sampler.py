@@ -101,6 +101,25 @@ def test_openai_penalties_count_the_answer_and_logit_bias_moves_the_logits():
         sampler.take([1], [Settings(logit_bias=((VOCAB, 1.0),))])
 
 
+def test_logprobs_are_the_models_own_distribution_for_the_rows_that_ask():
+    """The drawn token's log-softmax of the raw logits (before bias and penalties) and the k likeliest, for the rows
+    that ask; a draw where none asks keeps none."""
+    logits = torch.randn(2, VOCAB)
+    sampler = Sampler(2, VOCAB, "cpu")
+    sampler.take([0, 1], [Settings(logprobs=3, logit_bias=((5, 100.0),)), Settings()])
+    token = sampler.draw(logits.clone())
+    assert int(token[0]) == 5  # the bias decided the draw...
+    chosen, values, ids = sampler.last_logprobs
+    want = logits.log_softmax(-1)
+    assert float(chosen[0]) == pytest.approx(float(want[0, 5]))  # ...not the log-probability reported
+    top = want[0].topk(3)
+    torch.testing.assert_close(values[0], top.values)
+    assert torch.equal(ids[0], top.indices)
+    sampler.take([0], [Settings()])
+    sampler.draw(logits.clone())
+    assert sampler.last_logprobs is None
+
+
 def test_stop_tokens_are_held_back_until_min_new_tokens():
     logits = torch.zeros(1, VOCAB)
     logits[0, 3] = 10.0  # the stop token, the argmax
@@ -157,6 +176,7 @@ def test_generate_processors_map_to_settings_and_others_are_named():
 
 def test_settings_refuse_nonsense():
     for bad in [{"top_k": -1}, {"repetition_penalty": 0.0}, {"top_p": 0.0}, {"min_p": 1.5}, {"temperature": -1},
-                {"presence_penalty": 2.5}, {"frequency_penalty": -3.0}, {"logit_bias": ((1, 101.0),)}]:
+                {"presence_penalty": 2.5}, {"frequency_penalty": -3.0}, {"logit_bias": ((1, 101.0),)},
+                {"logprobs": 21}]:
         with pytest.raises(ValueError, match=next(iter(bad))):
             Settings(**bad)

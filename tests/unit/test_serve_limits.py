@@ -42,6 +42,9 @@ def test_a_good_request_and_its_defaults():
                                                                                                    "3": 2.5}})
     assert (req.params.presence_penalty, req.params.frequency_penalty) == (0.5, -1.0)
     assert req.params.logit_bias == ((3, 2.5), (7, -100.0)) and req.params.generate_cannot() == "presence_penalty"
+    assert parse({"messages": USER, "logprobs": True, "top_logprobs": 4}).params.logprobs == 4
+    assert parse({"messages": USER, "logprobs": True}).params.logprobs == 0
+    assert parse({"messages": USER, "logprobs": False, "top_logprobs": 0}).params.logprobs is None
 
 
 @pytest.mark.parametrize("body, field", [
@@ -66,8 +69,9 @@ def test_a_good_request_and_its_defaults():
     ({"messages": USER, "stream": "yes"}, "stream"), ({"messages": USER, "model": 7}, "model"),
     (b'{"messages": [{"role": "user", "content": "ok \\udc00"}]}', "messages[0].content"),
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"messages": USER, "tool_choice": "auto"}, "tool_choice"), ({"messages": USER, "logprobs": True}, "logprobs"),
+    ({"messages": USER, "tool_choice": "auto"}, "tool_choice"), ({"messages": USER, "logprobs": "yes"}, "logprobs"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": USER, "presence_penalty": 2.5}, "presence_penalty"),
     ({"messages": USER, "frequency_penalty": "-1"}, "frequency_penalty"),
