@@ -57,7 +57,10 @@ def _check_settings(out: Path, settings: dict[str, Any]) -> None:
     if path.is_file():
         before = json.loads(path.read_text(encoding="utf-8"))
         changed = [k for k in ("model", "template") if before.get(k) != settings[k]]
-        changed += [f"params.{k}" for k, v in settings["params"].items() if before.get("params", {}).get(k) != v]
+        # As JSON holds them (tuples are lists there); a setting newer than the file is its default there.
+        now = json.loads(json.dumps(settings["params"]))
+        then = {**json.loads(json.dumps(GenerationParams().as_dict())), **before.get("params", {})}
+        changed += [f"params.{k}" for k, v in now.items() if then.get(k) != v]
         if changed:
             raise ModelSourceError(f"{out}: its generations were made with other settings ({', '.join(changed)} "
                                    f"differ from {path}); use another --out, or remove {out / PARTS} to start over")

@@ -30,7 +30,11 @@ def use_attention(model: Any, attention: str | None) -> None:
     """Switch a loaded model to the attention the plan trains with (StagePlan.attention; None or sdpa: as loaded).
     Switched before the packing check, which then reads the mask this attention builds."""
     if attention == "flex":
-        model.set_attn_implementation(FLEX)
+        try:
+            model.set_attn_implementation(FLEX)
+        except (ValueError, ImportError) as e:  # a model class without flex support (transformers' Qwen3.5)
+            raise ConfigError(f"stages.sft.attention: flex, but {type(model).__name__} cannot run it ({e}); set "
+                              f"sdpa or auto") from None
 
 
 class _Stop(Exception):

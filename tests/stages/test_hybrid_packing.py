@@ -239,25 +239,29 @@ def test_the_driver_plans_a_hybrid_packed_and_names_the_linear_attention_path(da
 
 
 @pytest.fixture
-def flex_model(tiny_model, tmp_path) -> Path:
-    """The tiny model asking for flex attention in its config.json: an attention packing is not checked for (no
-    hybrid does: transformers' Qwen3.5 refuses flex attention)."""
+def unchecked_model(tiny_model, tmp_path) -> Path:
+    """The tiny model asking in its config.json for an attention function a user registered with transformers (SDPA's
+    under another name): one packing is not checked for, so it cannot pack (no hybrid does: transformers' Qwen3.5
+    refuses flex attention, which packing checks)."""
     import shutil
 
-    out = tmp_path / "flex"
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register("users_attention", sdpa_attention_forward)
+    out = tmp_path / "unchecked"
     shutil.copytree(tiny_model, out)
     cfg = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**cfg, "attn_implementation": "flex_attention"}))
+    (out / "config.json").write_text(json.dumps({**cfg, "attn_implementation": "users_attention"}))
     return out
 
 
-def test_a_packed_plan_the_worker_refuses_trains_padded_by_length_as_its_plan_says(data, flex_model, tmp_path):
-    """A packed plan reaching a worker whose model cannot pack (here: flex attention, which packing is not checked
-    for) trains padded by length (memory/stage_plan.binned, trainer_kit/length_bins.py): micro-batches of as many
+def test_a_packed_plan_the_worker_refuses_trains_padded_by_length_as_its_plan_says(data, unchecked_model, tmp_path):
+    """A packed plan reaching a worker whose model cannot pack (here: an attention packing is not checked for)
+    trains padded by length (memory/stage_plan.binned, trainer_kit/length_bins.py): micro-batches of as many
     bins as the plan had rows, each bin at most a packed row's tokens, with the packed plan's checkpointing (the
     fallback's plan is what trains: the H200's Qwen3.5 runs once trained another plan's fraction). The plan goes to
-    the driver, which writes it to plan.json (run/job.py take_worker_plan). (Flex attention has no backward on a
-    CPU: the batches are checked, not trained.)"""
+    the driver, which writes it to plan.json (run/job.py take_worker_plan). The batches are checked, not trained."""
     from dataclasses import replace
 
     from medgpt_ray.memory.lengths import BUCKET
@@ -265,12 +269,12 @@ def test_a_packed_plan_the_worker_refuses_trains_padded_by_length_as_its_plan_sa
     from medgpt_ray.trainer_kit.checkpointing import SelectiveCheckpointing
     from medgpt_ray.trainer_kit.length_bins import LengthBinSampler
 
-    inp = stage_inputs(data, flex_model, tmp_path, "auto")
+    inp = stage_inputs(data, unchecked_model, tmp_path, "auto")
     inp = replace(inp, plan=packed_rows(replace(inp.plan, ckpt_fraction=0.5, micro_batch=2), inp.cfg, 2, 2.0))
     records: list[dict] = []
     built = build_stage(inp, records.append)
     assert "padded by length" in built.extras["packing"]["planned_packed"]
-    assert "attention 'flex_attention' is not one packing is checked for" in built.extras["packing"]["why"]
+    assert "attention 'users_attention' is not one packing is checked for" in built.extras["packing"]["why"]
     sent = [r["worker_plan"] for r in records if "worker_plan" in r]
     assert len(sent) == 1 and sent[0]["packing"] is None and sent[0]["length_bins"]["bin_tokens"] == SEQ_LEN
     bins = sent[0]["length_bins"]
@@ -305,3 +309,14 @@ def test_the_moe_family_gets_the_same_layer_and_packs_exactly():
         packed = model(**_packed_row(convs, 96), use_cache=False).logits[0, 11:81]
         alone = model(input_ids=convs[1][None], use_cache=False).logits[0]
     torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_flex_attention_asked_of_a_hybrid_is_a_sentence_naming_the_key(hybrid):
+    """transformers' Qwen3.5 cannot run flex attention: `attention: flex` on it is a ConfigError naming the key and
+    the model class, not a traceback from inside transformers."""
+    from medgpt_ray.config import ConfigError
+    from medgpt_ray.trainer_kit.packed_attention import use_attention
+
+    model = load(hybrid)
+    with pytest.raises(ConfigError, match=r"stages\.sft\.attention: flex, but Qwen3_5ForCausalLM cannot run it"):
+        use_attention(model, "flex")

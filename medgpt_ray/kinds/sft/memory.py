@@ -27,7 +27,8 @@ def attention(cfg: StageConfig, use_gpu: bool) -> str:
 
 
 def setup_fields(cfg: StageConfig, use_gpu: bool) -> dict[str, Any]:
-    return {"attention": attention(cfg, use_gpu)}
+    chosen = attention(cfg, use_gpu)
+    return {} if chosen == "sdpa" else {"attention": chosen}  # sdpa: TrainSetup's default
 
 
 MEMORY = KindMemory(MemoryProfile("sft", chunked_head=True, packs=True, packed_unit="conversations"),
