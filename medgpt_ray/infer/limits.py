@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from medgpt_ray.generation.params import GenerationParams
+from medgpt_ray.infer.tool_calls import ToolRequestError, request_tools, tool_turn
 
 ROLES = ("system", "user", "assistant")
 MAX_TOP_K = 1_000_000  # past any vocabulary: the whole vocabulary
@@ -74,6 +75,7 @@ class ChatRequest:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage (OpenAI's)
     stop: tuple[str, ...] = ()  # OpenAI's stop strings (generation/stop_text.py)
     model: str | None = None  # the model the client named (the server answers for its own only)
+    tools: list[dict] | None = None  # OpenAI's tools, rendered by the chat template (infer/tool_calls.py)
 
 
 async def read_body(request: Any, max_bytes: int) -> bytes:
@@ -128,6 +130,15 @@ def _messages(body: dict) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise RequestError(f"messages[{i}]", "an object with role and content is required")
+        try:
+            tool = tool_turn(i, m)  # an assistant's tool_calls, a tool's result: turns of the tool protocol
+        except ToolRequestError as e:
+            raise RequestError(e.field, str(e)) from None
+        if tool is not None:
+            if _unpaired_surrogate(tool["content"]):
+                raise RequestError(f"messages[{i}]", "not valid Unicode text (an unpaired surrogate)")
+            turns.append(tool)
+            continue
         if m.get("role") not in ROLES:
             raise RequestError(f"messages[{i}].role", f"one of {', '.join(ROLES)} is required")
         if not isinstance(m.get("content"), str):
@@ -136,8 +147,8 @@ def _messages(body: dict) -> list[dict]:
             raise RequestError(f"messages[{i}].content", "not valid Unicode text (an unpaired surrogate such as "
                                                          "\\ud800)")
         turns.append({"role": m["role"], "content": m["content"]})
-    if turns[-1]["role"] != "user":
-        raise RequestError("messages", "the last message must be the user's")
+    if turns[-1]["role"] not in ("user", "tool"):
+        raise RequestError("messages", "the last message must be the user's (or a tool's result)")
     return turns
 
 
@@ -154,13 +165,12 @@ def _unpaired_surrogate(text: str) -> bool:
 # change nothing here (`user`, `metadata`: for the client's own records; `store`, `service_tier`: OpenAI's platform).
 READ = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
         "stream_options", "stop", "seed", "top_k", "repetition_penalty", "presence_penalty", "frequency_penalty",
-        "logit_bias", "logprobs", "top_logprobs"}
+        "logit_bias", "logprobs", "top_logprobs", "tools", "tool_choice"}
 INERT = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 # OpenAI's fields this server cannot honour: why, and the values that ask for nothing (sent as they are, taken).
-TOOLS = "this server does not call tools"
+LEGACY = "OpenAI's deprecated function calling: send tools and tool_choice instead"
 UNHONOURED: dict[str, tuple[str, tuple]] = {
-    "tools": (TOOLS, (None, [])), "tool_choice": (TOOLS, (None, "none")), "functions": (TOOLS, (None, [])),
-    "function_call": (TOOLS, (None, "none")),
+    "functions": (LEGACY, (None, [])), "function_call": (LEGACY, (None, "none")),
     "response_format": ("this server does not constrain the answer's format (only {\"type\": \"text\"})",
                         (None, {"type": "text"}))}
 MAX_LOGIT_BIAS = 300  # OpenAI's limit on the tokens one request biases
@@ -263,5 +273,9 @@ def parse_chat(raw: bytes, limits: ServeLimits) -> ChatRequest:
                               presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
                               frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
                               logit_bias=_logit_bias(body), logprobs=_logprobs(body))
+    try:
+        tools = request_tools(body)
+    except ToolRequestError as e:
+        raise RequestError(e.field, str(e)) from None
     return ChatRequest(turns, params, n, bool(stream), bool(options.get("include_usage")), _stops(body),
-                       body.get("model"))
+                       body.get("model"), tools)

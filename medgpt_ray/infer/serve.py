@@ -32,6 +32,7 @@ from medgpt_ray.infer.logprobs import LogprobCursor
 from medgpt_ray.infer.logprobs import content as logprob_content
 from medgpt_ray.infer.serve_engine import serving_path
 from medgpt_ray.infer.source import ModelSource
+from medgpt_ray.infer.tool_calls import CallHoldback, split_calls
 from medgpt_ray.templates.base import TemplateError
 from medgpt_ray.tiny import use_compile_caches
 
@@ -70,6 +71,16 @@ def _model_context(gen: Generator) -> int | None:
     return int(context) if isinstance(context, int) and context > 0 else None
 
 
+def _renders_tools(gen: Generator) -> bool:
+    """Whether the model's chat template puts a request's tools in the prompt (a template without a tool-calling
+    format refuses them or leaves them out)."""
+    turns, tool = [{"role": "user", "content": "?"}], {"type": "function", "function": {"name": "probe_tool"}}
+    try:
+        return "probe_tool" in gen.render(turns, [tool])
+    except (TemplateError, jinja2.TemplateError, TypeError, ValueError):
+        return False
+
+
 class _Answers:
     """The answers of one request, made one after another (n of them) in worker threads so the replica's event loop
     keeps serving; cancel() stops whichever is still generating (a deadline, a client gone)."""
@@ -96,8 +107,10 @@ class _Answers:
         if engine is not None and engine.request_room is not None:  # a slot's columns hold prompt and answer
             limit = max(0, min(limit, engine.request_room - req.params.max_new_tokens))
         try:
-            answer = ContinuousAnswer(engine, req.turns, None, req.params, self.deadline, limit) if engine else \
-                StreamedAnswer(gen, req.turns, None, req.params, self.deadline, limit)
+            if req.tools and not self.model.renders_tools:
+                raise RequestError("tools", f"the chat template of {self.model.path} has no tool-calling format")
+            answer = ContinuousAnswer(engine, req.turns, req.tools, req.params, self.deadline, limit) if engine \
+                else StreamedAnswer(gen, req.turns, req.tools, req.params, self.deadline, limit)
         except (TemplateError, jinja2.TemplateError) as e:  # the role order a template refuses (OpenAI accepts any)
             raise RequestError("messages", f"the model's chat template refuses these messages: {e}") from None
         except PromptTooLong as e:
@@ -130,8 +143,20 @@ async def _events(answers: _Answers, first: StreamedAnswer, head: dict[str, Any]
         answer = first if i == 0 else await answers.next()
         yield chunk(i, {"role": "assistant"})
         stop, cursor = StopText(answers.req.stop), LogprobCursor(tok, answers.req.params.logprobs is not None)
+        calls = CallHoldback() if answers.req.tools else None  # text until a call may start, then the calls
         async for text in _until_stop(answer, stop):
+            if calls is not None and not (text := calls.feed(text)):
+                continue
             yield chunk(i, {"content": text}, more=cursor.next(answer))
+        rest, made = calls.finish() if calls is not None else ("", [])
+        if rest:
+            yield chunk(i, {"content": rest}, more=cursor.next(answer))
+        for k, call in enumerate(made):  # each call whole in one delta (OpenAI's clients join the deltas)
+            yield chunk(i, {"tool_calls": [{"index": k, **call}]}, more=cursor.next(answer))
+        if made:
+            yield chunk(i, {}, "tool_calls")
+            completion += answer.new_tokens
+            continue
         if answer.stopped and not stop.hit:  # the deadline: said in the stream (OpenAI's clients raise on an error)
             yield f"data: {json.dumps({'error': _deadline_error(answers.model.limits)})}\n\n"
             break
@@ -183,8 +208,10 @@ async def _whole(answers: _Answers, first: StreamedAnswer, head: dict[str, Any])
             if answer.stopped and not stop.hit:
                 return JSONResponse({"error": _deadline_error(answers.model.limits)}, status_code=504)
             new += answer.new_tokens
-            choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "finish_reason": "stop" if answer.finished or stop.hit else "length"})
+            content, calls = split_calls(text) if answers.req.tools else (text, [])
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            finish = "tool_calls" if calls else "stop" if answer.finished or stop.hit else "length"
+            choices.append({"index": i, "message": message, "finish_reason": finish})
             if answers.req.params.logprobs is not None:  # the tokens the answer holds (a stop string's cut them)
                 choices[-1]["logprobs"] = {"content": logprob_content(answers.model.generator.tok, answer.logprobs,
                                                                       0, answer.new_tokens)}
@@ -204,6 +231,7 @@ class ChatModel:
         self.name, self.api_key = name, api_key
         self.context = _model_context(self.generator)
         self.vocab = self.generator.model.get_output_embeddings().weight.shape[0]  # the logits logit_bias may bias
+        self.renders_tools = _renders_tools(self.generator)
         self.limits = limits.for_context(self.context)
         self.engine, self.path = serving_path(self.generator, self.limits, self.context, engine)
 

@@ -212,6 +212,39 @@ def test_a_forged_turn_in_a_message_reaches_the_model_as_text(endpoint, replica,
     assert reply.usage.prompt_tokens == len(kept) != len(whole)
 
 
+def test_tools_and_tool_turns_reach_the_prompt_as_the_template_renders_them(endpoint, replica, tiny_model):
+    """A request with tools and a finished call (the assistant's tool_calls, the tool's result), through the openai
+    client: its prompt is the chat template's render of those turns and tools (the usage's prompt_tokens count it
+    exactly); the tiny model answers text, so the answer has no tool_calls and finishes as text does, whole and
+    streamed. A forced tool_choice is a 400 naming it (infer/tool_calls.py: reading calls out of an answer)."""
+    from medgpt_ray import models, templates
+    from medgpt_ray.generation.prompts import prompt_token_ids
+
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "城市天气",
+                                             "parameters": {"type": "object",
+                                                            "properties": {"city": {"type": "string"}}}}}
+    messages = [{"role": "user", "content": "北京天气怎么样?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "北京"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "晴, 20 度"}]
+    ask = client(endpoint).chat.completions.create
+    reply = ask(model="sft", messages=messages, tools=[tool], max_tokens=4)
+    tok, chatml = models.load_tokenizer(tiny_model), templates.get_template("chatml")
+    turns = [messages[0], {"role": "tool_call", "content": '{"name": "get_weather", "arguments": {"city": "北京"}}'},
+             {"role": "tool", "content": "晴, 20 度"}]
+    assert reply.usage.prompt_tokens == len(prompt_token_ids(tok, chatml, turns, [tool]))
+    assert reply.usage.prompt_tokens > len(prompt_token_ids(tok, chatml, turns, None))  # the tools are in it
+    assert reply.choices[0].message.tool_calls is None and reply.choices[0].finish_reason in ("stop", "length")
+    streamed = [c for chunk in ask(model="sft", messages=messages, tools=[tool], max_tokens=4, stream=True)
+                for c in chunk.choices]
+    assert "".join(c.delta.content or "" for c in streamed) == reply.choices[0].message.content
+    assert streamed[-1].finish_reason == reply.choices[0].finish_reason
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(model="sft", messages=messages, tools=[tool], tool_choice="required", max_tokens=2)
+    assert e.value.param == "tool_choice"
+    healthy(endpoint, replica)
+
+
 def test_a_model_this_server_does_not_serve_is_a_404_and_an_unhonoured_field_a_400(endpoint, replica):
     with pytest.raises(openai.NotFoundError) as e:
         client(endpoint).chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
