@@ -15,7 +15,8 @@ import real_length_throughput as rlt
 def add_pipeline_run_args(ap: argparse.ArgumentParser, workdir: str) -> None:
     """The arguments of a benchmark that runs the pipeline on the real-length corpus (bench/eval_stage_run.py,
     bench/rl_stage_run.py): the model, config, card, overrides, corpus and directories."""
-    ap.add_argument("--model", default="tiny", choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3.5-0.8b"])
+    ap.add_argument("--model", default="tiny",
+                    choices=["tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3.5-0.8b"])
     ap.add_argument("--config", help="pipeline YAML (default: configs/tiny-cpu.yaml for tiny, else "
                                      "configs/qwen2.5-7b-4x4090.yaml)")
     ap.add_argument("--gpu-mem-gib", type=float, default=24.0)
