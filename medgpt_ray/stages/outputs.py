@@ -27,8 +27,8 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     out, resumed = train(built.trainer, inp)
     ev = eval_metrics(built.trainer.evaluate()) if built.eval_size else {}
     save_outputs(built.trainer, inp, built.tokenizer, lora=built.lora, **(built.save_kwargs or {}))
-    result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev, **stage_extras(built.extras or {}),
-              "output_model": str(inp.out / "model")}
+    result = {**base_result(inp, built.trainer, out, resumed, t0), HELD_OUT: ev,
+              **stage_extras(built.extras or {}, built.trainer.model), "output_model": str(inp.out / "model")}
     decoder = getattr(built.trainer, "static_decoder", None)  # rollouts on the static path (static_rollouts.py)
     if decoder is not None:
         result["decode"] = decoder.stats()
@@ -39,13 +39,17 @@ def finish_stage(inp: StageInputs, built: BuiltStage, t0: float,
     return result
 
 
-def stage_extras(extras: dict[str, Any]) -> dict[str, Any]:
+def stage_extras(extras: dict[str, Any], model: Any = None) -> dict[str, Any]:
     """The built stage's counts for result.json, its records longer than seq_len (a LengthTally of this worker's
-    shard) summed over every worker: the stage's, not rank 0's."""
+    shard) summed over every worker: the stage's, not rank 0's; with the model's context where its config says."""
     tally = extras.get("overlong")
     if not isinstance(tally, LengthTally):
         return extras
-    return {**extras, "overlong": LengthTally.merged(all_workers(tally.state())).to_dict()}
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    context = getattr(text, "max_position_embeddings", None)
+    context = context if isinstance(context, int) and context > 0 else None
+    return {**extras, "overlong": LengthTally.merged(all_workers(tally.state())).to_dict(context)}
 
 
 def all_workers(item: Any) -> list[Any]:

@@ -95,11 +95,15 @@ class LengthTally:
             return self.seq_len
         return sorted(self.over_lengths)[k - fitting]
 
-    def to_dict(self) -> dict[str, Any]:
-        """What result.json, summary.json and the report carry: counts, never lengths of single records."""
-        return {"seq_len": self.seq_len, "policy": self.policy, "unit": self.unit, "rule": self.rule_text(),
-                "records": self.records, "truncated": self.truncated, "skipped": self.skipped,
-                "keep_99_seq_len": self.keep_seq_len()}
+    def to_dict(self, context: int | None = None) -> dict[str, Any]:
+        """What result.json, summary.json and the report carry: counts, never lengths of single records. With the
+        model's context (the most tokens it reads), how many records are longer than even that."""
+        out = {"seq_len": self.seq_len, "policy": self.policy, "unit": self.unit, "rule": self.rule_text(),
+               "records": self.records, "truncated": self.truncated, "skipped": self.skipped,
+               "keep_99_seq_len": self.keep_seq_len()}
+        if context:
+            out |= {"model_context": context, "over_context": sum(n > context for n in self.over_lengths)}
+        return out
 
     def rule_text(self) -> str:
         return RULES["skip" if self.policy == "skip" else self.rule].format(floor=ANSWER_FLOOR)
@@ -160,6 +164,11 @@ def warning_line(stage: str, tally: dict[str, Any]) -> str | None:
     head = (f"[{stage:>3}] warning: {affected:,} of {tally['records']:,} {tally['unit']} "
             f"({100 * affected / tally['records']:.0f} %) are longer than seq_len {tally['seq_len']:,} "
             f"({tally['truncated']:,} truncated, {tally['skipped']:,} skipped); ")
+    context = tally.get("model_context")
+    if context and tally["keep_99_seq_len"] > context:  # no seq_len the model reads keeps 99 % whole
+        return head + (f"even the model's context as seq_len ({context:,} tokens) would still cut "
+                       f"{tally['over_context']:,} of them: split them, or leave them out (stages.{stage}.overlong: "
+                       "skip)")
     if tally["keep_99_seq_len"] > OUTLIER_RATIO * tally["seq_len"]:
         return head + (f"keeping 99 % whole would take a seq_len over {OUTLIER_RATIO}x this one: the longest are "
                        f"outliers, better split or left out (stages.{stage}.overlong: skip) than trained at that "

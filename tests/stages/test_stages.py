@@ -135,6 +135,9 @@ def test_conversations_longer_than_seq_len_are_counted_not_trained_blind(data, t
     over = r["overlong"]  # the rule's counts in result.json: every train record kept whole, truncated or skipped
     assert over["records"] == 32 and over["skipped"] == r["skipped_too_long"] and over["truncated"] > 0
     assert over["keep_99_seq_len"] > 64 and over["policy"] == "truncate"
+    # the model's context from its config, and how many records are longer than even that (the tiny model's)
+    context = json.loads((tiny_model / "config.json").read_text())["max_position_embeddings"]
+    assert over["model_context"] == context and 0 <= over["over_context"] <= over["skipped"] + over["truncated"]
 
 
 @pytest.mark.parametrize("stage,fraction", [("sft", 0.5), ("dpo", 0.5), ("sft", 0.0), ("pt", 1.0)])

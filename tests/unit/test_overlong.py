@@ -114,6 +114,13 @@ def test_counts_merge_over_workers_and_name_the_seq_len_keeping_99_percent():
     # one 5 MB record among 18: no seq_len of 873,845 is suggested; the warning names it an outlier
     outlier = warning_line("sft", LengthTally.merged([shard([873_845], 18)]).to_dict())
     assert outlier is not None and "873,845" not in outlier and "outliers" in outlier and "overlong: skip" in outlier
+    # with the model's context known: 99 % whole would need more than it reads, and the warning counts what a
+    # seq_len of the whole context would still cut (the 873,845-token record), instead of suggesting a seq_len
+    capped = LengthTally.merged([shard([873_845], 18)]).to_dict(context=32_768)
+    assert (capped["model_context"], capped["over_context"]) == (32_768, 1)
+    line = warning_line("sft", capped)
+    assert "model's context as seq_len (32,768 tokens) would still cut 1 of them" in line and "873,845" not in line
+    assert warning_line("sft", tally.to_dict(context=32_768)) == warning_line("sft", summary)  # 1,150 fits in it
 
 
 def test_the_key_is_validated_and_pt_has_none(tmp_path):
