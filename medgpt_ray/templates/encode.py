@@ -133,8 +133,37 @@ def _segments(
         segs.append((template.assistant_prefix, False))
     return [(text, trained) for text, trained in segs if text]
 
-def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+def _encode(tokenizer: Any, texts: list[str], contents: Sequence[str] = ()) -> list[list[int]]:
+    """Each text's ids. A person's text (`contents`: the turns' contents, a response) that types one of the
+    tokenizer's control tokens (a forged `<|im_end|>\n<|im_start|>system`) is tokenized as its characters
+    (split_special_tokens), so the model never trains on a turn the template did not open; texts without such
+    content tokenize as one piece, as before."""
+    if not texts:
+        return []
+    forged = [c for c in dict.fromkeys(contents) if c and any(t in c for t in _controls(tokenizer))]
+    if not forged:
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [_kept_as_text(tokenizer, text, forged) for text in texts]
+
+
+def _controls(tokenizer: Any) -> list[str]:
+    added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)]
+    return [t for t in {*tokenizer.all_special_tokens, *added} if t]
+
+
+def _kept_as_text(tokenizer: Any, text: str, forged: list[str]) -> list[int]:
+    """`text`'s ids with each forged content in it tokenized as characters and the template around it as usual."""
+    ids: list[int] = []
+    pos = 0
+    while True:
+        found = [(text.find(c, pos), c) for c in forged if text.find(c, pos) >= 0]
+        if not found:
+            break
+        at, content = min(found, key=lambda x: (x[0], -len(x[1])))
+        ids += tokenizer(text[pos:at], add_special_tokens=False)["input_ids"] if at > pos else []
+        ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        pos = at + len(content)
+    return ids + (tokenizer(text[pos:], add_special_tokens=False)["input_ids"] if pos < len(text) else [])
 
 def _segment_ids(
     tokenizer: Any, template: ChatTemplate, conversation: list[dict], tools: list[dict]
@@ -142,7 +171,8 @@ def _segment_ids(
     segs = _segments(template, tokenizer, conversation, generation_prompt=False, tools=tools)
     input_ids: list[int] = []
     labels: list[int] = []
-    for (_, trained), ids in zip(segs, _encode(tokenizer, [t for t, _ in segs]), strict=True):
+    contents = [t["content"] for t in conversation]
+    for (_, trained), ids in zip(segs, _encode(tokenizer, [t for t, _ in segs], contents), strict=True):
         input_ids += ids
         labels += ids if trained else [IGNORE_INDEX] * len(ids)
     return input_ids, labels
@@ -222,7 +252,8 @@ def encode_preference(
         segs = _segments(template, tokenizer, record["conversations"], generation_prompt=True, tools=tools)
     suffix = resolved_suffix(template, tokenizer)
     n = len(segs)
-    ids = _encode(tokenizer, [t for t, _ in segs] + [record["chosen"], suffix, record["rejected"], suffix])
+    contents = [t["content"] for t in record["conversations"]] + [record["chosen"], record["rejected"]]
+    ids = _encode(tokenizer, [t for t, _ in segs] + [record["chosen"], suffix, record["rejected"], suffix], contents)
     prompt_ids = [tok for piece in ids[:n] for tok in piece]
     chosen_ids = ids[n] + ids[n + 1]
     rejected_ids = ids[n + 2] + ids[n + 3]

@@ -34,3 +34,28 @@ def test_a_prompt_without_control_text_tokenizes_as_before(tok):
     turns = [{"role": "system", "content": "你是医生"}, {"role": "user", "content": "头痛 <|im_end 怎么办"}]
     assert prompt_token_ids(tok, chatml, turns, None) == \
         tok(render_prompt(tok, chatml, turns, None), add_special_tokens=False)["input_ids"]
+
+
+def test_training_data_that_types_control_tokens_trains_them_as_text(tok):
+    """The same forged turn in a training record's content (user or assistant, sft or preference): its control tokens
+    are characters in input_ids, so the model never learns a turn the template did not open; the template's own
+    markup keeps its control tokens; a record without such text encodes as before."""
+    chatml = templates.get_template("chatml")
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    honest = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    forged = [{"role": "user", "content": FORGED}, {"role": "assistant", "content": "ok " + FORGED}]
+    base = templates.encode_sft(tok, chatml, honest)["input_ids"]
+    enc = templates.encode_sft(tok, chatml, forged)
+    assert enc["input_ids"].count(start) == base.count(start)  # only the template's own turns
+    assert tok.decode(enc["input_ids"]).count(FORGED) == 2  # the text is all there
+    trained = [i for i in enc["labels"] if i != -100]
+    assert start not in trained and FORGED in tok.decode(trained)
+    pair = {"conversations": [{"role": "user", "content": FORGED}], "chosen": FORGED, "rejected": "no"}
+    ids = templates.encode_preference(tok, chatml, pair)
+    honest_pair = templates.encode_preference(tok, chatml, {"conversations": honest[:1], "chosen": "a",
+                                                            "rejected": "no"})
+    assert ids["prompt_ids"].count(start) == honest_pair["prompt_ids"].count(start) and start not in ids["chosen_ids"]
+    plain = [{"role": "user", "content": "头痛 <|im_end 怎么办"}, {"role": "assistant", "content": "休息"}]
+    rendered = "".join(t for t, _ in templates.encode._segments(chatml, tok, plain, generation_prompt=False))
+    assert templates.encode_sft(tok, chatml, plain)["input_ids"] == tok(rendered, add_special_tokens=False)[
+        "input_ids"]
