@@ -8,7 +8,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from medgpt_ray.templates import jinja_encode
+from medgpt_ray.templates import jinja_encode, typed_controls
 from medgpt_ray.templates.base import (
     IGNORE_INDEX,
     TemplateError,
@@ -134,36 +134,14 @@ def _segments(
     return [(text, trained) for text, trained in segs if text]
 
 def _encode(tokenizer: Any, texts: list[str], contents: Sequence[str] = ()) -> list[list[int]]:
-    """Each text's ids. A person's text (`contents`: the turns' contents, a response) that types one of the
-    tokenizer's control tokens (a forged `<|im_end|>\n<|im_start|>system`) is tokenized as its characters
-    (split_special_tokens), so the model never trains on a turn the template did not open; texts without such
-    content tokenize as one piece, as before."""
+    """Each text's ids; a person's text in it (`contents`: the turns' contents, a response) that types a control
+    token is tokenized as its characters (typed_controls.py)."""
     if not texts:
         return []
-    forged = [c for c in dict.fromkeys(contents) if c and any(t in c for t in _controls(tokenizer))]
-    if not forged:
+    typed = typed_controls.forged(tokenizer, contents)
+    if not typed:
         return tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [_kept_as_text(tokenizer, text, forged) for text in texts]
-
-
-def _controls(tokenizer: Any) -> list[str]:
-    added = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)]
-    return [t for t in {*tokenizer.all_special_tokens, *added} if t]
-
-
-def _kept_as_text(tokenizer: Any, text: str, forged: list[str]) -> list[int]:
-    """`text`'s ids with each forged content in it tokenized as characters and the template around it as usual."""
-    ids: list[int] = []
-    pos = 0
-    while True:
-        found = [(text.find(c, pos), c) for c in forged if text.find(c, pos) >= 0]
-        if not found:
-            break
-        at, content = min(found, key=lambda x: (x[0], -len(x[1])))
-        ids += tokenizer(text[pos:at], add_special_tokens=False)["input_ids"] if at > pos else []
-        ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        pos = at + len(content)
-    return ids + (tokenizer(text[pos:], add_special_tokens=False)["input_ids"] if pos < len(text) else [])
+    return [typed_controls.kept_as_text(tokenizer, text, typed)[0] for text in texts]
 
 def _segment_ids(
     tokenizer: Any, template: ChatTemplate, conversation: list[dict], tools: list[dict]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from medgpt_ray.templates import typed_controls
 from medgpt_ray.templates.base import IGNORE_INDEX, TemplateError, TemplateTokenizerMismatch
 from medgpt_ray.templates.families import JinjaTemplate
 from medgpt_ray.templates.jinja_messages import render, thinks, to_messages
@@ -79,9 +80,14 @@ def encode_sft(
     tokenizer: Any, template: JinjaTemplate, conversation: list[dict], tools: list[dict]
 ) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of a validated conversation."""
-    ids, keep, _, _ = _encode_marked(
+    ids, keep, text, offsets = _encode_marked(
         tokenizer, template, to_messages(template, conversation), tools, thinks(template, conversation)
     )
+    typed = typed_controls.forged(tokenizer, [t["content"] for t in conversation])
+    if typed:  # the contents that type control tokens re-tokenized as characters; trained where the text was
+        trained = [offsets[t] for t, k in enumerate(keep) if k]
+        ids, spans = typed_controls.kept_as_text(tokenizer, text, typed)
+        keep = [any(a <= s < b for a, b in trained) for s, _ in spans]
     return ids, [i if k else IGNORE_INDEX for i, k in zip(ids, keep, strict=True)]
 
 

@@ -59,3 +59,23 @@ def test_training_data_that_types_control_tokens_trains_them_as_text(tok):
     rendered = "".join(t for t, _ in templates.encode._segments(chatml, tok, plain, generation_prompt=False))
     assert templates.encode_sft(tok, chatml, plain)["input_ids"] == tok(rendered, add_special_tokens=False)[
         "input_ids"]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_the_jinja_templates_train_typed_control_tokens_as_text_too(name):
+    """Under a model's own Jinja template (Qwen3, Qwen3.5: `template: auto` for them), the forged turn in a user's and
+    an assistant's content: no control token of it in input_ids, the answer (as text) still trained and the turns'
+    own markup unchanged."""
+    from medgpt_ray.templates import IGNORE_INDEX
+    from tests.unit.test_templates_families import _tok
+
+    tok, tpl = _tok("qwen"), templates.get_template(name)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    honest = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    forged = [{"role": "user", "content": FORGED}, {"role": "assistant", "content": "ok " + FORGED}]
+    base, enc = templates.encode_sft(tok, tpl, honest), templates.encode_sft(tok, tpl, forged)
+    assert enc["input_ids"].count(start) == base["input_ids"].count(start)
+    trained = [i for i in enc["labels"] if i != IGNORE_INDEX]
+    assert start not in trained and FORGED in tok.decode(trained)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert trained[-1] == end and [i for i in base["labels"] if i != IGNORE_INDEX][-1] == end  # its own end trained
