@@ -35,7 +35,7 @@ from medgpt_ray.generation.decode_path import (
 )
 from medgpt_ray.generation.loading import generation_device, load_model, load_tokenizer
 from medgpt_ray.generation.params import GenerationParams
-from medgpt_ray.generation.prompts import answer_until_stop, render_prompt, stop_token_ids
+from medgpt_ray.generation.prompts import answer_until_stop, prompt_token_ids, render_prompt, stop_token_ids
 
 ROW_COLUMNS = ("prompt_id", "sample", "response", "prompt_tokens", "new_tokens", "finished", "batch_seconds",
                "warmup", "decode_path")
@@ -78,9 +78,11 @@ class Generator:
         import torch
 
         p = self.params
-        texts = [self.render(json.loads(c), json.loads(t)) for c, t in zip(batch["conversations"], batch["tools"],
-                                                                            strict=True)]
-        enc = self.tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(self.device)
+        # A prompt's text stays text: content typing the model's control tokens is tokenized as its characters
+        # (prompt_token_ids; the same ids as the rendered prompt's for any other content).
+        ids = [prompt_token_ids(self.tok, self.template, json.loads(c), json.loads(t))
+               for c, t in zip(batch["conversations"], batch["tools"], strict=True)]
+        enc = self.tok.pad({"input_ids": ids}, return_tensors="pt").to(self.device)
         t0, self.warmup = time.monotonic(), False
         kw = dict(max_new_tokens=p.max_new_tokens, num_return_sequences=p.num_samples, eos_token_id=self.stops,
                   pad_token_id=self.tok.pad_token_id, **p.sampling())
