@@ -23,7 +23,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="default: 1 where the cluster has GPUs, else 0 (CPU)")
     p.add_argument("--api-key", default=None,
                    help=f"require `Authorization: Bearer KEY` (default: ${API_KEY_ENV} when set, else no key)")
-    p.add_argument("--no-api-key", action="store_true",
+    p.add_argument("--no-api-key", "--allow-no-key", dest="no_api_key", action="store_true",
                    help="serve a --host other than loopback without an API key: anyone who reaches the port is "
                         "answered (refused otherwise)")
     p.add_argument("--name", default=None, help="the model's id in /v1/models (default: the stage's name)")

@@ -27,3 +27,15 @@ def test_the_cli_says_so_and_starts_nothing(tiny_model, capsys, monkeypatch):
     assert main(["serve", "--model", str(tiny_model), "--template", "chatml", "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "error: --host 0.0.0.0 without an API key" in err and "Traceback" not in err
+
+
+def test_the_issues_name_for_the_choice_is_the_same_flag():
+    import argparse
+
+    from medgpt_ray.cli.serve import add_serve_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    for flag in ("--no-api-key", "--allow-no-key"):
+        assert parser.parse_args(["--model", "m", "--host", "0.0.0.0", flag]).no_api_key is True
+    assert parser.parse_args(["--model", "m"]).no_api_key is False
