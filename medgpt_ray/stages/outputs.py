@@ -45,8 +45,8 @@ def stage_extras(extras: dict[str, Any], model: Any = None) -> dict[str, Any]:
     tally = extras.get("overlong")
     if not isinstance(tally, LengthTally):
         return extras
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    # The model's own config (transformers' PretrainedConfig: a composite model's text part), not a stage config.
+    text = model.config.get_text_config() if model is not None else None
     context = getattr(text, "max_position_embeddings", None)
     context = context if isinstance(context, int) and context > 0 else None
     return {**extras, "overlong": LengthTally.merged(all_workers(tally.state())).to_dict(context)}
