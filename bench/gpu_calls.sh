@@ -119,9 +119,14 @@ grpo_auto() {  # NAME MODEL STEPS: grpo through the pipeline, 16 x 256, generati
     --num-generations 16 --prompts-per-step 1 --set stages.grpo.generation_path=auto --out "$W/grpo_$1"
 }
 
-decodable() {  # MODEL: rl_stage_run's random weights of MODEL made decodable (serve_load's TTFT needs text)
-  [ -d "/tmp/g/$1-decodable" ] || python3 bench/decodable_model.py --src "/tmp/medgpt-rsr/models/$1" \
-    --dest "/tmp/g/$1-decodable"
+decodable() {  # MODEL: random weights of MODEL (call 8's on a warm machine, else built here) made decodable
+  local src=/tmp/medgpt-rsr/models/$1  # (serve_load's time to first token needs text)
+  if [ ! -d "$src" ]; then
+    src=/tmp/g/$1
+    [ -d "$src" ] || python3 -c "from pathlib import Path; from bench.generation_throughput import random_model; \
+random_model('$1', Path('/tmp/g'))"
+  fi
+  [ -d "/tmp/g/$1-decodable" ] || python3 bench/decodable_model.py --src "$src" --dest "/tmp/g/$1-decodable"
 }
 
 call8() {  # issue 47: Qwen3.5-0.8B grpo beside the dense 1.5B, both through the pipeline on this machine
@@ -129,7 +134,7 @@ call8() {  # issue 47: Qwen3.5-0.8B grpo beside the dense 1.5B, both through the
   grpo_auto qwen3.5_0.8b qwen3.5-0.8b 6
 }
 
-call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid (models: call 8's)
+call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid (call 8's models where it ran first)
   decodable qwen2.5-1.5b; decodable qwen3.5-0.8b
   serve slots /tmp/g/qwen2.5-1.5b-decodable 1
   step serve_hybrid 130 python3 bench/serve_load.py --model /tmp/g/qwen3.5-0.8b-decodable --clients 32 \
