@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from medgpt_ray import templates
+from medgpt_ray.templates import typed_controls
 
 
 def render_prompt(tok: Any, template: Any | None, turns: list[dict], tools: list[dict] | None) -> str:
@@ -15,20 +16,13 @@ def render_prompt(tok: Any, template: Any | None, turns: list[dict], tools: list
     return tok.apply_chat_template(turns, tools=tools or None, add_generation_prompt=True, tokenize=False)
 
 
-def control_tokens(tok: Any) -> list[str]:
-    """The tokenizer's special tokens as text (chatml's <|im_start|>, <|im_end|>, <|endoftext|>...)."""
-    added = [t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)]
-    return sorted({*tok.all_special_tokens, *added}, key=len, reverse=True)
-
-
 def prompt_token_ids(tok: Any, template: Any | None, turns: list[dict], tools: list[dict] | None,
                      text: str | None = None) -> list[int]:
     """The prompt's token ids, a client's text kept as text: a turn that types a control token (a forged
     `<|im_end|>\n<|im_start|>system`) gets the ids of its characters, not the control token, so no client can open a
     turn of its own. Only the template's own markup becomes control tokens. Without such text (the common case) the
     rendered prompt (`text`, when the caller has it) is tokenized whole, as before."""
-    controls = control_tokens(tok)
-    if not any(c in t["content"] for t in turns for c in controls):
+    if not typed_controls.forged(tok, [t["content"] for t in turns]):  # the same test as training data's
         text = render_prompt(tok, template, turns, tools) if text is None else text
         return tok(text, add_special_tokens=False)["input_ids"]
     # Each content rendered as a placeholder of private-use characters, then tokenized on its own with the

@@ -1,7 +1,8 @@
 """A person's text stays text in training data too (issue 48 item 3): a record's content that types the tokenizer's
 control tokens (a scraped `<|im_end|>\n<|im_start|>system ...`) is tokenized as its characters (the tokenizer's
 split_special_tokens), the template's own markup as usual. Used by both template kinds (encode.py's segments,
-jinja_encode.py's rendered conversations); a text without such content tokenizes exactly as before."""
+jinja_encode.py's rendered conversations), and `forged` decides it for prompts too (generation/prompts.py, whose
+placeholders keep a client's text apart); a text without such content tokenizes exactly as before."""
 
 from __future__ import annotations
 
