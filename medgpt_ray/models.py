@@ -50,6 +50,13 @@ def torch_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
+def context_length(model: Any) -> int | None:
+    """The tokens the model reads at most (its position embeddings), where its config says; a composite model's
+    text part."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(context) if isinstance(context, int) and context > 0 else None
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

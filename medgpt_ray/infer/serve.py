@@ -33,6 +33,7 @@ from medgpt_ray.infer.logprobs import content as logprob_content
 from medgpt_ray.infer.serve_engine import serving_path
 from medgpt_ray.infer.source import ModelSource
 from medgpt_ray.infer.tool_calls import CallHoldback, split_calls
+from medgpt_ray.models import context_length
 from medgpt_ray.templates.base import TemplateError
 from medgpt_ray.tiny import use_compile_caches
 
@@ -62,13 +63,6 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 def _deadline_error(limits: ServeLimits) -> dict[str, Any]:
     return {"message": f"the request passed this server's deadline of {limits.request_timeout_s:g} s; its generation "
                        "was stopped", "type": "timeout", "param": None, "code": "timeout"}
-
-
-def _model_context(gen: Generator) -> int | None:
-    """The tokens the model reads at most (its position embeddings), where its config says."""
-    text = gen.model.config.get_text_config()  # a composite model's text part; the config itself otherwise
-    context = getattr(text, "max_position_embeddings", None)
-    return int(context) if isinstance(context, int) and context > 0 else None
 
 
 def _renders_tools(gen: Generator) -> bool:
@@ -229,7 +223,7 @@ class ChatModel:
         use_compile_caches()  # the slot engine's compiled decode step: a restarted replica loads it
         self.generator = Generator(model_path, template, GenerationParams().as_dict())
         self.name, self.api_key = name, api_key
-        self.context = _model_context(self.generator)
+        self.context = context_length(self.generator.model)
         self.vocab = self.generator.model.get_output_embeddings().weight.shape[0]  # the logits logit_bias may bias
         self.renders_tools = _renders_tools(self.generator)
         self.limits = limits.for_context(self.context)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from medgpt_ray.models import context_length
 from medgpt_ray.stages.inputs import BuiltStage, StageInputs
 from medgpt_ray.stages.overlong import LengthTally
 from medgpt_ray.trainer_kit.sharding import shard_report
@@ -45,10 +46,7 @@ def stage_extras(extras: dict[str, Any], model: Any = None) -> dict[str, Any]:
     tally = extras.get("overlong")
     if not isinstance(tally, LengthTally):
         return extras
-    # The model's own config (transformers' PretrainedConfig: a composite model's text part), not a stage config.
-    text = model.config.get_text_config() if model is not None else None
-    context = getattr(text, "max_position_embeddings", None)
-    context = context if isinstance(context, int) and context > 0 else None
+    context = context_length(model) if model is not None else None
     return {**extras, "overlong": LengthTally.merged(all_workers(tally.state())).to_dict(context)}
 
 
