@@ -13,6 +13,7 @@ import json
 import re
 import uuid
 
+from medgpt_ray.data.fields import canonical_tool_call
 from medgpt_ray.templates import parse_tool_calls
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -62,17 +63,15 @@ def tool_turn(i: int, message: dict) -> dict | None:
         return None
     if not isinstance(calls, list) or not calls:
         raise ToolRequestError(f"messages[{i}].tool_calls", "a non-empty list is required")
-    out = []
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, dict) else None
-        parsed = parse_tool_calls({"name": fn.get("name"), "arguments": fn.get("arguments")}) \
-            if isinstance(fn, dict) else None
-        if parsed is None:
+        if not isinstance(fn, dict) or canonical_tool_call({"name": fn.get("name"),
+                                                            "arguments": fn.get("arguments")}) is None:
             raise ToolRequestError(f"messages[{i}].tool_calls[{j}]", "a function with a name and JSON arguments "
                                                                       "(an object) is required")
-        name, arguments = parsed[0][0]
-        out.append({"name": name, "arguments": arguments})
-    return {"role": "tool_call", "content": json.dumps(out if len(out) > 1 else out[0], ensure_ascii=False)}
+    # the readers' canonical text of a call turn (one call, or a list of them), as training data holds it
+    wanted = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
+    return {"role": "tool_call", "content": canonical_tool_call(wanted if len(wanted) > 1 else wanted[0])}
 
 
 def split_calls(text: str) -> tuple[str | None, list[dict]]:
