@@ -16,6 +16,11 @@
 #   bash bench/gpu_calls.sh 9     # issue 47: serve on slots, dense then Qwen3.5
 #   bash bench/gpu_calls.sh 10    # issue 49: opd through the pipeline, a 7B NF4 teacher over the 1.5B (.whl-bnb)
 #   bash bench/gpu_calls.sh 11    # issue 49: orpo and simpo on the chunked head; opd on the chunked JSD, sft teacher
+#   bash bench/gpu_calls.sh 12    # issue 49: orpo and simpo, today's code then the baseline's (.base, carried)
+#   bash bench/gpu_calls.sh 13    # issue 49: opd with the sft teacher, today's code then the baseline's (.base)
+#
+# Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
+# package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
 #
 # A call brings back at most 8 files: each step writes its command, log and JSON under $W, and after every step
 # $OUT/results.tgz is remade from it (Ray Data's parquet parts left out), so a call cut short keeps what finished.
@@ -155,4 +160,31 @@ call11() {  # issue 49: orpo and simpo on the chunked head (the H200's committed
     --max-completion-length 128 --out "$W/opd"
 }
 
-"call${1:?which call: 1 to 11}"
+base() {  # NAME LIMIT SCRIPT ARGS...: SCRIPT from .base/benchnow, so it imports the baseline's medgpt_ray
+  local name=$1 limit=$2 script=$3; shift 3
+  [ -f .base/REV ] || { echo "== $name skipped: no .base (bench/make_baseline_tree.sh; carry .base)"; return; }
+  cp .base/REV "$W/base_rev.txt"
+  step "$name" "$limit" bash -c 'cd .base && exec python3 "benchnow/$0" "$@"' "$script" "$@"
+}
+
+shared_models() {  # WORKDIR_A WORKDIR_B: B reads the random weights A built (the same shape, built once)
+  mkdir -p "$1/models" "$2"; [ -e "$2/models" ] || ln -s "$1/models" "$2/models"
+}
+
+call12() {  # issue 49's orpo/simpo target: >= 1.5x the baseline's tokens/s each, both measured in this call
+  shared_models /tmp/rlt /tmp/rlt_base
+  step orpo_simpo 250 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo --steps 8 \
+    --workdir /tmp/rlt --out "$W/orpo_simpo"
+  base orpo_simpo_base 250 real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo --steps 8 \
+    --workdir /tmp/rlt_base --out "$W/orpo_simpo_base"
+}
+
+call13() {  # issue 49's opd target: micro-batch >= 4 and >= 4x the baseline's training tokens/s, both in this call
+  shared_models /tmp/medgpt-rsr /tmp/rsr_base
+  step opd_sft_teacher 270 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 \
+    --steps 8 --max-completion-length 128 --out "$W/opd"
+  base opd_base 290 rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 --steps 8 \
+    --max-completion-length 128 --workdir /tmp/rsr_base --out "$W/opd_base"
+}
+
+"call${1:?which call: 1 to 13}"
