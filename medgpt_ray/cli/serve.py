@@ -60,6 +60,8 @@ def add_limit_args(p: argparse.ArgumentParser) -> None:
                         "piece costs the replica and Serve's proxy about the same, whatever its length)")
     p.add_argument("--request-timeout", type=positive_float, default=120.0,
                    help="seconds a request may take; past them its generation stops (504) (default 120)")
+    p.add_argument("--idle-timeout", type=positive_int, default=5,
+                   help="seconds a kept-alive connection may sit idle after an answer before it is closed (default 5)")
 
 
 def _limits(args: argparse.Namespace):
@@ -109,7 +111,8 @@ def run_serve(args: argparse.Namespace) -> int:
     connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else default_gpus_per_replica()
     opts = ServeOptions(args.host, args.port, args.replicas, gpus, api_key=key, name=args.name,
-                        limits=limits, verbose=args.verbose, engine=args.engine)
+                        limits=limits, verbose=args.verbose, engine=args.engine,
+                        idle_timeout_s=args.idle_timeout)
     url = serve_model(source, opts)
     echo(f"[serve] {source.path} at {url}/v1 ({args.replicas} replica(s), {gpus:g} GPU each; "
          f"{'API key required' if key else 'no API key'}); Ray's own lines: {log_file.resolve()}; "

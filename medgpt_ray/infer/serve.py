@@ -52,6 +52,10 @@ class ServeOptions:
     limits: ServeLimits = ServeLimits()
     verbose: bool = False
     engine: str = "auto"  # serve_engine.ENGINES
+    # Seconds a kept-alive connection may sit idle after its answer before Serve's proxy closes it (uvicorn's own
+    # default; Serve's is 90): held-open sockets go back soon. A connection that never finishes its headers is not
+    # bounded by the proxy (docs/serving.md).
+    idle_timeout_s: int = 5
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -271,7 +275,8 @@ def serve_model(source: ModelSource, opts: ServeOptions) -> str:
     # Serve's own end-to-end timeout a little past ours: a backstop that answers (and cancels) a request stuck
     # anywhere; our deadline, checked between tokens, is what stops a generation.
     serve.start(http_options={"host": opts.host, "port": opts.port,
-                              "request_timeout_s": opts.limits.request_timeout_s + 10})
+                              "request_timeout_s": opts.limits.request_timeout_s + 10,
+                              "keep_alive_timeout_s": opts.idle_timeout_s})
     deployment = ChatModel.options(num_replicas=opts.replicas, max_ongoing_requests=opts.limits.max_concurrent,
                                    ray_actor_options={
         "num_gpus": opts.gpus_per_replica, "num_cpus": opts.cpus_per_replica})

@@ -29,6 +29,7 @@ KEY = "test-key-123"
 # A piece a token: the streaming tests count pieces (the default, 4, is what serve_load measured on the GPU).
 LIMITS = ServeLimits(default_max_tokens=8, max_tokens_limit=2047, request_timeout_s=2.5, stream_interval=1)
 LONG = {"max_tokens": 2000, "n": 4}
+IDLE_S = 2  # the proxy closes a kept-alive connection idle this long (Serve's own default is 90 s)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def endpoint(ray_cluster, tiny_model):
 
     url = serve_model(ModelSource(tiny_model, "chatml", "sft"),
                       ServeOptions(port=free_port(), api_key=KEY, cpus_per_replica=0.5, limits=LIMITS,
-                                   engine="transformers"))  # test_serve_slots.py runs these on slots
+                                   engine="transformers", idle_timeout_s=IDLE_S))  # test_serve_slots.py: slots
     yield url
     serve.shutdown()
 
@@ -82,6 +83,19 @@ def test_whole_and_streamed_answers_agree(endpoint):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == choice["message"]["content"]  # greedy: the same answer, streamed
     assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+def test_an_idle_kept_alive_connection_is_closed_by_the_server(endpoint):
+    host, port = endpoint.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" not in answer.lower()
+        start = time.monotonic()
+        assert sock.recv(1) == b""  # the server's FIN; a socket.timeout (30 s) if it kept the connection
+        assert IDLE_S - 0.5 < time.monotonic() - start < IDLE_S + 10
 
 
 @pytest.mark.parametrize("body, reason", [
