@@ -18,6 +18,7 @@
 #   bash bench/gpu_calls.sh 11    # issue 49: orpo and simpo on the chunked head; opd on the chunked JSD, sft teacher
 #   bash bench/gpu_calls.sh 12    # issue 49: orpo and simpo, today's code then the baseline's (.base, carried)
 #   bash bench/gpu_calls.sh 13    # issue 49: opd with the sft teacher, today's code then the baseline's (.base)
+#   bash bench/gpu_calls.sh 14    # issue 48: a compiled sft's first step, cold caches then warm (the same config)
 #
 # Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
 # package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
@@ -187,4 +188,13 @@ call13() {  # issue 49's opd target: micro-batch >= 4 and >= 4x the baseline's t
     --max-completion-length 128 --workdir /tmp/rsr_base --out "$W/opd_base"
 }
 
-"call${1:?which call: 1 to 13}"
+call14() {  # issue 48: the second run of one config finds inductor's and Triton's caches (under the cache dir) warm;
+  # each run's metrics.jsonl holds first_step_s, from the stage's start to its first step's end. Run on a fresh machine.
+  shared_models /tmp/rlt /tmp/rlt_warm
+  step first_step_cold 200 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages sft --steps 3 \
+    --warmup 1 --sft-records 1000 --set stages.sft.compile=true --workdir /tmp/rlt --out "$W/first_step_cold"
+  step first_step_warm 200 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages sft --steps 3 \
+    --warmup 1 --sft-records 1000 --set stages.sft.compile=true --workdir /tmp/rlt_warm --out "$W/first_step_warm"
+}
+
+"call${1:?which call: 1 to 14}"
