@@ -56,6 +56,8 @@ def main() -> int:
     ap.add_argument("--compile", default="true", choices=["auto", "true", "false"])
     ap.add_argument("--method", default="lora", choices=["lora", "qlora"])
     ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex"], help="stages.sft.attention")
+    ap.add_argument("--micro-batch", type=int, help="stages.sft.micro_batch (default: the planner's; 1 trades a little "
+                    "speed for the peak of one packed row's activations)")
     ap.add_argument("--profile", type=int, default=0, help="torch profiler over this many steps after step 3")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peers"))
     ap.add_argument("--out", type=Path, required=True)
@@ -80,7 +82,8 @@ def main() -> int:
                          lr=JOB.lr, seq_len=JOB.seq_len, precision="bf16" if gpu else "fp32",
                          effective_batch=JOB.conversations_per_step, max_steps=args.steps, logging_steps=1,
                          save_steps=10**6, warmup_ratio=0.0, packing="auto", attention=args.attention,
-                         compile={"auto": "auto", "true": True, "false": False}[args.compile])
+                         compile={"auto": "auto", "true": True, "false": False}[args.compile],
+                         micro_batch=args.micro_batch or "auto")
     plan, lengths = plan_for(model, cfg, data, args.cap_gib if gpu else 0)
     print("plan:", plan_line(plan), flush=True)
     out = args.work / f"run-ours-{model.name}"
@@ -116,6 +119,7 @@ def main() -> int:
     notes = [f"plan: {plan_line(plan)}", f"lengths: {lengths.describe() if lengths else None}",
              "real tokens per step: the stage's own non-padding count (packed_counts); laid out: rows x seq_len"]
     settings = {"method": args.method, "compile": args.compile, "attention": args.attention, "packing": packing,
+                "micro_batch": args.micro_batch or "auto",
                 "plan": plan.to_dict(),
                 "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,
                 **({"profile": profile} if profile else {})}
