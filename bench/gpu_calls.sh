@@ -19,6 +19,7 @@
 #   bash bench/gpu_calls.sh 12    # issue 49: orpo and simpo, today's code then the baseline's (.base, carried)
 #   bash bench/gpu_calls.sh 13    # issue 49: opd with the sft teacher, today's code then the baseline's (.base)
 #   bash bench/gpu_calls.sh 14    # issue 48: a compiled sft's first step, cold caches then warm (the same config)
+#   bash bench/gpu_calls.sh 15    # issue 47: call 8 on the 64 widest prompts, the plan's worst case: peak vs plan
 #
 # Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
 # package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
@@ -197,4 +198,12 @@ call14() {  # issue 48: the second run of one config finds inductor's and Triton
     --warmup 1 --sft-records 1000 --set stages.sft.compile=true --workdir /tmp/rlt_warm --out "$W/first_step_warm"
 }
 
-"call${1:?which call: 1 to 14}"
+call15() {  # issue 47: peaks within max(10 %, 0.5 GiB) of the plan, which prices the split's widest prompt
+  for m in dense_1.5b:qwen2.5-1.5b qwen3.5_0.8b:qwen3.5-0.8b; do
+    step "grpo_widest_${m%%:*}" 240 python3 bench/rl_stage_run.py --model "${m#*:}" --stages grpo --train-steps 0 \
+      --steps 5 --num-generations 16 --prompts-per-step 1 --widest-prompts 64 \
+      --set stages.grpo.generation_path=auto --out "$W/grpo_widest_${m%%:*}"
+  done
+}
+
+"call${1:?which call: 1 to 15}"

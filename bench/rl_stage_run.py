@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-completion-length", type=int, default=256)
     ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
     ap.add_argument("--prompts-per-step", type=int, default=4, help="effective_batch = this x --num-generations")
+    ap.add_argument("--widest-prompts", type=int, help="keep only this many prompts, the longest: every step is "
+                    "near the plan's worst case (it prices the split's widest prompt), so the peak tests the plan")
     a = pipeline_bench.pipeline_run_defaults(ap.parse_args(argv))
     a.rl = [s for s in a.stages.split(",") if s]
     if not a.rl or set(a.rl) - set(RL):
@@ -82,18 +84,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def write_prompts(sft_file: str, out: Path) -> int:
-    """The corpus's SFT records as GRPO prompts: first question, first answer as the reference."""
-    n = 0
-    with open(sft_file, encoding="utf-8") as src, out.open("w", encoding="utf-8") as dst:
+def write_prompts(sft_file: str, out: Path, widest: int | None = None) -> int:
+    """The corpus's SFT records as GRPO prompts: first question, first answer as the reference; with `widest`, only
+    that many, the longest questions (in characters: the tokenizer's count follows them closely for Chinese)."""
+    prompts = []
+    with open(sft_file, encoding="utf-8") as src:
         for raw in src:
             turns = json.loads(raw)["conversations"]
             q = next((t["value"] for t in turns if t["from"] == "human"), None)
             ans = next((t["value"] for t in turns if t["from"] == "gpt"), None)
             if q and ans:
-                dst.write(json.dumps({"question": q, "answer": ans}, ensure_ascii=False) + "\n")
-                n += 1
-    return n
+                prompts.append({"question": q, "answer": ans})
+    if widest:
+        prompts = sorted(prompts, key=lambda p: len(p["question"]), reverse=True)[:widest]
+    with out.open("w", encoding="utf-8") as dst:
+        dst.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts)
+    return len(prompts)
 
 
 def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: Path, use_gpu: bool,
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     model, corpus = rlt.prepare(a, use_gpu)
     prompts = Path(a.workdir) / "prompts.jsonl"
-    n_prompts = write_prompts(corpus["files"]["sft"], prompts)
+    n_prompts = write_prompts(corpus["files"]["sft"], prompts, a.widest_prompts)
     teacher = None
     if a.teacher:  # random weights of the preset, the tiny tokenizer: the same vocabulary as the student's
         from memory_calibration import prepare_model
