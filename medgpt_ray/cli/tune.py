@@ -17,6 +17,9 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", required=True, help="sweep YAML: stage, metric, mode, space, searcher, num_samples")
     p.add_argument("--dry-run", action="store_true", help="plan the trials and say which would be pruned; run none")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep (finished trials are kept)")
+    p.add_argument("--from-run", default=None, metavar="RUN",
+                   help="a finished pipeline run (runs/<name>, with its manifest.json): the trials start from its "
+                        "output of the stage the swept one starts from, and read the stages it needs from it")
     p.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs for a local Ray cluster (default: all)")
     p.add_argument("--verbose", action="store_true",
                    help="show Ray's, Tune's and the workers' own log lines here (default: RUN_DIR/tune-ray.log)")
@@ -27,6 +30,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from medgpt_ray.run.preflight import check_paths
     from medgpt_ray.run.ray_env import connect_ray, echo
     from medgpt_ray.tune.driver import run_sweep
+    from medgpt_ray.tune.sweep import load_sweep
+    from medgpt_ray.tune.upstream import trial_start
 
     try:
         cfg = load_config(args.config, args.sets, args.overrides)
@@ -34,6 +39,8 @@ def run_tune(args: argparse.Namespace) -> int:
             # Before Ray starts: a missing model or data file costs a second, not a cluster start. A dry run reads
             # neither: it plans from model.shape where the model directory is not on this machine, as `plan` does.
             check_paths(cfg)
+            # The sweep file and --from-run's manifest too: a stage the run has not finished is said here as well.
+            trial_start(cfg, load_sweep(args.sweep, cfg, args.from_run).stage, args.from_run)
             log_file = Path(cfg.output_dir) / cfg.name / "tune-ray.log"
             # Tune's and Ray Train's per-trial, per-rank lines ("Reporting training result", placement-group
             # cleanup) would drown the sweep's own lines: they go to the file unless --verbose.
@@ -45,7 +52,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 os.environ.setdefault("AIR_VERBOSITY", "0")
                 logging.getLogger("optuna").setLevel(logging.WARNING)
         run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume,
-                  overrides=args.overrides)
+                  overrides=args.overrides, from_run=args.from_run)
     except ConfigError as e:
         return config_error(e)
     return 0

@@ -1,6 +1,7 @@
 """The sweep driver: the config as the pipeline reads it (--set and --overrides), its data as the pipeline prepares
-it (run/stage_data.py: cleaned `data.raw` included), then a Tune trial per configuration, each a StageJob
-(tune/trial.py), and the results with the best overrides (tune/results.py)."""
+it (run/stage_data.py: cleaned `data.raw` included), what the trials start from (tune/upstream.py: a finished run's
+outputs with --from-run), then a Tune trial per configuration, each a StageJob (tune/trial.py), and the results with
+the best overrides (tune/results.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from medgpt_ray.tune.slots import SlotPool, slot_releaser
 from medgpt_ray.tune.sweep import SweepConfig, load_sweep, param_space, trial_gpu_groups
 from medgpt_ray.tune.trial import TrialContext, trial
 from medgpt_ray.tune.trial_lines import TrialLines
+from medgpt_ray.tune.upstream import TrialStart, trial_start
 
 __all__ = ["SlotPool", "run_sweep"]
 
@@ -32,19 +34,22 @@ NAMESPACE = "medgpt-tune"
 
 
 def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
-              dry_run: bool = False, resume: bool = False, overrides: str | None = None) -> dict[str, Any]:
+              dry_run: bool = False, resume: bool = False, overrides: str | None = None,
+              from_run: str | None = None) -> dict[str, Any]:
     """The sweep of `sweep_path` over the config (`sets` and the `overrides` file applied, as the pipeline does);
-    `dry_run`: plan the trials only (no Ray, no data)."""
+    `dry_run`: plan the trials only (no Ray, no data); `from_run`: a finished pipeline run whose outputs the trials
+    start from and read (the swept stage's `from` and `needs`)."""
     cfg = load_config(config_path, sets, overrides)
-    sweep = load_sweep(sweep_path, cfg)
+    sweep = load_sweep(sweep_path, cfg, from_run)
+    start = trial_start(cfg, sweep.stage, from_run)
     if dry_run:
         budget = resolve_budget(cfg, None, 24.0)
-        _announce(cfg, sweep, budget, echo)
-        return plan_dry_run(sweep, resolved_dict(cfg), budget, echo)
+        _announce(cfg, sweep, budget, start, echo)
+        return {**plan_dry_run(sweep, resolved_dict(cfg), budget, echo), **start.summary(cfg.model.path)}
     from medgpt_ray.run.planning import run_budget
 
     budget = run_budget(cfg)
-    _announce(cfg, sweep, budget, echo)
+    _announce(cfg, sweep, budget, start, echo)
     out = (Path(cfg.output_dir) / f"{cfg.name}-tune-{sweep.stage}").resolve()
     data = sweep_data(cfg, stage_kind(sweep.stage).data_kind, out, echo)
     # Ray Train's and Tune's storage: resources.storage_path (shared by every node of a cluster), else the sweep's
@@ -56,8 +61,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     from medgpt_ray.run.ray_env import worker_env
 
     ctx = TrialContext(resolved_dict(cfg), sweep.stage, sweep.metric, sweep.mode, budget, pool_name, NAMESPACE,
-                       topology, str(out), str(models.resolve_model_path(cfg.model.path)), data, worker_env(),
-                       str(storage_root / "train"))
+                       topology, str(out), start.model_path(str(models.resolve_model_path(cfg.model.path))), data,
+                       worker_env(), str(storage_root / "train"), start.needs)
     concurrent = len(groups) if sweep.max_concurrent_trials == "auto" else min(len(groups),
                                                                                  sweep.max_concurrent_trials)
     tuner = _tuner(sweep, ctx, storage_root / "tune", concurrent, resume, echo)
@@ -68,13 +73,16 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     grid = tuner.fit()
     ray.kill(pool)
-    return summarise(grid, sweep, out, echo)
+    return summarise(grid, sweep, out, echo, start.summary(ctx.model_path))
 
 
-def _announce(cfg: PipelineConfig, sweep: SweepConfig, budget, echo: Callable[[str], None]) -> None:
+def _announce(cfg: PipelineConfig, sweep: SweepConfig, budget, start: TrialStart,
+              echo: Callable[[str], None]) -> None:
     trials = len(sample(sweep, 0)) if sweep.searcher == "grid" else sweep.num_samples
     echo(f"sweep of stage {sweep.stage}: {trials} trial(s), {sweep.searcher} search, metric {sweep.metric} "
          f"({sweep.mode}); budget {budget.describe()}")
+    if line := start.line(cfg.model.path):
+        echo(line)
 
 
 def sweep_data(cfg: PipelineConfig, kind: str, out: Path, echo: Callable[[str], None]) -> PreparedData:

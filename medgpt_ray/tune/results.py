@@ -27,7 +27,10 @@ def _rows(grid, sweep: SweepConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(grid, sweep: SweepConfig, out: Path, echo: Callable[[str], None]) -> dict[str, Any]:
+def summarise(grid, sweep: SweepConfig, out: Path, echo: Callable[[str], None],
+              start: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The table, the best trial's overrides and sweep_results.json; `start`: what the trials started from (its
+    starts_from and needs, tune/upstream.py), kept in the results with them."""
     rows = _rows(grid, sweep)
     ran = [r for r in rows if r["status"] in ("done", "stopped") and r[sweep.metric] is not None]
     finished = [r.metrics for r in grid if not r.error and (r.metrics or {}).get("completed")]
@@ -41,7 +44,7 @@ def summarise(grid, sweep: SweepConfig, out: Path, echo: Callable[[str], None]) 
     echo(format_table(rows, sweep.metric))
     echo(f"pruned {len(pruned)} of {len(rows)} trial(s) before launch, saving ~{saved / 3600:.2f} GPU-hours "
          f"(their predicted run time)")
-    summary = {"rows": rows, "pruned": len(pruned), "saved_gpu_s": saved, "best": best}
+    summary = {"rows": rows, "pruned": len(pruned), "saved_gpu_s": saved, "best": best, **(start or {})}
     if best is not None:
         path = out / "best_overrides.yaml"
         path.write_text(yaml.safe_dump(override_lines(sweep.stage, best["params"]), sort_keys=True))

@@ -40,8 +40,10 @@ class SweepConfig(_Strict):
     space: dict[str, dict[Literal["choice", "grid", "uniform", "loguniform", "randint"], list[Any]]]
 
 
-def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConfig:
-    """The sweep file, checked; with the pipeline config it runs on, also checked against it."""
+def load_sweep(path: str | Path, cfg: PipelineConfig | None = None,
+               from_run: str | Path | None = None) -> SweepConfig:
+    """The sweep file, checked; with the pipeline config it runs on, also checked against it. `from_run`: the
+    finished run (--from-run) that gives the stage its `needs` (tune/upstream.py checks it has them)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"sweep file not found: {p}")
@@ -62,11 +64,12 @@ def load_sweep(path: str | Path, cfg: PipelineConfig | None = None) -> SweepConf
     if cfg is not None and (cfg.passes_on(sweep.stage) or _may_be_zero(sweep.space.get("max_steps"))):
         raise ConfigError(f"{p}: the sweep trains stages.{sweep.stage}, but max_steps 0 trains nothing (the stage "
                           "passes its input model on): give max_steps -1 (run `epochs`) or a positive count")
-    if cfg is not None and (needs := sorted(cfg.stages.get(sweep.stage).needs)):
+    if cfg is not None and from_run is None and (needs := sorted(cfg.stages.get(sweep.stage).needs)):
         # A trial trains the one stage alone: no stage of the pipeline runs before it to give it these.
         raise ConfigError(f"{p}: the sweep trains stages.{sweep.stage} alone, but it needs the output of stage(s) "
-                          f"{', '.join(needs)}, which no trial runs: point its config at a model directory instead "
-                          f"(e.g. a finished run's runs/<name>/{needs[0]}/model)")
+                          f"{', '.join(needs)}, which no trial runs: give --from-run RUN, a finished pipeline run "
+                          f"(runs/<name>) the trials read them from, or point its config at a model directory "
+                          f"instead (e.g. a finished run's runs/<name>/{needs[0]}/model)")
     if cfg is not None and sweep.scheduler == "asha" and "eval_steps" not in sweep.space \
             and cfg.stages.get(sweep.stage).eval_steps is None:
         # Without evaluations during training a trial reports once, at its end: ASHA could stop nothing.

@@ -5,7 +5,7 @@ the GPU set of a slot, run with the pipeline's back-off, the slot given back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from medgpt_ray.memory.planner import PlanError
 from medgpt_ray.memory.stage_plan import StagePlan
 from medgpt_ray.placement.topology import load_topology_file
 from medgpt_ray.run.job import StageJob
-from medgpt_ray.run.manifest import sha256_json
+from medgpt_ray.run.manifest import sha256_json, write_json_atomic
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray
 from medgpt_ray.tune.sweep import PENALTY, predicted_run_seconds, trial_config, wait_for_slot
 
@@ -36,10 +36,11 @@ class TrialContext:
     namespace: str
     topology: str | None  # a topology file the trials load (GPU sweeps)
     out: str  # the sweep's directory: trials/<trial id>/<stage>
-    model_path: str  # the base model, resolved
+    model_path: str  # what the trials start from: the base model resolved, or a --from-run's upstream output
     data: PreparedData  # the sweep's split of the stage's data kind (run/stage_data.py, as the pipeline's)
     worker_env: dict[str, str]
     train_storage: str  # Ray Train's storage for the trials' runs
+    needs: dict[str, str] = field(default_factory=dict)  # {stage: output model} the stage reads (--from-run)
 
 
 def trial(params: dict[str, Any], ctx: TrialContext) -> None:
@@ -80,9 +81,13 @@ def _run(job: StageJob, cfg: PipelineConfig, plan: StagePlan, ctx: TrialContext,
 
     if plan.use_gpu:
         plan = job.place(plan, load_topology_file(ctx.topology), ray.get(pool.group.remote(slot)))
-    # A trial Tune restores (resume_errored) resumes its own attempt, at the back-offs it took.
-    plan = job.enter(plan, sha256_json({"trial": trial_id, "params": params}), fresh=False)
-    inputs = job.inputs(plan, ctx.model_path, ctx.data)
+    # A trial Tune restores (resume_errored) resumes its own attempt, at the back-offs it took; one resumed from
+    # another start (a new --from-run) starts over: its checkpoints were trained from another model.
+    start = {"starts_from": ctx.model_path, "needs": ctx.needs}
+    plan = job.enter(plan, sha256_json({"trial": trial_id, "params": params, **start}), fresh=False)
+    # Provenance beside plan.json: what this trial trained from is otherwise only in the driver's output.
+    write_json_atomic(job.out_dir / "trial.json", {**start, "params": params})
+    inputs = job.inputs(plan, ctx.model_path, ctx.data, ctx.needs)
     extra = {"pruned": 0, "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None, "slot": slot}
 
     def attempt(n: int, inp) -> None:

@@ -108,3 +108,34 @@ def test_concurrent_trials_get_disjoint_gpu_sets(ray_cluster):
     ray.get(pool.release_owner.remote("trial_b"))
     assert ray.get(pool.acquire.remote()) == slots[1]
     ray.kill(pool)
+
+
+def test_a_sweep_from_a_finished_run_trains_from_its_sft(tiny_run, repo, tmp_path, monkeypatch):
+    """dpo starts from sft in the pipeline: with --from-run a trial trains from the run's sft model, not the base
+    model, and its trial.json says so. One trial of one step (~25 s on 2 cores, most of it Ray Train's and Tune's
+    start), after the shared tiny run it reads."""
+    from medgpt_ray.tune.driver import run_sweep
+
+    monkeypatch.chdir(repo)
+    sft_model = json.loads((tiny_run.run_dir / "manifest.json").read_text())["stages"]["sft"]["output_model"]
+    cfg_file, sweep_file = tmp_path / "base.yaml", tmp_path / "sweep.yaml"
+    cfg_file.write_text(yaml.safe_dump({
+        "name": "sweepdpo", "output_dir": str(tmp_path / "runs"), "model": {"path": "tiny"},
+        "data": {"sft": ["data/sample/sft_sharegpt.jsonl"], "preference": ["data/sample/reward.jsonl"],
+                 "max_records": 48, "eval_fraction": 0.2},
+        "resources": {"num_workers": 1, "cpus_per_worker": 1, "memory_margin_gib": 0.0},
+        # sft stays enabled: it is what dpo starts from (run/dag.effective_from), and the run's is taken.
+        "stages": {"pt": {"enabled": False}, "rm": {"enabled": False}, "sft": {"method": "lora"},
+                   "dpo": {"method": "full", "seq_len": 256, "effective_batch": 4, "max_steps": 1,
+                           "logging_steps": 1}}}))
+    sweep_file.write_text(yaml.safe_dump({"stage": "dpo", "metric": "eval_loss", "mode": "min", "searcher": "grid",
+                                          "scheduler": "none", "space": {"lr": {"grid": [5.0e-4]}}}))
+    lines: list[str] = []
+    summary = run_sweep(str(cfg_file), [], str(sweep_file), echo=lines.append, from_run=str(tiny_run.run_dir))
+    assert [r["status"] for r in summary["rows"]] == ["done"], summary["rows"]
+    assert summary["starts_from"] == sft_model and summary["needs"] == {}
+    assert any(line.startswith(f"trials start from {sft_model} (stages.dpo starts from sft)") for line in lines)
+    (trial,) = sorted((tmp_path / "runs" / "sweepdpo-tune-dpo" / "trials").iterdir())
+    provenance = json.loads((trial / "dpo" / "trial.json").read_text())
+    assert provenance == {"starts_from": sft_model, "needs": {}, "params": {"lr": 5.0e-4}}
+    assert json.loads((trial / "dpo" / "result.json").read_text())["steps"] == 1

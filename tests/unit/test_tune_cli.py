@@ -65,10 +65,12 @@ def test_the_sweep_files_own_command_on_the_tiny_config_marks_invalid_trials(cap
 
 
 def test_a_sweep_of_a_stage_that_needs_another_is_refused_at_load(tmp_path, capsys):
-    """A trial trains its stage alone: opd's `teacher: sft` would have no sft to read (issue 48 item 7)."""
+    """A trial trains its stage alone: opd's `teacher: sft` would have no sft to read (issue 48 item 7), unless
+    --from-run names a finished run to read it from (tests/unit/test_tune_upstream.py)."""
     sweep = tmp_path / "opd.yaml"
     sweep.write_text("stage: opd\nmetric: eval_loss\nmode: min\nscheduler: none\nnum_samples: 2\n"
                      "space:\n  lr: {loguniform: [1.0e-5, 1.0e-3]}\n", encoding="utf-8")
     rc = main(["tune", "--config", str(REPO / "configs/tiny-cpu-opd.yaml"), "--sweep", str(sweep), "--dry-run"])
     err = capsys.readouterr().err
     assert rc == 2 and "needs the output of stage(s) sft, which no trial runs" in err
+    assert "give --from-run RUN" in err
