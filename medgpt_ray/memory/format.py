@@ -27,6 +27,10 @@ def plan_line(p: StagePlan) -> str:
         layout = (f"packed: {p.micro_batch} rows x accum {p.grad_accum} x {p.num_workers} worker(s) "
                   f"(~{p.packing['conversations_per_step']} {stage_profile(p.stage).packed_unit} per "
                   f"worker step)")
+    elif p.length_bins is not None:  # a packed plan its worker could not pack (stage_plan.binned)
+        layout = (f"padded by length: {p.micro_batch} bins of up to {p.length_bins['bin_tokens']} tokens x accum "
+                  f"{p.grad_accum} x {p.num_workers} worker(s) (~{p.length_bins['conversations_per_step']} "
+                  f"{stage_profile(p.stage).packed_unit} per worker step)")
     else:
         at = "" if p.seq_len_planned is None else f" at {p.seq_len_planned} tokens"
         layout = f"micro-batch {p.micro_batch}{at} x accum {p.grad_accum} x {p.num_workers} worker(s)"

@@ -12,7 +12,8 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError, StageConfig, stage_kind
 from medgpt_ray.memory.estimator import TrainSetup
-from medgpt_ray.memory.profiles import setup_fields
+from medgpt_ray.memory.lengths import packed_width
+from medgpt_ray.memory.profiles import setup_fields, stage_profile
 from medgpt_ray.memory.zero3 import MAX_LIVE_ELEMENTS, PERSISTENCE_THRESHOLD, PREFETCH_BUCKET_ELEMENTS
 from medgpt_ray.placement.device import StagePlacement
 
@@ -66,7 +67,7 @@ class StagePlan:
     packing: dict[str, Any] | None = None
     # A packed plan whose worker could not pack, trained padded by length (trainer_kit/length_bins.py): micro_batch
     # and grad_accum count bins of up to bin_tokens padded tokens; {bin_tokens, bins_per_step, examples_per_bin,
-    # conversations_per_step}. None: not binned.
+    # sequences_per_example (rm's pairs: 2), conversations_per_step (rm: pairs)}. None: not binned.
     length_bins: dict[str, Any] | None = None
     # GRPO: micro-batches per generate call (TRL's steps_per_generation; generation batch = micro_batch x this,
     # completions per worker). None: the kind does not generate, or one call per optimizer step.
@@ -211,10 +212,9 @@ def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int, conversat
 
 
 def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
-    """A plan made in packed rows of pairs (rm), for a worker whose model cannot pack (`packing: auto` and an
-    attention path that would let a row's pairs see each other): one pair per micro-batch with every layer
-    recomputing, which needs less memory than any packed row the plan was checked for; the same pairs per step.
-    Conversations (sft) are binned by length instead (binned)."""
+    """A plan made in packed rows at one example per micro-batch with every layer recomputing, the same examples
+    per step: what a worker whose model could not pack once trained (bench/family_calibration.py replays those
+    runs). Workers now train such a plan padded by length instead (binned)."""
     if plan.packing is None:
         return plan
     per_worker = int(plan.packing["conversations_per_step"])
@@ -224,22 +224,36 @@ def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 
+def bin_shape(plan: StagePlan, cfg: StageConfig) -> tuple[int, int]:
+    """(bin_tokens, sequences an example pads to) of a packed plan trained padded by length: a bin's budget is one
+    packed row's width (seq_len; rm's pairs 2 x seq_len), and an example costs its sequences (rm scores chosen and
+    rejected in one forward: 2) x its padded length. Why a bin needs no more memory than the row: the estimator
+    prices a packed micro-batch of m rows as m x sequences_per_example x seq_len tokens (TrainSetup.tokens; for rm
+    exactly m rows of reward_packing.row_width), plus a (width x width) mask per row; m bins padded by TRL's
+    collators hold at most m x bin_tokens tokens, in sequences of at most seq_len that each attend only within
+    themselves."""
+    profile = stage_profile(plan.stage)
+    return packed_width(plan.stage, plan.seq_len_planned or cfg.seq_len), profile.sequences_per_example
+
+
 def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float) -> StagePlan:
-    """A plan made in packed rows of conversations, for a worker whose model cannot pack: padded by length instead
-    (trainer_kit/length_bins.py), each bin at most one packed row's tokens, so a micro-batch of as many bins as the
-    plan had rows needs no more memory than they did (the same checkpointing); as many bins a step as hold about
-    the planned conversations, at `examples_per_bin` (the sample's)."""
+    """A plan made in packed rows (of conversations, or rm's pairs), for a worker whose model cannot pack: padded by
+    length instead (trainer_kit/length_bins.py), each bin at most one packed row's tokens (bin_shape), so a
+    micro-batch of as many bins as the plan had rows needs no more memory than they did (the same checkpointing);
+    as many bins a step as hold about the planned examples, at `examples_per_bin` (the sample's, for bin_shape's
+    numbers)."""
     if plan.packing is None:
         return plan
     per_worker = int(plan.packing["conversations_per_step"])
     bins = max(1, round(per_worker / max(examples_per_bin, 1e-9)))
     micro = max(d for d in range(1, min(bins, plan.micro_batch) + 1) if bins % d == 0)
-    width = plan.seq_len_planned or cfg.seq_len
+    width, sequences = bin_shape(plan, cfg)
+    unit = stage_profile(plan.stage).packed_unit
     new = replace(plan, micro_batch=micro, grad_accum=bins // micro, packing=None, length_bins={
         "bin_tokens": width, "bins_per_step": bins, "examples_per_bin": round(examples_per_bin, 3),
-        "conversations_per_step": per_worker},
+        "sequences_per_example": sequences, "conversations_per_step": per_worker},
         reasons=[*plan.reasons, f"packing: unavailable on the worker; padded by length: {bins} bins of up to "
-                                f"{width} tokens a step ({examples_per_bin:.1f} conversations a bin in the sample), "
+                                f"{width} tokens a step ({examples_per_bin:.1f} {unit} a bin in the sample), "
                                 f"{micro} a micro-batch"])
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 

@@ -11,7 +11,7 @@ from medgpt_ray.config import overlong_policy
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
-from medgpt_ray.memory.stage_plan import StagePlan, binned, packed_rows, unpacked
+from medgpt_ray.memory.stage_plan import StagePlan, bin_shape, binned, packed_rows
 from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.trainer_args import group_by_length
 from medgpt_ray.trainer_kit.length_bins import examples_per_bin
@@ -65,16 +65,15 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
         why = stage_profile(inp.stage).auto_unpacked_reason
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}
-        if plan.packing is not None and unit == "conversations":  # padded by length, bins of a packed row's tokens
-            plan = binned(plan, inp.cfg, examples_per_bin(_sample_lengths(inp, tok, template, kind),
-                                                          plan.seq_len_planned or inp.cfg.seq_len))
+        if plan.packing is not None:  # padded by length, bins of a packed row's tokens (sft and rm alike)
+            tokens, sequences = bin_shape(plan, inp.cfg)
+            per_bin = examples_per_bin(_sample_lengths(inp, tok, template, kind), tokens, sequences)
+            plan = binned(plan, inp.cfg, per_bin)
+        if plan.length_bins is not None:  # binned here, or by the first attempt (then halved by an OOM back-off)
             shard["length_bins"] = plan.length_bins
             report["planned_packed"] = (f"padded by length instead: {plan.length_bins['bins_per_step']} bins a step "
                                         f"of up to {plan.length_bins['bin_tokens']} tokens")
-        elif plan.packing is not None:
-            plan = unpacked(plan, inp.cfg)
-            report["planned_packed"] = "fell back to 1 example per micro-batch with full checkpointing"
-        if setting == "auto":  # refused by this model's attention: said where the user reads the stage's progress
+        if setting == "auto" or plan.length_bins is not None:  # said where the user reads the stage's progress
             _say_unpacked(inp, plan, why, shard)
         return replace(inp, plan=plan), train_ds, None, report
     seq_len, width = inp.cfg.seq_len, kind.width(inp.cfg.seq_len)
@@ -108,12 +107,14 @@ def _sample_lengths(inp: StageInputs, tok: Any, template: Any, kind: PackedKind)
 
 
 def _say_unpacked(inp: StageInputs, plan: StagePlan, why: str, shard: dict[str, Any]) -> None:
-    """One line on the first worker: `packing: auto` trains this model's stage in padded batches, and why."""
+    """One line on the first worker: the stage trains padded (`packing: auto` on this model, or a packed plan its
+    model cannot pack), how, and why."""
     if shard.get("rank", 0) == 0:
         if plan.length_bins is not None:
             how = (f"padded by length, micro-batches of {plan.micro_batch} bins of up to "
-                   f"{plan.length_bins['bin_tokens']} tokens")
+                   f"{plan.length_bins['bin_tokens']} tokens ({stage_profile(inp.stage).packed_unit})")
         else:
             grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
             how = f"padded micro-batches of {plan.micro_batch}{grouped}"
-        print(f"[{inp.stage}] packing: auto -> {how}, not packed: {why}", flush=True)
+        setting = str(stage_packing(inp.stage, inp.cfg)).lower()
+        print(f"[{inp.stage}] packing: {setting} -> {how}, not packed: {why}", flush=True)

@@ -95,8 +95,9 @@ class ShardLoader:
         micro = self._train_batch_size
         sampler: Any
         if (bins := info.get("length_bins")) is not None:  # a packed plan trained padded by length (length_bins.py)
+            # example_lengths: a conversation's tokens, a pair's longer side (both pad to it: sequences_per_example).
             sampler = LengthBinSampler(example_lengths(dataset), bins["bin_tokens"], bins["bins_per_step"], micro,
-                                       seed)
+                                       seed, sequences=bins["sequences_per_example"])
             sampler.n_steps = examples_on_every_rank(self, len(sampler.steps))  # every rank the same steps
             info["group_by_length"] = True
         else:

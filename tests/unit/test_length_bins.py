@@ -1,7 +1,7 @@
 """Padded micro-batches by length under a token budget (trainer_kit/length_bins.py, memory/stage_plan.binned): every
 micro-batch within its bins' tokens, short conversations many to a bin, every conversation in a step each epoch, an
 OOM back-off the same steps in the same order, every rank the same count, and the plan sized to hold about the
-planned conversations a step."""
+planned conversations a step; rm's pairs the same, at 2 sequences a pair in bins of a packed pair row's tokens."""
 
 from __future__ import annotations
 
@@ -94,5 +94,79 @@ def test_a_packed_plan_the_worker_cannot_pack_is_binned_to_hold_the_planned_conv
     assert plan.identity() == packed.identity() and plan.examples_per_step == 64
     assert "padded by length" in plan.reasons[-1]
     if plan.micro_batch > 1:  # a back-off keeps the bins per step
+        half = halve_micro_batch(plan, cfg, "oom", 1)
+        assert half.micro_batch * half.grad_accum == bins["bins_per_step"] and half.length_bins == bins
+
+
+def pair_lengths(n: int, seed: int = 0) -> np.ndarray:
+    """A pair's longer side (prompt + answer), as TRL pads both of its sequences: 60 to 1,024 tokens."""
+    rng = np.random.default_rng(seed)
+    return np.minimum(1024, rng.lognormal(5.6, 0.6, n).astype(np.int64) + 60)
+
+
+def padded_pair_tokens(batch: list[int], lengths: np.ndarray) -> int:
+    """TRL's preference collator: 2 x pairs sequences, every one padded to the batch's longest (to the bucket)."""
+    return 2 * len(batch) * math.ceil(max(lengths[i] for i in batch) / BUCKET) * BUCKET
+
+
+def test_a_bin_of_pairs_holds_no_more_than_a_packed_pair_row():
+    """A packed pair row is 2 x seq_len tokens (reward_packing.row_width); a bin of that many holds the pairs whose
+    two sequences, padded to the longer side, fit it."""
+    from medgpt_ray.stages.reward_packing import row_width
+
+    row = row_width(1024)
+    assert [rows_per_bin(n, row, sequences=2) for n in (1, 128, 129, 256, 1000, 1024)] == [8, 8, 4, 4, 1, 1]
+    for n in range(1, 1025, 7):
+        assert rows_per_bin(n, row, sequences=2) * 2 * math.ceil(n / BUCKET) * BUCKET <= row
+        assert rows_per_bin(n, row, sequences=2) == rows_per_bin(n, row // 2)  # 2 sequences of n in twice the row
+    assert examples_per_bin([100] * 4, row, sequences=2) == 8
+    lengths = pair_lengths(800)
+    sampler = LengthBinSampler(lengths, row, bins_per_step=6, micro_bins=3, seed=4, sequences=2)
+    assert all(padded_pair_tokens(b, lengths) <= 3 * row for b in sampler)
+    assert max(len(b) for b in sampler) == 3 * 8 and min(len(b) for b in sampler) == 3  # short: 8 a bin; long: 1
+
+
+def test_every_pair_lands_in_exactly_one_step_and_a_back_off_halves_the_bins_per_micro_batch():
+    lengths = pair_lengths(500, seed=5)
+    full = LengthBinSampler(lengths, 2048, bins_per_step=4, micro_bins=4, seed=2, sequences=2)
+    steps = full.steps
+    *whole, last = steps
+    # Each pair in exactly one step (the last, short one filled with its own pairs again).
+    assert sorted([i for s in whole for i in s] + list(set(last))) == list(range(500))
+    assert all(len(s) == 4 * rows_per_bin(int(lengths[s[0]]), 2048, 2) for s in steps)  # a step: 4 full bins
+    half = LengthBinSampler(lengths, 2048, bins_per_step=4, micro_bins=2, seed=2, sequences=2)
+    for epoch in (0, 1):
+        full.set_epoch(epoch)
+        half.set_epoch(epoch)
+        assert [i for b in half for i in b] == [i for b in full for i in b] and len(half) == 2 * len(full)
+        assert all(padded_pair_tokens(b, lengths) <= 2 * 2048 for b in half)
+
+
+def test_a_packed_rm_plan_is_binned_in_pairs_at_a_packed_rows_width():
+    """rm's packed plan, binned: bins of 2 x seq_len tokens, 2 sequences a pair, effective_batch pairs a step, the
+    packed plan's checkpointing; an OOM back-off halves the bins per micro-batch and keeps the bins."""
+    from medgpt_ray.config import RMStageConfig
+    from medgpt_ray.memory.format import plan_line
+    from medgpt_ray.memory.stage_plan import bin_shape
+
+    card = make_budget(24, 2, "rtx4090", True, "test")
+    cfg = RMStageConfig(method="lora", lora=LoraConfig(rank=8), precision="bf16", seq_len=1024, effective_batch=64,
+                        packing=True)
+    lengths = pair_lengths(1000, seed=1).tolist()
+    profile = LengthProfile.of(lengths, records=1000, seq_len=1024, conversations_per_row=3.0)
+    packed = plan_stage("rm", cfg, 1, True, PRESETS["qwen2.5-1.5b"], card, profile)
+    assert packed.packing is not None and bin_shape(packed, cfg) == (2048, 2)
+    per_bin = examples_per_bin(lengths, 2048, sequences=2)
+    plan = binned(packed, cfg, per_bin)
+    bins = plan.length_bins
+    assert plan.packing is None and bins["bin_tokens"] == 2048 and bins["sequences_per_example"] == 2
+    assert bins["bins_per_step"] == round(64 / per_bin) == plan.micro_batch * plan.grad_accum
+    assert plan.examples_per_step == 64 and plan.ckpt_fraction == packed.ckpt_fraction
+    assert plan.micro_batch <= packed.micro_batch and plan.identity() == packed.identity()
+    assert "padded by length" in plan.reasons[-1] and "pairs a bin" in plan.reasons[-1]
+    assert plan_line(plan).startswith(f"lora, padded by length: {plan.micro_batch} bins of up to 2048 tokens")
+    sft = SFTStageConfig(method="lora", lora=LoraConfig(rank=8), seq_len=1024)
+    assert bin_shape(plan_stage("sft", sft, 1, True, PRESETS["qwen2.5-1.5b"], card, profile), sft) == (1024, 1)
+    if plan.micro_batch > 1:
         half = halve_micro_batch(plan, cfg, "oom", 1)
         assert half.micro_batch * half.grad_accum == bins["bins_per_step"] and half.length_bins == bins

@@ -1,7 +1,9 @@
 """Reward model: TRL RewardTrainer (Bradley–Terry on chosen vs rejected), held-out pairwise accuracy.
 
 With `packing` on (the default where the model's attention allows it) the train split's pairs are packed into rows
-of 2 x seq_len tokens and trained padding-free (stages/reward_packing.py); evaluation stays unpacked.
+of 2 x seq_len tokens and trained padding-free (stages/reward_packing.py); evaluation stays unpacked. A packed plan
+whose worker's model cannot pack trains TRL's padded pairs by length instead, bins of a packed row's tokens
+(stages/packing.py, trainer_kit/length_bins.py: the shard loader's sampler).
 
 Trained with LoRA, it also keeps its adapter and score head beside the merged model (reward_adapter/,
 stages/reward_adapter.py) for an online-RL stage that shares the base (reward_shared_base)."""
