@@ -13,6 +13,8 @@ Both heads are cut to the tokenizer's length: checkpoints pad their heads past t
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -115,3 +117,29 @@ class ChunkedJSD:
 def _unwrapped(model: Any) -> Any:
     """The model under DDP's or DeepSpeed's wrapper (get_output_embeddings lives on the model itself)."""
     return getattr(model, "module", model)
+
+
+@contextmanager
+def heads_cut_for_trl(teacher: Any, student: Any, vocab: int, zero3: bool) -> Iterator[None]:
+    """While GKDTrainer is built: TRL 1.16's __init__ refuses a teacher whose config's vocab_size differs from the
+    student's, because its own loss compares the whole heads. ChunkedJSD compares only their first `vocab` rows
+    (len(tokenizer); the driver checked both tokenize alike), so for that check the teacher's config reads as the
+    student's, and is restored after. Under ZeRO-3 GKDTrainer's own loss runs (ChunkedJSD steps aside): there the
+    heads must match, and a pair that does not is refused here with a sentence."""
+    t_cfg, s_cfg = teacher.config.get_text_config(), student.config.get_text_config()
+    rows = t_cfg.vocab_size
+    if rows == s_cfg.vocab_size:
+        yield
+        return
+    if zero3:
+        raise ValueError(f"opd: the teacher's head has {rows:,} rows and the student's {s_cfg.vocab_size:,}; under "
+                         "ZeRO-3 the stage runs GKDTrainer's own loss over both whole heads, which must match: use "
+                         "stages.opd.zero_stage 0, 1 or 2 (the chunked loss cuts both heads to the tokenizer)")
+    if min(rows, s_cfg.vocab_size) < vocab:
+        raise ValueError(f"opd: a head of {min(rows, s_cfg.vocab_size):,} rows is shorter than the tokenizer's "
+                         f"{vocab:,} tokens")
+    t_cfg.vocab_size = s_cfg.vocab_size
+    try:
+        yield
+    finally:
+        t_cfg.vocab_size = rows

@@ -138,3 +138,39 @@ def test_the_student_runs_through_ddp_and_peft(tiny_model, tmp_path, repo):
     assert line is not None, p.stderr[-2000:]
     want, got, grads = line.split()[1:]
     assert float(got) == pytest.approx(float(want), abs=1e-6) and grads == "True"
+
+
+def test_gkdtrainer_is_built_on_a_teacher_whose_head_is_longer(pair, tiny_model, tmp_path):
+    """TRL 1.16's GKDTrainer.__init__ refuses a teacher whose config's vocab_size differs from the student's (as
+    Qwen2.5-7B's does beside 1.5B's); the chunked loss compares only the tokenizer's rows, so the stage builds it
+    under heads_cut_for_trl: built, the teacher's config is its own again, and the loss is the cut one. Under ZeRO-3
+    (GKD's own loss over the whole heads) the pair is refused with a sentence."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    from medgpt_ray.trainer_kit.chunked_jsd import heads_cut_for_trl
+    from medgpt_ray.trainer_kit.compose import trainer_class
+
+    student, teacher, vocab = pair
+    tok = AutoTokenizer.from_pretrained(tiny_model, local_files_only=True)
+    args = GKDConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_length=None, packing=False,
+                     dataset_num_proc=None, per_device_train_batch_size=2)
+    data = Dataset.from_dict({"messages": [[{"role": "user", "content": "x"}]] * 2})
+
+    def build():
+        return trainer_class(GKDTrainer, ChunkedJSD)(model=student, teacher_model=teacher, args=args,
+                                                     train_dataset=data, processing_class=tok)
+
+    with pytest.raises(ValueError, match="vocab_size"):
+        build()  # TRL's own check, unchanged
+    with heads_cut_for_trl(teacher, student, vocab, zero3=False):
+        trainer = build()
+    assert teacher.config.vocab_size == vocab + EXTRA_ROWS  # restored after the build
+    trainer.vocab_size = vocab
+    batch = _batch(vocab)
+    got = trainer.compute_loss(student, batch)
+    assert torch.allclose(got, _reference(student, teacher, batch, vocab, 0.5, None), atol=1e-4)
+    with pytest.raises(ValueError, match="under ZeRO-3"), heads_cut_for_trl(teacher, student, vocab, zero3=True):
+        pass
+    assert teacher.config.vocab_size == vocab + EXTRA_ROWS

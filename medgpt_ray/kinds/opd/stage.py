@@ -26,7 +26,7 @@ from medgpt_ray.stages.stage_data import open_stage_data
 from medgpt_ray.stages.trainer_args import training_kwargs
 from medgpt_ray.trainer_kit.cached_rollouts import CachedRollouts
 from medgpt_ray.trainer_kit.checkpointing import FractionAtEveryForward
-from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, add_hidden_state_output
+from medgpt_ray.trainer_kit.chunked_jsd import ChunkedJSD, add_hidden_state_output, heads_cut_for_trl
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.merged_rollouts import MergedStudentSamples, merging_behaviour
 from medgpt_ray.trainer_kit.sharding import ShardLoader
@@ -82,11 +82,13 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
     # CachedRollouts: the student samples with the KV cache, which GKDTrainer turns off under checkpointing.
     merged = merging_behaviour(inp.plan.rollout, MergedStudentSamples)
     static = static_decoding(inp.plan, cfg)  # as grpo's
-    trainer = trainer_class(GKDTrainer, ChunkedJSD, CachedRollouts, ShardLoader, FractionAtEveryForward, *merged,
-                            *((StaticStudentSamples,) if static else ()))(
-        model=model, teacher_model=load_teacher(inp), args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
-        train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config, callbacks=kept,
-        shard=data.shard, **(static or {}))
+    teacher = load_teacher(inp)
+    with heads_cut_for_trl(teacher, model, len(tok), inp.plan.zero_stage == 3):
+        trainer = trainer_class(GKDTrainer, ChunkedJSD, CachedRollouts, ShardLoader, FractionAtEveryForward,
+                                *merged, *((StaticStudentSamples,) if static else ()))(
+            model=model, teacher_model=teacher, args=args, data_collator=PromptAnswerCollator(tok.pad_token_id),
+            train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok, peft_config=peft_config,
+            callbacks=kept, shard=data.shard, **(static or {}))
     trainer.vocab_size = len(tok)  # both heads cut to it (a 7B teacher's has 152,064 rows, a 1.5B student's 151,936)
     return BuiltStage(trainer, tok, lora=peft_config is not None, eval_size=len(eval_ds) if eval_ds else 0,
                       extras={"train_records": len(train_ds), "skipped_prompt_too_long": skipped["prompt_too_long"],
