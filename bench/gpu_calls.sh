@@ -183,9 +183,10 @@ call12() {  # issue 49's orpo/simpo target: >= 1.5x the baseline's tokens/s each
 
 call13() {  # issue 49's opd target: micro-batch >= 4 and >= 4x the baseline's training tokens/s, both in this call
   shared_models /tmp/medgpt-rsr /tmp/rsr_base
+  # STEPS: 8 ran on 2026-12-07 (bench/results/opd_chunked_h100/); more let the decode step's compile amortize
   step opd_sft_teacher 270 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 \
-    --steps 8 --max-completion-length 128 --out "$W/opd"
-  base opd_base 290 rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 --steps 8 \
+    --steps "${STEPS:-16}" --max-completion-length 128 --out "$W/opd"
+  base opd_base 290 rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 --steps "${STEPS:-16}" \
     --max-completion-length 128 --workdir /tmp/rsr_base --out "$W/opd_base"
 }
 

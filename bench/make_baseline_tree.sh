@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 rev=${1:-edb0376}
 rm -rf .base && mkdir .base
 git archive "$rev" medgpt_ray jobs configs data pyproject.toml | tar -x -C .base  # its bench/ is not run
-mkdir .base/benchnow && cp bench/*.py .base/benchnow/
+mkdir .base/benchnow .base/bench && cp bench/*.py .base/benchnow/
+cp bench/family_models.py .base/bench/  # memory_calibration imports it as bench.family_models, from .base's root
 git rev-parse "$rev" >.base/REV
 grep -qx '/.base/' .git/info/exclude 2>/dev/null || grep -qx '/.base/' .gitignore || echo '/.base/' >>.gitignore
 echo ".base/: medgpt_ray at $(cat .base/REV), bench scripts of $(git rev-parse --short HEAD) in .base/benchnow/"
