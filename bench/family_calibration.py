@@ -34,6 +34,19 @@ sys.path[:0] = [str(BENCH.parent), str(BENCH)]
 import family_models  # noqa: E402
 
 
+def unpacked(plan: Any, stage_cfg: Any) -> Any:
+    """What a worker whose model could not pack once trained a packed plan as (before 2026-12-07, when such plans
+    became padded by length, memory/stage_plan.binned): one example per micro-batch with every layer recomputing,
+    the same examples per step. The runs this script replays ran so."""
+    from dataclasses import replace
+
+    from medgpt_ray.memory.stage_plan import deepspeed_config
+
+    per_worker = int(plan.packing["conversations_per_step"])
+    new = replace(plan, micro_batch=1, grad_accum=per_worker, ckpt_fraction=1.0, packing=None)
+    return replace(new, deepspeed=deepspeed_config(new, stage_cfg))
+
+
 def as_ran(shape: Any, setup: Any, est: Any, later_rows_max: int) -> dict[str, Any]:
     """The estimator at the moments a length-grouped fallback run had: its first (longest) step before AdamW's
     states existed, and the later steps with them at their rows' longest."""
@@ -55,7 +68,7 @@ def repredict(run: dict[str, Any], work: Path, device: str, later_rows_max: int)
     from medgpt_ray.config import load_config
     from medgpt_ray.memory.estimator import estimate
     from medgpt_ray.memory.shapes import load_shape
-    from medgpt_ray.memory.stage_plan import StagePlan, unpacked
+    from medgpt_ray.memory.stage_plan import StagePlan
     from medgpt_ray.memory.throughput import spec_for, tokens_per_second
 
     shape = load_shape(str(family_models.write_config_only(run["model"], work)))

@@ -211,19 +211,6 @@ def packed_rows(plan: StagePlan, cfg: StageConfig, rows_per_step: int, conversat
     return replace(new, deepspeed=deepspeed_config(new, cfg))
 
 
-def unpacked(plan: StagePlan, cfg: StageConfig) -> StagePlan:
-    """A plan made in packed rows at one example per micro-batch with every layer recomputing, the same examples
-    per step: what a worker whose model could not pack once trained (bench/family_calibration.py replays those
-    runs). Workers now train such a plan padded by length instead (binned)."""
-    if plan.packing is None:
-        return plan
-    per_worker = int(plan.packing["conversations_per_step"])
-    new = replace(plan, micro_batch=1, grad_accum=per_worker, ckpt_fraction=1.0, packing=None,
-                  reasons=[*plan.reasons, "packing: unavailable on the worker; 1 example per micro-batch, "
-                           "full checkpointing"])
-    return replace(new, deepspeed=deepspeed_config(new, cfg))
-
-
 def bin_shape(plan: StagePlan, cfg: StageConfig) -> tuple[int, int]:
     """(bin_tokens, sequences an example pads to) of a packed plan trained padded by length: a bin's budget is one
     packed row's width (seq_len; rm's pairs 2 x seq_len), and an example costs its sequences (rm scores chosen and

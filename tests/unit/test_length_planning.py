@@ -18,7 +18,7 @@ from medgpt_ray.memory.estimator import PACKED_MASK_BYTES_PER_ELEMENT, TrainSetu
 from medgpt_ray.memory.lengths import PAD_MULTIPLE, LengthProfile
 from medgpt_ray.memory.planner import plan_stage
 from medgpt_ray.memory.shapes import PRESETS
-from medgpt_ray.memory.stage_plan import halve_micro_batch, unpacked
+from medgpt_ray.memory.stage_plan import binned, halve_micro_batch
 from medgpt_ray.run.planning import plan_by_lengths
 from medgpt_ray.stages.length_profile import measure
 
@@ -107,12 +107,16 @@ def test_packed_rm_is_planned_in_rows_of_two_seq_lens_that_hold_whole_pairs():
 
 
 def test_a_packed_plan_falls_back_safely_where_the_worker_cannot_pack():
+    """Padded by length (memory/stage_plan.binned): bins of at most a packed row's tokens, as many a micro-batch as
+    the plan had rows and the same checkpointing, so no micro-batch needs more than the plan was checked for."""
     profile = LengthProfile.of([40] * 100, records=100, seq_len=2048, conversations_per_row=16.0)
     packed = plan_stage("sft", sft(), 2, True, Q7, CARD, profile)
-    plain = unpacked(packed, sft())
-    assert (plain.micro_batch, plain.grad_accum, plain.ckpt_fraction, plain.packing) == (1, 16, 1.0, None)
+    plain = binned(packed, sft(), examples_per_bin=16.0)
+    bins = plain.length_bins
+    assert plain.packing is None and bins["bin_tokens"] == 2048 and bins["conversations_per_step"] == 16
+    assert plain.micro_batch * plain.grad_accum == bins["bins_per_step"] == 1
+    assert plain.micro_batch <= packed.micro_batch and plain.ckpt_fraction == packed.ckpt_fraction
     assert plain.identity() == packed.identity()
-    assert plain.deepspeed is None or plain.deepspeed["train_batch_size"] == 32
     # an OOM back-off of a packed plan halves rows, keeping the rows per step
     if packed.micro_batch > 1:
         half = halve_micro_batch(packed, sft(), "oom", 1)
