@@ -26,33 +26,30 @@ def add_tune_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from medgpt_ray.config import load_config
+    from medgpt_ray.config import PipelineConfig
     from medgpt_ray.run.preflight import check_paths
     from medgpt_ray.run.ray_env import connect_ray, echo
     from medgpt_ray.tune.driver import run_sweep
-    from medgpt_ray.tune.sweep import load_sweep
-    from medgpt_ray.tune.upstream import trial_start
+
+    def connect(cfg: PipelineConfig) -> None:
+        # Once the config, the sweep file and --from-run's manifest are checked; a missing model or data file
+        # too, before Ray starts. A dry run reads neither and never gets here: it plans from model.shape where
+        # the model directory is not on this machine, as `plan` does.
+        check_paths(cfg)
+        log_file = Path(cfg.output_dir) / cfg.name / "tune-ray.log"
+        # Tune's and Ray Train's per-trial, per-rank lines ("Reporting training result", placement-group
+        # cleanup) would drown the sweep's own lines: they go to the file unless --verbose.
+        connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
+        if not args.verbose:
+            echo(f"[tune] Ray's and the trials' own log lines: {log_file.resolve()} (--verbose shows them here)")
+            # Tune's console reporter (the experiment table, status tables) and Optuna's INFO lines: the
+            # sweep prints its own line per trial and the summary.
+            os.environ.setdefault("AIR_VERBOSITY", "0")
+            logging.getLogger("optuna").setLevel(logging.WARNING)
 
     try:
-        cfg = load_config(args.config, args.sets, args.overrides)
-        if not args.dry_run:
-            # Before Ray starts: a missing model or data file costs a second, not a cluster start. A dry run reads
-            # neither: it plans from model.shape where the model directory is not on this machine, as `plan` does.
-            check_paths(cfg)
-            # The sweep file and --from-run's manifest too: a stage the run has not finished is said here as well.
-            trial_start(cfg, load_sweep(args.sweep, cfg, args.from_run).stage, args.from_run)
-            log_file = Path(cfg.output_dir) / cfg.name / "tune-ray.log"
-            # Tune's and Ray Train's per-trial, per-rank lines ("Reporting training result", placement-group
-            # cleanup) would drown the sweep's own lines: they go to the file unless --verbose.
-            connect_ray(args.num_cpus, log_file=log_file, verbose=args.verbose, worker_logs=args.verbose)
-            if not args.verbose:
-                echo(f"[tune] Ray's and the trials' own log lines: {log_file.resolve()} (--verbose shows them here)")
-                # Tune's console reporter (the experiment table, status tables) and Optuna's INFO lines: the
-                # sweep prints its own line per trial and the summary.
-                os.environ.setdefault("AIR_VERBOSITY", "0")
-                logging.getLogger("optuna").setLevel(logging.WARNING)
         run_sweep(args.config, args.sets, args.sweep, echo=echo, dry_run=args.dry_run, resume=args.resume,
-                  overrides=args.overrides, from_run=args.from_run)
+                  overrides=args.overrides, from_run=args.from_run, before_ray=connect)
     except ConfigError as e:
         return config_error(e)
     return 0

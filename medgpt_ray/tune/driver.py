@@ -35,10 +35,13 @@ NAMESPACE = "medgpt-tune"
 
 def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable[[str], None] = print,
               dry_run: bool = False, resume: bool = False, overrides: str | None = None,
-              from_run: str | None = None) -> dict[str, Any]:
+              from_run: str | None = None,
+              before_ray: Callable[[PipelineConfig], None] | None = None) -> dict[str, Any]:
     """The sweep of `sweep_path` over the config (`sets` and the `overrides` file applied, as the pipeline does);
     `dry_run`: plan the trials only (no Ray, no data); `from_run`: a finished pipeline run whose outputs the trials
-    start from and read (the swept stage's `from` and `needs`)."""
+    start from and read (the swept stage's `from` and `needs`); `before_ray`: called with the config once the
+    config, the sweep file and the run are checked, before anything needs Ray (the CLI connects there, so a
+    mistake in any of them costs a second, not a cluster start)."""
     cfg = load_config(config_path, sets, overrides)
     sweep = load_sweep(sweep_path, cfg, from_run)
     start = trial_start(cfg, sweep.stage, from_run)
@@ -46,6 +49,8 @@ def run_sweep(config_path: str, sets: list[str], sweep_path: str, echo: Callable
         budget = resolve_budget(cfg, None, 24.0)
         _announce(cfg, sweep, budget, start, echo)
         return {**plan_dry_run(sweep, resolved_dict(cfg), budget, echo), **start.summary(cfg.model.path)}
+    if before_ray is not None:
+        before_ray(cfg)
     from medgpt_ray.run.planning import run_budget
 
     budget = run_budget(cfg)
