@@ -20,6 +20,8 @@
 #   bash bench/gpu_calls.sh 13    # issue 49: opd with the sft teacher, today's code then the baseline's (.base)
 #   bash bench/gpu_calls.sh 14    # issue 48: a compiled sft's first step, cold caches then warm (the same config)
 #   bash bench/gpu_calls.sh 15    # issue 47: call 8 on the 64 widest prompts, the plan's worst case: peak vs plan
+#   bash bench/gpu_calls.sh 16    # issue 48: the 8-layer Qwen3-MoE sft (the issue's 115 s first step, 13.77 GiB
+#                                 #   over a plan of 13.28): first step cold then warm, peak against today's plan
 #
 # Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
 # package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
@@ -207,4 +209,12 @@ call15() {  # issue 47: peaks within max(10 %, 0.5 GiB) of the plan, which price
   done
 }
 
-"call${1:?which call: 1 to 15}"
+call16() {  # issue 48 item 11 on its own model: the planner's plan as it chooses it (compile on auto), twice
+  shared_models /tmp/rlt /tmp/rlt_moe_warm
+  step moe_first_step_cold 260 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 3 \
+    --warmup 1 --sft-records 1000 --workdir /tmp/rlt --out "$W/moe_first_step_cold"
+  step moe_first_step_warm 200 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 3 \
+    --warmup 1 --sft-records 1000 --workdir /tmp/rlt_moe_warm --out "$W/moe_first_step_warm"
+}
+
+"call${1:?which call: 1 to 16}"
