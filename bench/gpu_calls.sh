@@ -22,6 +22,8 @@
 #   bash bench/gpu_calls.sh 15    # issue 47: call 8 on the 64 widest prompts, the plan's worst case: peak vs plan
 #   bash bench/gpu_calls.sh 16    # issue 48: the 8-layer Qwen3-MoE sft (the issue's 115 s first step, 13.77 GiB
 #                                 #   over a plan of 13.28): first step cold then warm, peak against today's plan
+#   bash bench/gpu_calls.sh 17    # issue 49 item 6: opd on the 64 widest conversations, every micro-batch as wide as
+#                                 #   the plan prices it: peak vs plan (call 13's ran 14 % under, on narrower steps)
 #
 # Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
 # package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
@@ -217,4 +219,9 @@ call16() {  # issue 48 item 11 on its own model: the planner's plan as it choose
     --warmup 1 --sft-records 1000 --workdir /tmp/rlt_moe_warm --out "$W/moe_first_step_warm"
 }
 
-"call${1:?which call: 1 to 16}"
+call17() {  # issue 49 item 6: opd's peak within max(10 %, 0.5 GiB) of its plan, at the plan's own width
+  step opd_widest 300 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --train-steps 2 --steps 6 \
+    --max-completion-length 128 --widest-prompts 64 --workdir /tmp/rsr_widest --out "$W/opd_widest"
+}
+
+"call${1:?which call: 1 to 17}"

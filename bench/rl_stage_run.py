@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rl-seq-len", type=int, default=1024, help="the RL stages' seq_len (prompt + completion)")
     ap.add_argument("--prompts-per-step", type=int, default=4, help="effective_batch = this x --num-generations")
     ap.add_argument("--widest-prompts", type=int, help="keep only this many prompts, the longest: every step is "
-                    "near the plan's worst case (it prices the split's widest prompt), so the peak tests the plan")
+                    "near the plan's worst case (it prices the split's widest prompt), so the peak tests the plan; "
+                    "for opd, the longest SFT conversations (its prompts and reference answers)")
     a = pipeline_bench.pipeline_run_defaults(ap.parse_args(argv))
     a.rl = [s for s in a.stages.split(",") if s]
     if not a.rl or set(a.rl) - set(RL):
@@ -100,6 +101,17 @@ def write_prompts(sft_file: str, out: Path, widest: int | None = None) -> int:
     with out.open("w", encoding="utf-8") as dst:
         dst.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in prompts)
     return len(prompts)
+
+
+def write_widest_sft(sft_file: str, out: Path, widest: int) -> str:
+    """The `widest` longest SFT records (in characters over their turns) as an SFT file: opd's rows are each a
+    conversation up to its last answer, left-padded to the micro-batch's longest, so with these every micro-batch is
+    as wide as the plan's seq_len (the width it prices)."""
+    with open(sft_file, encoding="utf-8") as src:
+        lines = [raw for raw in src if raw.strip()]
+    size = {raw: sum(len(t.get("value", "")) for t in json.loads(raw)["conversations"]) for raw in lines}
+    out.write_text("".join(sorted(lines, key=size.__getitem__, reverse=True)[:widest]), encoding="utf-8")
+    return str(out)
 
 
 def run_sets(a: argparse.Namespace, model: str, data: dict[str, str], prompts: Path, use_gpu: bool,
@@ -175,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     model, corpus = rlt.prepare(a, use_gpu)
     prompts = Path(a.workdir) / "prompts.jsonl"
     n_prompts = write_prompts(corpus["files"]["sft"], prompts, a.widest_prompts)
+    if a.widest_prompts and "opd" in a.rl:
+        corpus["files"]["sft"] = write_widest_sft(corpus["files"]["sft"], Path(a.workdir) / "widest_sft.jsonl",
+                                                  a.widest_prompts)
     teacher = None
     if a.teacher:  # random weights of the preset, the tiny tokenizer: the same vocabulary as the student's
         from memory_calibration import prepare_model
