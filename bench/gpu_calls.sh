@@ -155,7 +155,7 @@ call9() {  # issue 47: serve on slots, 32 clients x 256, dense then hybrid (call
 
 call10() {  # issue 49 item 3: opd, a 7B teacher in NF4 beside the 1.5B student, planned and run through the pipeline
   step opd_7b_teacher 280 python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages opd --teacher qwen2.5-7b \
-    --teacher-quantization 4bit --train-steps 0 --steps 12 --max-completion-length 128 --out "$W/opd_7b"
+    --teacher-quantization 4bit --train-steps 0 --steps "${STEPS:-20}" --max-completion-length 128 --out "$W/opd_7b"
 }
 
 call11() {  # issue 49: orpo and simpo on the chunked head (the H200's committed full-logit medians: 7,923 / 7,971), then
@@ -179,10 +179,12 @@ shared_models() {  # WORKDIR_A WORKDIR_B: B reads the random weights A built (th
 
 call12() {  # issue 49's orpo/simpo target: >= 1.5x the baseline's tokens/s each, both measured in this call
   shared_models /tmp/rlt /tmp/rlt_base
-  step orpo_simpo 250 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo --steps 8 \
-    --workdir /tmp/rlt --out "$W/orpo_simpo"
-  base orpo_simpo_base 250 real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo --steps 8 \
-    --workdir /tmp/rlt_base --out "$W/orpo_simpo_base"
+  # STEPS/WARMUP: 8/2 ran on 2026-12-07 (bench/results/orpo_simpo_chunked_h100/): the chunked runs' steps 3-4 were
+  # still warming up, so the next run leaves 4 out of 16
+  step orpo_simpo 250 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo \
+    --steps "${STEPS:-16}" --warmup "${WARMUP:-4}" --workdir /tmp/rlt --out "$W/orpo_simpo"
+  base orpo_simpo_base 250 real_length_throughput.py --model qwen2.5-1.5b --stages orpo,simpo \
+    --steps "${STEPS:-16}" --warmup "${WARMUP:-4}" --workdir /tmp/rlt_base --out "$W/orpo_simpo_base"
 }
 
 call13() {  # issue 49's opd target: micro-batch >= 4 and >= 4x the baseline's training tokens/s, both in this call
@@ -204,7 +206,7 @@ call14() {  # issue 48: the second run of one config finds inductor's and Triton
 }
 
 call15() {  # issue 47: peaks within max(10 %, 0.5 GiB) of the plan, which prices the split's widest prompt
-  for m in dense_1.5b:qwen2.5-1.5b qwen3.5_0.8b:qwen3.5-0.8b; do
+  for m in ${MODELS:-dense_1.5b:qwen2.5-1.5b qwen3.5_0.8b:qwen3.5-0.8b}; do  # MODELS: NAME:PRESET ...
     step "grpo_widest_${m%%:*}" 240 python3 bench/rl_stage_run.py --model "${m#*:}" --stages grpo --train-steps 0 \
       --steps 5 --num-generations 16 --prompts-per-step 1 --widest-prompts 64 \
       --set stages.grpo.generation_path=auto --out "$W/grpo_widest_${m%%:*}"

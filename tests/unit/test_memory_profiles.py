@@ -26,7 +26,7 @@ PROFILES = {kind: memory_profile(kind) for kind in memory_kinds()}
 
 
 def test_every_stage_kind_has_a_memory_profile():
-    assert list(PROFILES) == ["pt", "sft", "rm", "dpo", "orpo", "kto", "grpo"]
+    assert list(PROFILES) == ["pt", "sft", "rm", "dpo", "orpo", "kto", "grpo", "opd"]
     for name, kind in STAGE_KINDS.items():
         assert kind.memory_kind in PROFILES, name
         assert stage_profile(name) is PROFILES[kind.memory_kind]

@@ -82,7 +82,7 @@ def test_the_plan_holds_the_teacher_and_the_students_generation():
     c = make(seq_len=256, max_new_tokens=32).stages.get("opd")
     plan = plan_stage("opd", c, 1, False)
     b = plan.prediction.breakdown_gib
-    assert {"teacher_weights", "teacher_hidden", "teacher_forward", "distillation_loss"} <= set(b)
+    assert {"teacher_weights", "teacher_hidden", "distillation_loss"} <= set(b)
     assert plan.steps_per_generation == 1  # GKD generates in every on-policy micro-batch
     # The student's generation is planned (memory/generation.py's phase, one answer per prompt): its decode steps
     # are priced, and its KV cache and sampling logits are a phase beside training, the teacher resident in both; with
@@ -97,7 +97,7 @@ def test_the_plan_holds_the_teacher_and_the_students_generation():
 
     short, long = planned(16), planned(768)
     assert long.tokens_per_s_per_gpu < 0.5 * short.tokens_per_s_per_gpu
-    s = replace(TrainSetup(stage="sft", method="lora", precision="bf16", micro_batch=2, seq_len=1024),
+    s = replace(TrainSetup(stage="opd", method="lora", precision="bf16", micro_batch=2, seq_len=1024),
                 **setup_fields("opd", make(seq_len=1024, max_new_tokens=768, generation_path="dynamic")
                                .stages.get("opd"), True))  # the static path also holds its cache in training
     training = estimate(shape, replace(s, generations=0))
@@ -259,10 +259,29 @@ def test_under_zero3_the_plan_prices_gkds_own_loss():
     from medgpt_ray.kinds.opd.memory import JSD_ELEMENTS_PER_LOGIT
 
     shape = load_shape("qwen2.5-1.5b")
-    s = replace(TrainSetup(stage="sft", method="full", precision="bf16", micro_batch=2, seq_len=1024),
+    s = replace(TrainSetup(stage="opd", method="full", precision="bf16", micro_batch=2, seq_len=1024),
                 **setup_fields("opd", make(seq_len=1024, max_new_tokens=128).stages.get("opd"), True))
-    chunked, zero3 = estimate(shape, s).breakdown, estimate(shape, replace(s, zero=3)).breakdown
+    chunked, zero3 = s.kind_terms(shape, s).training, s.kind_terms(shape, replace(s, zero=3)).training
     assert "teacher_hidden" in chunked and "teacher_logits" not in chunked
     assert zero3["teacher_logits"] == pytest.approx(2 * s.tokens() * shape.vocab)
     assert zero3["distillation_loss"] == pytest.approx(JSD_ELEMENTS_PER_LOGIT * 2 * s.tokens() * shape.vocab)
     assert zero3["distillation_loss"] > 5 * chunked["distillation_loss"]
+
+
+def test_the_teachers_forward_and_the_divergence_are_not_summed(tmp_path):
+    """The teacher's no-grad forward ends before the chunked divergence starts: the plan holds the larger of the two
+    working sets, not both. At 4 x 1,024 tokens a 1.5B teacher's forward is smaller than the divergence's tiles
+    (nothing added for it); a 7B teacher's at 16 x 1,024 is larger (only the excess added). The sum was 2-3 GiB over
+    the H100's peaks (bench/results/opd_peaks_h100/)."""
+    from medgpt_ray.kinds.opd.memory import teacher_terms
+
+    student = load_shape("qwen2.5-1.5b")
+    s = TrainSetup(stage="opd", method="lora", precision="bf16", micro_batch=4, seq_len=1024)
+    small = teacher_terms(None, "none", student, s).training
+    assert small["teacher_forward"] == 0
+    t7 = load_shape(write_teacher(tmp_path / "t7", "qwen2.5-7b"))
+    s = replace(s, micro_batch=16)
+    big = teacher_terms(t7, "4bit", student, s).training
+    forward = 2 * s.tokens() * (4 * t7.hidden + 3 * t7.mlp_width)
+    assert 0 < big["teacher_forward"] < forward
+    assert big["teacher_forward"] + big["distillation_loss"] == pytest.approx(forward)

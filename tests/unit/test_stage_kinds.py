@@ -109,7 +109,7 @@ def test_built_in_kinds_are_registry_entries_too():
         "pt": ("pretrain", None, "pt"), "sft": ("sft", "pt", "sft"), "rm": ("preference", "sft", "rm"),
         "dpo": ("preference", "sft", "dpo"), "orpo": ("preference", "sft", "orpo"),
         "simpo": ("preference", "sft", "orpo"), "kto": ("unpaired", "sft", "kto"),
-        "grpo": ("prompt", "sft", "grpo"), "rloo": ("prompt", "sft", "grpo"), "opd": ("sft", None, "sft"),
+        "grpo": ("prompt", "sft", "grpo"), "rloo": ("prompt", "sft", "grpo"), "opd": ("sft", None, "opd"),
         "eval": ("sft", "sft", "sft")}
     # eval trains nothing (one Ray task, no model of its own) and reads the prompt, exam and pretraining data too.
     assert [k for k, v in STAGE_KINDS.items() if not v.trains] == ["eval"]

@@ -89,7 +89,7 @@ class OPDStageConfig(OverlongStageConfig):
 
 
 # Off unless enabled. The student starts from the base model unless `from` names a stage: distilling the sft stage
-# into the model it started from is the default pairing (teacher: sft). Plans as sft's training pass, plus the
-# teacher and the student's generation (kinds/opd/memory.py).
+# into the model it started from is the default pairing (teacher: sft). Its own memory kind (kinds/opd/memory.py):
+# sft's training pass on padded rows, the teacher and the student's generation.
 register_stage_kind(StageKind("opd", OPDStageConfig, "sft", None, {"enabled": False, "lr": 1e-5},
-                              module="medgpt_ray.kinds.opd.stage", memory_model="sft"))
+                              module="medgpt_ray.kinds.opd.stage"))

@@ -1,13 +1,14 @@
-"""The opd kind's memory terms (its MEMORY, memory/kind_memory.py; it follows sft's memory model): beside sft's
-training pass of the student, the frozen teacher and the student's own answers.
+"""The opd kind's memory model (its MEMORY, memory/kind_memory.py): sft's training pass of the student on padded rows
+(ACTIVATION_SCALE), beside it the frozen teacher and the student's own answers.
 
   resident   the teacher's weights, at its own shape (its config.json; a stage teacher has the run's base shape):
              bf16 (fp32 on CPU), or NF4 with teacher_quantization 4bit, as QLoRA's loader holds them
-  training   at backward start, on top of the student's saved activations: the teacher's no-grad forward (its last
-             hidden state and one layer's working set: no logits, trainer_kit/chunked_jsd.py) and the chunked
-             divergence's (TRL's ChunkedDivergenceFunction): two fp32 [tokens x VOCAB_TILE] tiles of at most
-             TOKEN_TILE tokens, the answer tokens' hidden states of both models, and in backward the student's
-             hidden-state gradient in fp32 (a frozen LoRA head gets none)
+  training   on top of the student's saved activations, the teacher's last hidden state and the larger of two
+             moments that follow each other: the teacher's no-grad forward (one layer's working set: no logits,
+             trainer_kit/chunked_jsd.py), then the chunked divergence (TRL's ChunkedDivergenceFunction): two fp32
+             [tokens x VOCAB_TILE] tiles of at most TOKEN_TILE tokens, the answer tokens' hidden states of both
+             models, and in backward the student's hidden-state gradient in fp32 (a frozen LoRA head gets none).
+             `teacher_forward` is what the forward's working set exceeds the divergence's by (0 where it does not)
   generation the student's answers, one generate call per micro-batch of max_new_tokens: memory/generation.py's
              generation phase (KV cache, sampling logits, prefill) with one completion per prompt
 
@@ -25,13 +26,18 @@ from typing import Any
 
 from medgpt_ray.config import ConfigError
 from medgpt_ray.kinds.opd.config import OPDStageConfig
-from medgpt_ray.memory.kind_memory import KindMemory, KindTerms, PlannedSetup
+from medgpt_ray.memory.kind_memory import KindMemory, KindTerms, MemoryProfile, PlannedSetup
 from medgpt_ray.memory.shapes import NF4_BYTES_PER_PARAM, ModelShape, ShapeError, load_shape
 
 # trl/kernels/chunked_divergence.py's TOKEN_CHUNK_SIZE and VOCAB_CHUNK_SIZE (tests/unit/test_opd_kind.py checks them):
 # the fp32 tiles each of its passes projects a chunk of tokens into, for the student and the teacher.
 TOKEN_TILE, VOCAB_TILE = 4096, 32768
 JSD_ELEMENTS_PER_LOGIT = 32  # GKDTrainer's own loss, measured ~31 (above): the ZeRO-3 path
+# The student's per-token activations against sft's model at equal tokens. GKD's rows are padded, not packed; TRL's
+# other trainers on padded rows keep ~12 % less (kinds/dpo/memory.py). On the H100 (1.5B student with LoRA, mb 8 of
+# 1,024-token rows, every micro-batch that wide: bench/results/opd_peaks_h100/) the run's peak needs ~0.8; 0.88
+# keeps the plan on the safe side of it.
+ACTIVATION_SCALE = 0.88
 
 
 def setup_fields(cfg: OPDStageConfig, use_gpu: bool) -> dict[str, Any]:
@@ -76,7 +82,7 @@ def teacher_terms(teacher: ModelShape | None, quantization: str, shape: ModelSha
         # The answer tokens' hidden states gathered for the loss (both models), the per-token fp32 statistics, and the
         # student's fp32 hidden-state gradient in backward. Planned as if every token were an answer token.
         gathered = tokens * (e * (shape.hidden + t.hidden) + 4 * 12 + 4 * shape.hidden)
-        training = {"teacher_hidden": e * tokens * t.hidden, "teacher_forward": forward,
+        training = {"teacher_hidden": e * tokens * t.hidden, "teacher_forward": max(0.0, forward - tiles - gathered),
                     "distillation_loss": tiles + gathered}
     return KindTerms(resident={"teacher_weights": teacher_weight_bytes(t, quantization, s.precision)},
                      training=training)
@@ -92,4 +98,5 @@ def hints(cfg: OPDStageConfig, s: Any) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-MEMORY = KindMemory(setup_fields=setup_fields, hints=hints)
+MEMORY = KindMemory(MemoryProfile("opd", activation_scale=ACTIVATION_SCALE, chunked_head=True),
+                    setup_fields=setup_fields, hints=hints)
