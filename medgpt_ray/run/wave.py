@@ -24,7 +24,7 @@ from medgpt_ray.run import eval_report
 from medgpt_ray.run.backoff import unwritable
 from medgpt_ray.run.gpu_placement import find_topology, place_wave
 from medgpt_ray.run.job import StageJob
-from medgpt_ray.run.manifest import Manifest
+from medgpt_ray.run.manifest import Manifest, write_json_atomic
 from medgpt_ray.run.outcomes import StageOutcome
 from medgpt_ray.run.progress import ProgressActor, ProgressPrinter, overlong_warning, result_brief
 from medgpt_ray.run.stage_runner import RayOptions, run_stage_on_ray, run_task_on_ray
@@ -44,6 +44,8 @@ class Progress:
     namespace: str
     printer: ProgressPrinter
     plans: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
+    # When each stage's first step ended, on the wall clock (the latest attempt's: a back-off or resume starts over)
+    first_steps: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def poll(self) -> None:
@@ -52,6 +54,8 @@ class Progress:
             for rec in records:
                 if WORKER_PLAN in rec and rec.get("stage") in self.plans:
                     self.plans[rec["stage"]](rec[WORKER_PLAN])
+                if rec.get("first_step_wall") is not None:
+                    self.first_steps[rec["stage"]] = rec["first_step_wall"]
             self.printer.feed([rec for rec in records if WORKER_PLAN not in rec])
 
 
@@ -130,7 +134,8 @@ class WaveRunner:
             self.progress.poll()
 
     def _work(self, job: StageJob, inp: StageInputs, fingerprint: str, results: dict[str, StageOutcome]) -> None:
-        stage, t0 = job.stage, time.monotonic()
+        stage, t0, started = job.stage, time.monotonic(), time.time()
+        self.progress.first_steps.pop(stage, None)
         self.echo(start_line(job, inp))
         tags = {"run": self.cfg.name, "stage": stage}
         set_stage_state(self.cfg.name, stage, "running")
@@ -139,7 +144,9 @@ class WaveRunner:
         self.progress.plans[stage] = job.take_worker_plan
         try:
             plan = job.run(inp, self._attempt_fn(stage, fingerprint))  # with the back-offs it took
-            result = self._record(stage, inp, plan, fingerprint)
+            first = self.progress.first_steps.get(stage)
+            result = self._record(stage, inp, plan, fingerprint,
+                                  None if first is None else round(first - started, 1))
             results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
             eval_report.publish(self.cfg.name, result)
             self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
@@ -170,11 +177,18 @@ class WaveRunner:
 
         return attempt
 
-    def _record(self, stage: str, inp: StageInputs, plan: StagePlan, fingerprint: str) -> dict[str, Any]:
-        """The finished stage's result.json, recorded in the manifest once its model is there."""
-        result = json.loads((Path(inp.out_dir) / "result.json").read_text(encoding="utf-8"))
+    def _record(self, stage: str, inp: StageInputs, plan: StagePlan, fingerprint: str,
+                first_step_after_start_s: float | None) -> dict[str, Any]:
+        """The finished stage's result.json, recorded in the manifest once its model is there; with the seconds from
+        its start line to the end of its first training step where it trained (workers' start, model load, data,
+        compiling or loading the compile caches: what a user waits before the first progress line)."""
+        path = Path(inp.out_dir) / "result.json"
+        result = json.loads(path.read_text(encoding="utf-8"))
         if stage_kind(stage).trains and not Path(result["output_model"], "config.json").is_file():
             raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
+        if first_step_after_start_s is not None:
+            result["first_step_after_start_s"] = first_step_after_start_s
+            write_json_atomic(path, result, mode=path.stat().st_mode & 0o777)  # the workers' 077 kept
         self.manifest.record(stage, {
             "fingerprint": fingerprint, "output_model": result["output_model"], "plan": plan.to_dict(),
             "result": result, "workers": result.get("workers", []),

@@ -105,6 +105,8 @@ class StageProgress(TrainerCallback):
         self._last_t = self._t0
         self._last_tokens = 0
         self._first_step, self._first_step_s = 1, None  # the attempt's first step and when it ended
+        self._first_step_wall: float | None = None  # that end on the wall clock, which the driver compares with its
+        # stage's start line (the same clock on one node; NTP-close across nodes)
 
     def on_train_begin(self, args, state, control, **kwargs):
         # HF has loaded the checkpoint's TrainerState by now: global_step is the step resumed from (0 on a fresh
@@ -119,6 +121,7 @@ class StageProgress(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self._first_step:  # the attempt's first step: compiling, autotuning, warm-up
             self._first_step_s = round(time.monotonic() - self._t0, 3)
+            self._first_step_wall = time.time()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -131,8 +134,8 @@ class StageProgress(TrainerCallback):
             "step": state.global_step,
             "total_steps": state.max_steps,
             "time_s": round(now - self._t0, 3),
-            **({"first_step": self._first_step, "first_step_s": self._first_step_s}
-               if self._first_step_s is not None else {}),
+            **({"first_step": self._first_step, "first_step_s": self._first_step_s,
+                "first_step_wall": self._first_step_wall} if self._first_step_s is not None else {}),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }
         if self.compiles is not None and self.compiles.recompiles is not None:
