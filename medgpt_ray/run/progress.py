@@ -62,7 +62,10 @@ class ProgressPrinter:
 def result_brief(r: dict[str, Any]) -> str:
     parts = [f"{r.get('steps')} steps"] if r.get("steps") is not None else []
     if r.get("first_step_after_start_s") is not None:  # the wait before the first progress line, cold or warm
-        parts.append(f"first step {r['first_step_after_start_s']:.1f}s after the start line")
+        up = r.get("startup_s", {})
+        where = (f" (worker up {up['worker_up_s']:.1f}s, trainer built {up['trainer_built_s']:.1f}s)"
+                 if {"worker_up_s", "trainer_built_s"} <= set(up) else "")
+        parts.append(f"first step {r['first_step_after_start_s']:.1f}s after the start line{where}")
     if r.get("evaluation"):  # the eval stage: what it compared
         ev = r["evaluation"]
         parts.append(f"{len(ev['models'])} models on {ev['data']['prompts']} prompts and "

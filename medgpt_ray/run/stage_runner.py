@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,9 @@ def _worker_loop(config: dict[str, Any]) -> None:
 
         def sink(rec: dict[str, Any]) -> None:
             actor.push.remote(rec)
+
+        if is_rank_zero():  # the worker is up: the first of a stage's start-up times
+            sink({"stage": config["inputs"].stage, "phase": "worker_up", "worker_up_wall": time.time()})
 
     callbacks = [eval_to_ray_train()] if config["report_evals"] else []
     result = run_stage(config["inputs"], sink, callbacks)

@@ -33,6 +33,15 @@ from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
 from medgpt_ray.stages.packing import WORKER_PLAN
 
+# A stage's start-up, in order: its rank-0 worker runs (Ray Train's worker group is up, imports done), its trainer is
+# built (model loaded, data read), its first step ended (compiled, or the compile caches loaded).
+STARTUP_MARKS = ("worker_up", "trainer_built", "first_step")
+
+
+def startup_seconds(marks: dict[str, float], started: float) -> dict[str, float]:
+    """Seconds from the stage's start line to each start-up mark its worker reported."""
+    return {f"{m}_s": round(marks[m] - started, 1) for m in STARTUP_MARKS if m in marks}
+
 
 @dataclass
 class Progress:
@@ -44,8 +53,9 @@ class Progress:
     namespace: str
     printer: ProgressPrinter
     plans: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
-    # When each stage's first step ended, on the wall clock (the latest attempt's: a back-off or resume starts over)
-    first_steps: dict[str, float] = field(default_factory=dict)
+    # Each stage's start-up on the wall clock, as its rank-0 worker reported it (STARTUP_MARKS; the latest attempt's:
+    # a back-off or resume starts over)
+    startup: dict[str, dict[str, float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def poll(self) -> None:
@@ -54,8 +64,9 @@ class Progress:
             for rec in records:
                 if WORKER_PLAN in rec and rec.get("stage") in self.plans:
                     self.plans[rec["stage"]](rec[WORKER_PLAN])
-                if rec.get("first_step_wall") is not None:
-                    self.first_steps[rec["stage"]] = rec["first_step_wall"]
+                marks = {m: rec[f"{m}_wall"] for m in STARTUP_MARKS if rec.get(f"{m}_wall") is not None}
+                if marks:
+                    self.startup.setdefault(rec["stage"], {}).update(marks)
             self.printer.feed([rec for rec in records if WORKER_PLAN not in rec])
 
 
@@ -135,7 +146,7 @@ class WaveRunner:
 
     def _work(self, job: StageJob, inp: StageInputs, fingerprint: str, results: dict[str, StageOutcome]) -> None:
         stage, t0, started = job.stage, time.monotonic(), time.time()
-        self.progress.first_steps.pop(stage, None)
+        self.progress.startup.pop(stage, None)
         self.echo(start_line(job, inp))
         tags = {"run": self.cfg.name, "stage": stage}
         set_stage_state(self.cfg.name, stage, "running")
@@ -144,9 +155,8 @@ class WaveRunner:
         self.progress.plans[stage] = job.take_worker_plan
         try:
             plan = job.run(inp, self._attempt_fn(stage, fingerprint))  # with the back-offs it took
-            first = self.progress.first_steps.get(stage)
             result = self._record(stage, inp, plan, fingerprint,
-                                  None if first is None else round(first - started, 1))
+                                  startup_seconds(self.progress.startup.get(stage, {}), started))
             results[stage] = StageOutcome(stage, "done", result, time.monotonic() - t0)
             eval_report.publish(self.cfg.name, result)
             self.echo(f"[{stage:>3}] done in {results[stage].wall_s:.1f}s: {result_brief(result)}")
@@ -178,16 +188,18 @@ class WaveRunner:
         return attempt
 
     def _record(self, stage: str, inp: StageInputs, plan: StagePlan, fingerprint: str,
-                first_step_after_start_s: float | None) -> dict[str, Any]:
+                startup: dict[str, float]) -> dict[str, Any]:
         """The finished stage's result.json, recorded in the manifest once its model is there; with the seconds from
-        its start line to the end of its first training step where it trained (workers' start, model load, data,
-        compiling or loading the compile caches: what a user waits before the first progress line)."""
+        its start line to each start-up mark where it trained (`startup_s`; `first_step_after_start_s` is the last:
+        what a user waits before the first progress line)."""
         path = Path(inp.out_dir) / "result.json"
         result = json.loads(path.read_text(encoding="utf-8"))
         if stage_kind(stage).trains and not Path(result["output_model"], "config.json").is_file():
             raise PipelineError(f"stage {stage} finished without a model in {result['output_model']}")
-        if first_step_after_start_s is not None:
-            result["first_step_after_start_s"] = first_step_after_start_s
+        if startup:
+            result["startup_s"] = startup
+            if "first_step_s" in startup:
+                result["first_step_after_start_s"] = startup["first_step_s"]
             write_json_atomic(path, result, mode=path.stat().st_mode & 0o777)  # the workers' 077 kept
         self.manifest.record(stage, {
             "fingerprint": fingerprint, "output_model": result["output_model"], "plan": plan.to_dict(),

@@ -101,7 +101,7 @@ class StageProgress(TrainerCallback):
         self.budget_gib = budget_gib
         self.metrics_path = metrics_path
         self.sink = sink
-        self._t0 = time.monotonic()
+        self._t0, self._t0_wall = time.monotonic(), time.time()  # the trainer is built: its callbacks exist
         self._last_t = self._t0
         self._last_tokens = 0
         self._first_step, self._first_step_s = 1, None  # the attempt's first step and when it ended
@@ -135,7 +135,8 @@ class StageProgress(TrainerCallback):
             "total_steps": state.max_steps,
             "time_s": round(now - self._t0, 3),
             **({"first_step": self._first_step, "first_step_s": self._first_step_s,
-                "first_step_wall": self._first_step_wall} if self._first_step_s is not None else {}),
+                "first_step_wall": self._first_step_wall, "trainer_built_wall": self._t0_wall}
+               if self._first_step_s is not None else {}),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }
         if self.compiles is not None and self.compiles.recompiles is not None:

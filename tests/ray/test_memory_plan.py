@@ -47,12 +47,15 @@ def test_a_stage_says_how_long_its_first_step_took_from_its_start_line(tiny_run)
     """What a user waits before the first progress line (issue 48: a first step that looks hung): the driver's start
     line to the end of the first training step, in result.json and the stage's done line."""
     result = json.loads((tiny_run.run_dir / "sft" / "result.json").read_text())
-    first = result["first_step_after_start_s"]
+    first, up = result["first_step_after_start_s"], result["startup_s"]
     metrics = [json.loads(line) for line in (tiny_run.run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
-    # after the workers started and built the trainer: longer than the first step alone, as the trainer timed it
-    assert metrics[0]["first_step_s"] < first < tiny_run.summary["stages"]["sft"]["wall_s"]
+    # in order: the worker runs, the trainer is built, its first step ends (as long after it as the trainer timed)
+    assert 0 < up["worker_up_s"] < up["trainer_built_s"] < first == up["first_step_s"]
+    assert first - up["trainer_built_s"] == pytest.approx(metrics[0]["first_step_s"], abs=0.2)
+    assert first < tiny_run.summary["stages"]["sft"]["wall_s"]
     done = next(line for line in tiny_run.lines if line.startswith("[sft] done in "))
-    assert f"first step {first:.1f}s after the start line" in done
+    assert (f"first step {first:.1f}s after the start line (worker up {up['worker_up_s']:.1f}s, trainer built "
+            f"{up['trainer_built_s']:.1f}s)") in done
 
 
 def test_a_config_predicted_not_to_fit_is_refused_before_anything_runs(ray_cluster, repo, tmp_path, monkeypatch):
