@@ -11,6 +11,7 @@ from medgpt_ray.cli.run import add_config_args
 from medgpt_ray.config import STAGE_KINDS, ConfigError
 from medgpt_ray.memory.estimator import SetupError, TrainSetup, estimate
 from medgpt_ray.memory.format import format_plan
+from medgpt_ray.memory.profiles import setup_fields
 from medgpt_ray.memory.shapes import PRESETS, ShapeError, load_shape
 from medgpt_ray.memory.throughput import GPU_SPECS, tokens_per_second
 
@@ -80,7 +81,18 @@ def run_estimate(args: argparse.Namespace) -> int:
     for k, v in sorted(est.breakdown_gib().items(), key=lambda kv: -kv[1]):
         print(f"  {k:24s} {v:8.2f} GiB")
     print(f"predicted throughput on {GPU_SPECS[args.gpu_type].name}: {tps:,.0f} tokens/s per GPU")
+    if own_networks(args.stage):
+        print(f"note: {args.stage}'s own keys are not read here, nor what they add (a frozen network, a generation "
+              f"phase); `medgpt-ray plan --config FILE` prices them")
     return 0
+
+
+def own_networks(kind: str) -> bool:
+    """Whether a memory kind's own keys, at their defaults, add a network or a generation phase to its TrainSetup
+    (opd's teacher, grpo's rollouts): what `estimate`, which reads no config, leaves out."""
+    entry = STAGE_KINDS[kind]
+    fields = setup_fields(kind, entry.config_class.model_validate(entry.defaults), True)
+    return bool(fields.get("kind_terms") or fields.get("generations"))
 
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:

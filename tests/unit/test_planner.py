@@ -186,6 +186,20 @@ def test_estimate_cli_every_flag(capsys, tmp_path):
     assert main(ESTIMATE) == 0 and "predicted peak allocated" in capsys.readouterr().out
 
 
+def test_estimate_says_where_a_kinds_own_keys_are_left_out(capsys):
+    """`estimate` takes no config: a kind whose own keys add memory (opd's teacher, grpo's generation) is estimated
+    without them, and says so, pointing at `plan`; sft's estimate is whole and has no note."""
+    assert main(ESTIMATE) == 0
+    assert "note:" not in capsys.readouterr().out
+    opd = [*ESTIMATE[:4], "opd", *ESTIMATE[5:]]
+    assert main(opd) == 0
+    out = capsys.readouterr().out
+    assert "note: opd's own keys are not read here" in out and "medgpt-ray plan --config FILE" in out
+    grpo = [*ESTIMATE[:4], "grpo", *ESTIMATE[5:]]
+    assert main(grpo) == 0 and "note: grpo's own keys" in capsys.readouterr().out
+    assert "teacher_weights" not in out
+
+
 def test_estimate_cli_errors_name_the_problem(capsys, tmp_path):
     assert main([*ESTIMATE[:2], str(tmp_path / "nope"), *ESTIMATE[3:]]) == 2
     assert "neither a preset" in capsys.readouterr().err
