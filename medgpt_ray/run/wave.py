@@ -39,7 +39,10 @@ STARTUP_MARKS = ("worker_up", "trainer_built", "first_step")
 
 
 def startup_seconds(marks: dict[str, float], started: float) -> dict[str, float]:
-    """Seconds from the stage's start line to each start-up mark its worker reported."""
+    """Seconds from the stage's start line to each start-up mark its worker reported; none where a mark lies before
+    the start line (a worker on another node whose clock is behind the driver's)."""
+    if any(marks[m] < started for m in marks):
+        return {}
     return {f"{m}_s": round(marks[m] - started, 1) for m in STARTUP_MARKS if m in marks}
 
 

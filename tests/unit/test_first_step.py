@@ -52,3 +52,11 @@ def test_compile_caches_live_under_the_cache_dir_and_an_explicit_one_wins(tmp_pa
     used = use_compile_caches()
     assert used == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TRITON_CACHE_DIR": str(tmp_path / "mine")}
     assert cache_dir() == str(tmp_path / "inductor")  # what inductor itself now reads
+
+
+def test_start_up_marks_are_seconds_after_the_start_line_and_a_skewed_clock_gives_none():
+    from medgpt_ray.run.wave import startup_seconds
+
+    marks = {"first_step": 115.0, "worker_up": 104.0, "trainer_built": 110.0}
+    assert startup_seconds(marks, 100.0) == {"worker_up_s": 4.0, "trainer_built_s": 10.0, "first_step_s": 15.0}
+    assert startup_seconds({"worker_up": 99.0, "first_step": 103.0}, 100.0) == {}  # a worker's clock behind ours
