@@ -15,8 +15,9 @@ import pytest
 
 from medgpt_ray.config import load_config
 from medgpt_ray.memory import generation
-from medgpt_ray.memory.shapes import PRESETS, load_shape
+from medgpt_ray.memory.shapes import load_shape
 from medgpt_ray.memory.stage_plan import StagePlan
+from tests.unit.test_opd_kind import write_teacher
 
 RUNS = [  # (result file, its stage, the teacher's preset where it is a directory of random weights)
     ("orpo_simpo_chunked_h100/real_length_throughput.json", "orpo", None),
@@ -25,17 +26,6 @@ RUNS = [  # (result file, its stage, the teacher's preset where it is a director
     ("opd_chunked_h100/rl_stage_run.json", "opd", None),
     ("opd_7b_nf4_teacher_h100/rl_stage_run.json", "opd", "qwen2.5-7b"),
 ]
-
-
-def teacher_dir(path: Path, preset: str) -> str:
-    """A config.json of the preset's shape: what the plan read of the run's teacher directory."""
-    s = PRESETS[preset]
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({
-        "model_type": "qwen2", "vocab_size": s.vocab, "hidden_size": s.hidden, "intermediate_size": s.intermediate,
-        "num_hidden_layers": s.layers, "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
-        "tie_word_embeddings": s.tied_embeddings}))
-    return str(path)
 
 
 def measured_and_rescored(repo: Path, tmp_path: Path, name: str, stage: str, teacher: str | None
@@ -48,7 +38,7 @@ def measured_and_rescored(repo: Path, tmp_path: Path, name: str, stage: str, tea
         sets, plan_doc, measured = doc["sets"], doc["stages"][stage]["plan"], doc["stages"][stage]["measured_peak_gib"]
     kept = [s for s in sets if not s.startswith(("model.path=", "data.", "output_dir=", "stages.opd.teacher="))]
     if stage == "opd":
-        kept.append(f"stages.opd.teacher={teacher_dir(tmp_path / 'teacher', teacher) if teacher else 'sft'}")
+        kept.append(f"stages.opd.teacher={write_teacher(tmp_path / 'teacher', teacher) if teacher else 'sft'}")
     cfg = load_config(str(repo / "configs" / Path(doc["config"]).name), kept)
     fields = {k: v for k, v in plan_doc.items() if k in StagePlan.__dataclass_fields__}
     plan = StagePlan(**{**fields, "reasons": [], "alternatives": []})
