@@ -196,13 +196,21 @@ call13() {  # issue 49's opd target: micro-batch >= 4 and >= 4x the baseline's t
     --max-completion-length 128 --workdir /tmp/rsr_base --out "$W/opd_base"
 }
 
-call14() {  # issue 48: the second run of one config finds inductor's and Triton's caches (under the cache dir) warm;
-  # each run's metrics.jsonl holds first_step_s, from the stage's start to its first step's end. Run on a fresh machine.
-  shared_models /tmp/rlt /tmp/rlt_warm
-  step first_step_cold 200 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages sft --steps 3 \
-    --warmup 1 --sft-records 1000 --set stages.sft.compile=true --workdir /tmp/rlt --out "$W/first_step_cold"
-  step first_step_warm 200 python3 bench/real_length_throughput.py --model qwen2.5-1.5b --stages sft --steps 3 \
-    --warmup 1 --sft-records 1000 --set stages.sft.compile=true --workdir /tmp/rlt_warm --out "$W/first_step_warm"
+cold_warm() {  # NAME MODEL COLD_LIMIT [--set ...]: one sft config twice, the second run on the compile caches the
+  # first left under the cache dir (its own workdir, the same models); each result.json's startup_s holds the seconds
+  # from the stage's start line to its worker, its trainer and its first step's end
+  local name=$1 model=$2 limit=$3; shift 3
+  shared_models /tmp/rlt "/tmp/rlt_${name}_warm"
+  for run in cold warm; do
+    local dir=/tmp/rlt; [ "$run" = warm ] && dir="/tmp/rlt_${name}_warm"
+    step "${name}_${run}" "$limit" python3 bench/real_length_throughput.py --model "$model" --stages sft --steps 3 \
+      --warmup 1 --sft-records 1000 "$@" --workdir "$dir" --out "$W/${name}_${run}"
+    limit=200
+  done
+}
+
+call14() {  # issue 48: a compiled 1.5B sft's first step, cold caches then warm. Run on a fresh machine.
+  cold_warm first_step qwen2.5-1.5b 200 --set stages.sft.compile=true
 }
 
 call15() {  # issue 47: peaks within max(10 %, 0.5 GiB) of the plan, which prices the split's widest prompt
@@ -214,11 +222,7 @@ call15() {  # issue 47: peaks within max(10 %, 0.5 GiB) of the plan, which price
 }
 
 call16() {  # issue 48 item 11 on its own model: the planner's plan as it chooses it (compile on auto), twice
-  shared_models /tmp/rlt /tmp/rlt_moe_warm
-  step moe_first_step_cold 260 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 3 \
-    --warmup 1 --sft-records 1000 --workdir /tmp/rlt --out "$W/moe_first_step_cold"
-  step moe_first_step_warm 200 python3 bench/real_length_throughput.py --model qwen3-moe-8l --stages sft --steps 3 \
-    --warmup 1 --sft-records 1000 --workdir /tmp/rlt_moe_warm --out "$W/moe_first_step_warm"
+  cold_warm moe_first_step qwen3-moe-8l 260
 }
 
 call17() {  # issue 49 item 6: opd's peak within max(10 %, 0.5 GiB) of its plan, at the plan's own width
