@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.family_models import model_dir_written  # noqa: E402
+
 SCALE = 20.0  # ordinary tokens' logits ~N(0, 16^2) against ~N(0, 0.8^2) for the rows past the tokenizer
 
 
@@ -36,10 +38,11 @@ def make_decodable(src: Path, dest: Path) -> Path:
     with torch.no_grad():
         rows[:len(tok)] *= SCALE
         rows[sorted(set(tok.all_special_ids) | set(tok.added_tokens_decoder))] = 0
-    model.save_pretrained(dest, safe_serialization=True)
-    for f in src.iterdir():  # the tokenizer's files and the chat template
-        if f.is_file() and not (dest / f.name).exists() and ".safetensors" not in f.name:
-            shutil.copy(f, dest / f.name)
+    with model_dir_written(dest) as part:
+        model.save_pretrained(part, safe_serialization=True)
+        for f in src.iterdir():  # the tokenizer's files and the chat template
+            if f.is_file() and not (part / f.name).exists() and ".safetensors" not in f.name:
+                shutil.copy(f, part / f.name)
     return dest
 
 

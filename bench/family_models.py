@@ -17,6 +17,8 @@ memory_calibration.prepare_model does for the Qwen2.5 shapes). The planner reads
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +57,30 @@ def prepare_family_model(name: str, dest: Path, tokenizer_dir: Path) -> Path:
         return out
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(family_config(name), dtype=torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
+    with model_dir_written(out) as part:
+        model.save_pretrained(part, safe_serialization=True)
+        for f in tokenizer_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES:
+                shutil.copy(f, part / f.name)
     del model
     torch.cuda.empty_cache()
-    for f in tokenizer_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in TOKENIZER_FILES:
-            shutil.copy(f, out / f.name)
     return out
+
+
+@contextmanager
+def model_dir_written(out: Path) -> Iterator[Path]:
+    """A model directory written whole or not at all: into `out.partial`, renamed to `out` at the end. A save cut
+    short (a full disk on a reused machine) otherwise leaves a config.json that the next call takes for a model."""
+    part = out.with_name(out.name + ".partial")
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    try:
+        yield part
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    part.rename(out)
 
 
 def write_config_only(name: str, dest: Path) -> Path:

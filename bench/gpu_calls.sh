@@ -43,6 +43,14 @@ G=/tmp/g/qwen2.5-1.5b  # the same shape, built by generation_throughput.random_m
 D=/tmp/g/qwen2.5-1.5b-decodable  # and its tokens decoding to text (bench/decodable_model.py): serve_load's
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt"
 
+# A warm machine keeps /tmp between calls: the peers' 7B runs (/tmp/peers, ~29 GB), rl_stage_run's and the
+# throughput runs' models and run directories filled its 64 GiB disk on 2026-12-07 and call 9's model save failed.
+# Below 30 GiB free, the earlier calls' work directories go (the models a call needs are rebuilt; /tmp/site stays).
+if (( $(df -k --output=avail /tmp | tail -1) < 30 * 1024 * 1024 )); then
+  echo "== /tmp has $(df -h --output=avail /tmp | tail -1 | tr -d ' ') free: removing the earlier calls' work directories"
+  rm -rf /tmp/peers /tmp/rlt /tmp/rlt_* /tmp/rsr_* /tmp/medgpt-rsr /tmp/g /tmp/calls_*
+fi
+
 END=$((SECONDS + ${BUDGET:-580}))  # BUDGET: the seconds this call may run (a step is cut to what is left of them)
 
 step() {  # step NAME SECONDS COMMAND...: output in $W/NAME.log; its exit status and seconds printed
@@ -178,6 +186,9 @@ shared_models() {  # WORKDIR_A WORKDIR_B: B reads the random weights A built (th
 }
 
 call12() {  # issue 49's orpo/simpo target: >= 1.5x the baseline's tokens/s each, both measured in this call
+  # The baseline plans simpo in QLoRA: without bitsandbytes it stops before its first step (2026-12-07,
+  # bench/results/orpo_simpo_16steps_h100/). Carry .whl, .base and .whl-bnb (63.9 of a run's 64 MiB with the tree).
+  python3 -c "import bitsandbytes" 2>/dev/null || { echo "call 12 needs bitsandbytes: carry .whl-bnb too"; exit 2; }
   shared_models /tmp/rlt /tmp/rlt_base
   # STEPS/WARMUP: 8/2 ran on 2026-12-07 (bench/results/orpo_simpo_chunked_h100/): the chunked runs' steps 3-4 were
   # still warming up, so the next run leaves 4 out of 16

@@ -127,21 +127,23 @@ def prepare_model(shape_name: str, dest: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from bench.family_models import shape_config
+    import bench.family_models as fm
 
+    if shape_name in fm.FAMILY_MODELS:  # not a memory/shapes.py preset: its own config (Qwen3, Qwen3.5, the MoE)
+        return fm.prepare_family_model(shape_name, dest, tokenizer_dir)
     out = dest / shape_name
     if (out / "config.json").is_file():
         return out
-    config = shape_config(shape_name)
+    config = fm.shape_config(shape_name)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.save_pretrained(out, safe_serialization=True)
+    with fm.model_dir_written(out) as part:
+        model.save_pretrained(part, safe_serialization=True)
+        for f in tokenizer_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name in fm.TOKENIZER_FILES:
+                shutil.copy(f, part / f.name)
     del model
     torch.cuda.empty_cache()
-    for f in tokenizer_dir.iterdir():
-        if f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "vocab.json", "merges.txt",
-                                                       "chat_template.jinja"):
-            shutil.copy(f, out / f.name)
     return out
 
 

@@ -53,6 +53,9 @@ def main() -> int:
     ap.add_argument("--data", type=Path, required=True, help="ShareGPT jsonl (MedicalGPT's SFT format)")
     ap.add_argument("--steps", type=int, default=JOB.steps)
     ap.add_argument("--cap-gib", type=float, default=JOB.cap_gib)
+    ap.add_argument("--plan-gib", type=float, help="plan for a card of this size (resources.gpu_memory_gib; default "
+                    "--cap-gib) under the same cap: our run at a peer's peak (Unsloth's 15.96 GiB + 10 %%: 19.56, "
+                    "the plan's 2 GiB margin off)")
     ap.add_argument("--compile", default="true", choices=["auto", "true", "false"])
     ap.add_argument("--method", default="lora", choices=["lora", "qlora"])
     ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex"], help="stages.sft.attention")
@@ -84,7 +87,7 @@ def main() -> int:
                          save_steps=10**6, warmup_ratio=0.0, packing="auto", attention=args.attention,
                          compile={"auto": "auto", "true": True, "false": False}[args.compile],
                          micro_batch=args.micro_batch or "auto")
-    plan, lengths = plan_for(model, cfg, data, args.cap_gib if gpu else 0)
+    plan, lengths = plan_for(model, cfg, data, (args.plan_gib or args.cap_gib) if gpu else 0)
     print("plan:", plan_line(plan), flush=True)
     out = args.work / f"run-ours-{model.name}"
     out.mkdir(parents=True, exist_ok=True)
@@ -119,6 +122,7 @@ def main() -> int:
     notes = [f"plan: {plan_line(plan)}", f"lengths: {lengths.describe() if lengths else None}",
              "real tokens per step: the stage's own non-padding count (packed_counts); laid out: rows x seq_len"]
     settings = {"method": args.method, "compile": args.compile, "attention": args.attention, "packing": packing,
+                "plan_gib": args.plan_gib or args.cap_gib,
                 "micro_batch": args.micro_batch or "auto",
                 "plan": plan.to_dict(),
                 "predicted_peak_gib": plan.prediction.peak_gib if plan.prediction else None,

@@ -57,6 +57,18 @@ def start_worker() -> None:
     # The GPU the placement chose is bound before this runs, by the placed backend's train-function context.
 
 
+def process_started_wall() -> float | None:
+    """When this process started, on the wall clock (Linux's /proc, to the kernel's clock tick; the boot time it adds
+    is whole seconds), or None where there is no /proc."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in clock ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:
     """A Ray Train report on every rank (V2 reports are collective). Train V2 keeps metrics only when they come
     with a checkpoint: rank 0 attaches `payload` as a small one."""
@@ -113,6 +125,7 @@ def final_metrics(result: dict[str, Any], extra: dict[str, Any]) -> dict[str, An
 
 def _worker_loop(config: dict[str, Any]) -> None:
     """Runs in every Ray Train worker: the plain stage function with what the runner injects, result to Ray."""
+    entered = time.time()
     from medgpt_ray.stages import run_stage
 
     start_worker()
@@ -124,7 +137,8 @@ def _worker_loop(config: dict[str, Any]) -> None:
             actor.push.remote(rec)
 
         if is_rank_zero():  # the worker is up: the first of a stage's start-up times
-            sink({"stage": config["inputs"].stage, "phase": "worker_up", "worker_up_wall": time.time()})
+            sink({"stage": config["inputs"].stage, "phase": "worker_up", "worker_up_wall": time.time(),
+                  "train_fn_wall": entered, "worker_process_wall": process_started_wall()})
 
     callbacks = [eval_to_ray_train()] if config["report_evals"] else []
     result = run_stage(config["inputs"], sink, callbacks)

@@ -33,14 +33,18 @@ from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
 from medgpt_ray.stages.packing import WORKER_PLAN
 
-# A stage's start-up, in order: its rank-0 worker runs (Ray Train's worker group is up, imports done), its trainer is
-# built (model loaded, data read), its first step ended (compiled, or the compile caches loaded).
-STARTUP_MARKS = ("worker_up", "trainer_built", "first_step")
+# A stage's start-up, in order, as its rank-0 worker stamps it: its process starts (Ray Train's controller and worker
+# actors spawned), it enters our train function (Ray's worker bootstrap and the imports unpickling it pulls in), it
+# is up (our worker set-up done), its model is loaded and data read, its trainer built and train() begun, its first
+# step ended (compiled, or the compile caches loaded).
+STARTUP_MARKS = ("worker_process", "train_fn", "worker_up", "model_and_data", "trainer_built", "first_step")
 
 
 def startup_seconds(marks: dict[str, float], started: float) -> dict[str, float]:
     """Seconds from the stage's start line to each start-up mark its worker reported; none where a mark lies before
-    the start line (a worker on another node whose clock is behind the driver's)."""
+    the start line (a worker on another node whose clock is behind the driver's). A worker process that started
+    before the line is one Ray reused: that mark alone is left out."""
+    marks = {m: t for m, t in marks.items() if not (m == "worker_process" and t < started)}
     if any(marks[m] < started for m in marks):
         return {}
     return {f"{m}_s": round(marks[m] - started, 1) for m in STARTUP_MARKS if m in marks}

@@ -101,7 +101,9 @@ class StageProgress(TrainerCallback):
         self.budget_gib = budget_gib
         self.metrics_path = metrics_path
         self.sink = sink
-        self._t0, self._t0_wall = time.monotonic(), time.time()  # the trainer is built: its callbacks exist
+        # The model is loaded and the data read: the trainer that takes these callbacks is being built.
+        self._t0, self._t0_wall = time.monotonic(), time.time()
+        self._train_begin_wall: float | None = None  # the trainer built (PEFT, TRL's set-up) and its train() begun
         self._last_t = self._t0
         self._last_tokens = 0
         self._first_step, self._first_step_s = 1, None  # the attempt's first step and when it ended
@@ -111,6 +113,7 @@ class StageProgress(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         # HF has loaded the checkpoint's TrainerState by now: global_step is the step resumed from (0 on a fresh
         # start). What a dead attempt logged after that step is trained and logged again: keep each step once.
+        self._train_begin_wall = time.time()
         if state.is_world_process_zero:
             keep_steps_up_to(self.metrics_path, state.global_step)
             self._first_step = state.global_step + 1
@@ -135,7 +138,8 @@ class StageProgress(TrainerCallback):
             "total_steps": state.max_steps,
             "time_s": round(now - self._t0, 3),
             **({"first_step": self._first_step, "first_step_s": self._first_step_s,
-                "first_step_wall": self._first_step_wall, "trainer_built_wall": self._t0_wall}
+                "first_step_wall": self._first_step_wall, "model_and_data_wall": self._t0_wall,
+                "trainer_built_wall": self._train_begin_wall}
                if self._first_step_s is not None else {}),
             **{k: v for k, v in logs.items() if isinstance(v, int | float)},
         }

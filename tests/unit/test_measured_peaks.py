@@ -22,9 +22,12 @@ from tests.unit.test_opd_kind import write_teacher
 RUNS = [  # (result file, its stage, the teacher's preset where it is a directory of random weights)
     ("orpo_simpo_chunked_h100/real_length_throughput.json", "orpo", None),
     ("orpo_simpo_chunked_h100/real_length_throughput.json", "simpo", None),
+    ("orpo_simpo_16steps_h100/real_length_throughput.json", "orpo", None),
+    ("orpo_simpo_16steps_h100/real_length_throughput.json", "simpo", None),
     ("opd_peaks_h100/rl_stage_run.json", "opd", None),
     ("opd_chunked_h100/rl_stage_run.json", "opd", None),
     ("opd_7b_nf4_teacher_h100/rl_stage_run.json", "opd", "qwen2.5-7b"),
+    ("opd_7b_nf4_teacher_h100/rl_stage_run_12steps.json", "opd", "qwen2.5-7b"),
 ]
 
 

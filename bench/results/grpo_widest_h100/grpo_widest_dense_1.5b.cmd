@@ -1,0 +1,1 @@
+python3 bench/rl_stage_run.py --model qwen2.5-1.5b --stages grpo --train-steps 0 --steps 5 --num-generations 16 --prompts-per-step 1 --widest-prompts 64 --set stages.grpo.generation_path=auto --out /tmp/calls/grpo_widest_dense_1.5b
