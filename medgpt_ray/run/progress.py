@@ -104,7 +104,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     recompiles = f"{'recomp':>7}" if compiled else ""
     head = f"{'stage':<6}{'status':<10}{'steps':>6}{'wall s':>9}{recompiles}  {'loss first -> last':<20}  eval"
     lines = [f"summary of run '{summary['name']}' ({summary['wall_s']:.0f}s)", head, "-" * len(head)]
+    # A disabled stage has nothing to report: one line names them and how to turn one on, not a row each.
+    off = [s for s, st in summary["stages"].items() if st["status"] == "disabled"]
     for s, st in summary["stages"].items():
+        if st["status"] == "disabled":
+            continue
         loss = (f"{st['train_loss_first']:.3f} -> {st['train_loss_last']:.3f}"
                 if st.get("train_loss_first") is not None else "")
         ev = ", ".join(f"{k.removeprefix('eval_')}={v:.3f}" for k, v in (st.get(HELD_OUT) or {}).items()
@@ -112,6 +116,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         wall = f"{st['wall_s']:.1f}" if isinstance(st.get("wall_s"), float | int) else ""
         rc = f"{st['recompiles'] if st.get('recompiles') is not None else '':>7}" if compiled else ""
         lines.append(f"{s:<6}{st['status']:<10}{st.get('steps') or '':>6}{wall:>9}{rc}  {loss:<20}  {ev}")
+    if off:
+        lines.append(f"not enabled: {', '.join(off)} (stages.<kind>.enabled: true runs one)")
     lines += [pair] if (pair := format_pair_line(summary)) else []
     lines += format_eval_lines(summary)
     lines.append(f"run directory: {summary['run_dir']}  (summary.json, manifest.json, <stage>/plan.json)")

@@ -75,3 +75,17 @@ def test_the_summary_shows_recompiles_only_for_compiled_stages():
     assert "recomp" in table[1] and table[3].split()[4] == "2"
     assert "recompiles" not in summary_entry("done", eager, 4.0, None)
     assert "recomp" not in format_summary({**both, "stages": {"dpo": both["stages"]["dpo"]}})
+
+
+def test_the_summary_names_disabled_stages_in_one_line_not_a_row_each():
+    """Issue 48 item 10: the summary listed six disabled stages, a row each."""
+    ran = {"steps": 4, "train_loss_first": 1.0, "train_loss_last": 0.5, "eval": {}}
+    stages = {"pt": summary_entry("disabled", {}, None, None), "sft": summary_entry("done", ran, 3.0, None),
+              "orpo": summary_entry("disabled", {}, None, None), "rm": summary_entry("passed-on", {}, None, None),
+              "kto": summary_entry("disabled", {}, None, None)}
+    table = format_summary({"name": "r", "run_dir": "/tmp/r", "wall_s": 9.0, "stages": stages}).splitlines()
+    assert [line.split()[0] for line in table[3:5]] == ["sft", "rm"]  # what ran or passed its model on
+    assert not any(line.startswith(("pt ", "orpo ", "kto ")) for line in table)
+    assert "not enabled: pt, orpo, kto (stages.<kind>.enabled: true runs one)" in table
+    every = {"name": "r", "run_dir": "/tmp/r", "wall_s": 9.0, "stages": {"sft": stages["sft"]}}
+    assert not any(line.startswith("not enabled") for line in format_summary(every).splitlines())
