@@ -24,6 +24,8 @@
 #                                 #   over a plan of 13.28): first step cold then warm, peak against today's plan
 #   bash bench/gpu_calls.sh 17    # issue 49 item 6: opd on the 64 widest conversations, every micro-batch as wide as
 #                                 #   the plan prices it: peak vs plan (call 13's ran 14 % under, on narrower steps)
+#   bash bench/gpu_calls.sh 18    # issue 48: a stage's start-up piece by piece (bench/startup_split.py: imports, a
+#                                 #   no-op Ray Train fit, the model's load; ours.py --profile-startup cold and warm)
 #
 # Calls 12 and 13 rerun the issue's baseline in the same call: bench/make_baseline_tree.sh writes .base/ (the
 # package before issue 49's chunked losses, today's bench scripts beside it); carry .whl and .base.
@@ -241,4 +243,16 @@ call17() {  # issue 49 item 6: opd's peak within max(10 %, 0.5 GiB) of its plan,
     --max-completion-length 128 --widest-prompts 64 --workdir /tmp/rsr_widest --out "$W/opd_widest"
 }
 
-"call${1:?which call: 1 to 17}"
+call18() {  # issue 48: where the ~25 s before a stage's worker is up go, and the rest of its first step, piece by piece
+  [ -d "$G" ] || python3 -c "from pathlib import Path; from bench.generation_throughput import random_model; \
+random_model('qwen2.5-1.5b', Path('/tmp/g'))"
+  step startup_split 240 python3 bench/startup_split.py --model "$G" --out "$W/startup_split.json"
+  [ -f /tmp/ss/corpus/sft.jsonl ] || python3 bench/make_real_length_corpus.py --out /tmp/ss/corpus --sft 3000 \
+    --pref 10 >/dev/null
+  for t in cold warm; do  # the same 1.5B sft, compiled, twice: the second finds the compile caches
+    step "ours_startup_$t" 150 python3 bench/peers/ours.py --model-dir "$G" --data /tmp/ss/corpus/sft.jsonl \
+      --steps 2 --work /tmp/ss --out "$W/ours_startup_$t.json" --profile-startup
+  done
+}
+
+"call${1:?which call: 1 to 18}"

@@ -93,6 +93,37 @@ def steps_of(metrics: Path, warmup: int) -> dict[str, Any]:
     return out
 
 
+def startup_profiled(run: Any, top: int = 40) -> tuple[Any, dict[str, Any]]:
+    """run() under cProfile from its start to its first optimizer step's end: where a stage's start-up goes (the
+    imports its build triggers, the model's load, the data's encoding, the trainer's set-up, the first step's compile
+    or cache load). The functions with the most cumulative seconds, `top` of them."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    prof, t0 = cProfile.Profile(), time.monotonic()
+    first: list[float] = []
+
+    def stop(*_: Any) -> None:
+        if not first:
+            prof.disable()
+            first.append(time.monotonic() - t0)
+
+    hook = register_optimizer_step_post_hook(stop)
+    prof.enable()
+    try:
+        result = run()
+    finally:
+        prof.disable()
+        hook.remove()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+    return result, {"first_step_s": round(first[0], 2) if first else None,
+                    "by_cumulative_time": text.getvalue().split("\n")}
+
+
 def profiled(run: Any, warmup: int, active: int) -> tuple[Any, dict[str, Any]]:
     """run() under torch's profiler, recording `active` optimizer steps after `warmup` (an optimizer step hook
     advances the profiler's schedule: the stage's Trainer loop is not ours to instrument)."""

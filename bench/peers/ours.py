@@ -31,7 +31,7 @@ from common import JOB  # noqa: E402
 
 # The bench's model (random weights saved once under WORK/models, which every tool of the run reads) and its planner
 # call (the card's budget, the data's lengths).
-from hybrid_sft import model_dir, plan_for, profiled  # noqa: E402
+from hybrid_sft import model_dir, plan_for, profiled, startup_profiled  # noqa: E402
 from memory_calibration import single_process_env  # noqa: E402
 
 
@@ -62,6 +62,8 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, help="stages.sft.micro_batch (default: the planner's; 1 trades a little "
                     "speed for the peak of one packed row's activations)")
     ap.add_argument("--profile", type=int, default=0, help="torch profiler over this many steps after step 3")
+    ap.add_argument("--profile-startup", action="store_true", help="cProfile from the stage's start to its first "
+                    "step's end (issue 48: where the seconds before the first progress line go)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/peers"))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -103,6 +105,8 @@ def main() -> int:
     try:
         if args.profile:  # the profiled steps (and the one after) are slower: their tokens/s is not the benchmark's
             result, profile = profiled(lambda: run_stage(inputs), 3, args.profile)
+        elif args.profile_startup:  # the first step is slower under cProfile: not the benchmark's first_step_s
+            result, profile = startup_profiled(lambda: run_stage(inputs))
         else:
             result = run_stage(inputs)
     finally:

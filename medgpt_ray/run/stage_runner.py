@@ -21,6 +21,7 @@ import ray
 
 from medgpt_ray.placement.device import chosen_gpu, ray_train_resources
 from medgpt_ray.run.placed_torch import torch_config_for
+from medgpt_ray.run.process_clock import process_started_wall
 from medgpt_ray.run.ray_env import worker_env
 from medgpt_ray.run.reward_actor import reward_model_actor
 from medgpt_ray.stages.inputs import StageInputs
@@ -55,18 +56,6 @@ def start_worker() -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_root() / "torch_extensions"))
     use_compile_caches()  # before anything compiles: inductor and Triton read them when they first do
     # The GPU the placement chose is bound before this runs, by the placed backend's train-function context.
-
-
-def process_started_wall() -> float | None:
-    """When this process started, on the wall clock (Linux's /proc, to the kernel's clock tick; the boot time it adds
-    is whole seconds), or None where there is no /proc."""
-    try:
-        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in clock ticks
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
 
 
 def _report(metrics: dict[str, Any], name: str, payload: Any) -> None:

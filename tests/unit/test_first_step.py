@@ -70,7 +70,7 @@ def test_start_up_marks_are_seconds_after_the_start_line_and_a_skewed_clock_give
 def test_a_process_knows_when_it_started():
     import time
 
-    from medgpt_ray.run.stage_runner import process_started_wall
+    from medgpt_ray.run.process_clock import process_started_wall
 
     started = process_started_wall()
     # /proc's boot time is whole seconds; this test process has run for at least its imports, at most the session
