@@ -24,6 +24,7 @@
 #                                 #   over a plan of 13.28): first step cold then warm, peak against today's plan
 #   bash bench/gpu_calls.sh 17    # issue 49 item 6: opd on the 64 widest conversations, every micro-batch as wide as
 #                                 #   the plan prices it: peak vs plan (call 13's ran 14 % under, on narrower steps)
+#   bash bench/gpu_calls.sh 19    # issue 50: the throughput model on compiled layers, 7B and 1.5B points pinned
 #   bash bench/gpu_calls.sh 18    # issue 48: a stage's start-up piece by piece (bench/startup_split.py: imports, a
 #                                 #   no-op Ray Train fit, the model's load; ours.py --profile-startup cold and warm)
 #
@@ -255,4 +256,18 @@ random_model('qwen2.5-1.5b', Path('/tmp/g'))"
   done
 }
 
-"call${1:?which call: 1 to 18}"
+call19() {  # the throughput model on compiled layers: one model, micro-batch and checkpoint share pinned, point by point
+  # The eager launch cost (40 us an op) put the 7B's compiled steps at 0.85/1.18 s where they took 0.595/0.574 s
+  # (peers_h100_call2/, peers_h100_mb1/) and ranked them the wrong way round, while compiled 1.5B runs fit it:
+  # the points below separate a per-op host cost from a per-token cost that narrow layers pay.
+  [ -f /tmp/ss/corpus/sft.jsonl ] || python3 bench/make_real_length_corpus.py --out /tmp/ss/corpus --sft 3000 \
+    --pref 10 >/dev/null
+  for point in ${POINTS:-qwen2.5-7b:1:0.54 qwen2.5-7b:1:1 qwen2.5-7b:3:1 qwen2.5-1.5b:1:0.5 qwen2.5-1.5b:3:0.5 \
+      qwen2.5-1.5b:3:1}; do
+    IFS=: read -r m mb ck <<<"$point"
+    step "fit_${m}_mb${mb}_ck${ck}" 150 python3 bench/peers/ours.py --model "$m" --data /tmp/ss/corpus/sft.jsonl \
+      --steps 12 --micro-batch "$mb" --grad-ckpt "$ck" --work /tmp/ss --out "$W/fit_${m}_mb${mb}_ck${ck}.json"
+  done
+}
+
+"call${1:?which call: 1 to 19}"

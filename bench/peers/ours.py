@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex"], help="stages.sft.attention")
     ap.add_argument("--micro-batch", type=int, help="stages.sft.micro_batch (default: the planner's; 1 trades a little "
                     "speed for the peak of one packed row's activations)")
+    ap.add_argument("--grad-ckpt", type=float, help="stages.sft.grad_ckpt: the share of layers recomputing, pinned "
+                    "(with --micro-batch: one point of the compiled-throughput fit, bench/peers/README.md)")
     ap.add_argument("--profile", type=int, default=0, help="torch profiler over this many steps after step 3")
     ap.add_argument("--profile-startup", action="store_true", help="cProfile from the stage's start to its first "
                     "step's end (issue 48: where the seconds before the first progress line go)")
@@ -88,7 +90,9 @@ def main() -> int:
                          effective_batch=JOB.conversations_per_step, max_steps=args.steps, logging_steps=1,
                          save_steps=10**6, warmup_ratio=0.0, packing="auto", attention=args.attention,
                          compile={"auto": "auto", "true": True, "false": False}[args.compile],
-                         micro_batch=args.micro_batch or "auto")
+                         micro_batch=args.micro_batch or "auto",
+                         grad_ckpt=("auto" if args.grad_ckpt is None else True if args.grad_ckpt >= 1 else
+                                    False if args.grad_ckpt <= 0 else args.grad_ckpt))
     plan, lengths = plan_for(model, cfg, data, (args.plan_gib or args.cap_gib) if gpu else 0)
     print("plan:", plan_line(plan), flush=True)
     out = args.work / f"run-ours-{model.name}"
