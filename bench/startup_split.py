@@ -43,6 +43,26 @@ def time_import(statement: str) -> float | str:
     return round(float(done.stdout.strip().splitlines()[-1]), 2)
 
 
+def bytecode_cached(package: str) -> dict[str, Any]:
+    """Whether a package's modules have their .pyc beside them (or under PYTHONPYCACHEPREFIX) and whether Python
+    could write them: a read-only site-packages without them recompiles every module in every new process (each Ray
+    worker)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return {"found": False}
+    root = Path(next(iter(spec.submodule_search_locations)))
+    sources = list(root.rglob("*.py"))[:3000]
+    tag = sys.implementation.cache_tag
+    prefix = os.environ.get("PYTHONPYCACHEPREFIX") or sys.pycache_prefix
+    cached = sum(1 for p in sources if (Path(prefix + str(p.parent)) if prefix else p.parent / "__pycache__")
+                 .joinpath(f"{p.stem}.{tag}.pyc").is_file())
+    return {"root": str(root), "sources_checked": len(sources), "with_pyc": cached,
+            "writable": os.access(root, os.W_OK), "pycache_prefix": prefix}
+
+
 def _noop_train(config: dict[str, Any]) -> None:
     import ray.train
 
@@ -111,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.is_available()
     doc: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]),
                            "device": torch.cuda.get_device_name() if gpu else "cpu", "imports_s": {}}
+    doc["bytecode"] = {p: bytecode_cached(p) for p in ("torch", "transformers", "ray", "trl", "peft", "datasets")}
+    print("bytecode:", {p: (v.get("with_pyc"), v.get("sources_checked"), v.get("writable"))
+                        for p, v in doc["bytecode"].items()}, flush=True)
     for statement in IMPORTS:
         doc["imports_s"][statement] = [time_import(statement) for _ in range(2)]
         print(f"import {statement}: {doc['imports_s'][statement]}", flush=True)
