@@ -33,13 +33,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def model_dir(name: str, work: Path) -> Path:
+    from memory_calibration import prepare_model  # a preset's shape, or a family model's (family_models.py)
+
     from medgpt_ray.tiny import ensure_tiny
-
-    if name in ("qwen3.5-0.8b", "qwen3-8b", "qwen3-moe-8l"):
-        from family_models import prepare_family_model
-
-        return prepare_family_model(name, work / "models", ensure_tiny())
-    from memory_calibration import prepare_model
 
     return prepare_model(name, work / "models", ensure_tiny())
 

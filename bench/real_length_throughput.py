@@ -330,8 +330,7 @@ def prepare(a: argparse.Namespace, use_gpu: bool) -> tuple[str, dict[str, Any]]:
         if not use_gpu:
             raise SystemExit(f"--model {a.model} builds its random-init weights on CUDA; here only --model tiny")
         models = Path(a.workdir) / "models"
-        model = str(family_models.prepare_family_model(a.model, models, tokenizer)
-                    if a.model in family_models.FAMILY_MODELS else calib.prepare_model(a.model, models, tokenizer))
+        model = str(calib.prepare_model(a.model, models, tokenizer))  # a preset's shape or a family model's
         tok_dir = Path(model)
     where = Path(a.workdir) / f"corpus-{a.sft_records}-{a.pref_records}-{a.seed}"
     cached = where / "summary.json"  # the generator is deterministic: one made earlier with this tokenizer is it
