@@ -190,7 +190,7 @@ shared_models() {  # WORKDIR_A WORKDIR_B: B reads the random weights A built (th
 
 call12() {  # issue 49's orpo/simpo target: >= 1.5x the baseline's tokens/s each, both measured in this call
   # The baseline plans simpo in QLoRA: without bitsandbytes it stops before its first step (2026-12-07,
-  # bench/results/orpo_simpo_16steps_h100/). Carry .whl, .base and .whl-bnb (63.9 of a run's 64 MiB with the tree).
+  # bench/results/orpo_simpo_16steps_h100/). Carry .whl, .base and .whl-bnb (~63.3 of a run's 64 MiB with the tree).
   python3 -c "import bitsandbytes" 2>/dev/null || { echo "call 12 needs bitsandbytes: carry .whl-bnb too"; exit 2; }
   shared_models /tmp/rlt /tmp/rlt_base
   # STEPS/WARMUP: 8/2 ran on 2026-12-07 (bench/results/orpo_simpo_chunked_h100/): the chunked runs' steps 3-4 were
