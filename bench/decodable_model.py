@@ -1,6 +1,6 @@
 """A random-weight model whose sampled tokens decode to text: serve_load's model on the GPU.
 
-The benches' random shapes (bench/memory_calibration.prepare_model) keep their family's vocabulary (151,936 rows for
+The benches' random shapes (bench/family_models.prepare_model) keep their family's vocabulary (151,936 rows for
 Qwen2.5) beside the tiny tokenizer's 3,000 tokens, so about 98 % of the tokens they sample decode to nothing. A
 streamed answer then shows its first text only after tens of tokens, and serve_load's time to first token (the first
 piece with text) measures the model, not the server: on the H100 (2026-12-05) p50 1.44 s at 32 clients. Here the

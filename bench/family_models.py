@@ -2,7 +2,7 @@
 
 Each name maps to a `config.json` of its family's own transformers config class (no weights are downloaded: the
 weights are random, built on the GPU, saved as safetensors with the tiny preset's tokenizer beside them, as
-memory_calibration.prepare_model does for the Qwen2.5 shapes). The planner reads the same config.json
+prepare_model below does for the Qwen2.5 shapes too). The planner reads the same config.json
 (memory/families.py), so the prediction and the measured model are of one shape.
 
 - qwen3-8b: Qwen3-8B's published config.json values (36 layers, head_dim 128, q/k norm).
@@ -47,16 +47,26 @@ def family_config(name: str) -> Any:
                                 **settings)
 
 
+def prepare_model(name: str, dest: Path, tokenizer_dir: Path) -> Path:
+    """`dest/name` with random bf16 weights (built on CUDA) and the tiny tokenizer: a family of FAMILY_MODELS, else a
+    preset Qwen2-family shape of memory/shapes.py. Every bench that needs a random-weight model builds it here."""
+    return prepare_family_model(name, dest, tokenizer_dir) if name in FAMILY_MODELS else \
+        _random_weights(shape_config(name), dest / name, tokenizer_dir)
+
+
 def prepare_family_model(name: str, dest: Path, tokenizer_dir: Path) -> Path:
     """`dest/name` with random bf16 weights of the family's shape (built on CUDA) and the tiny tokenizer."""
+    return _random_weights(family_config(name), dest / name, tokenizer_dir)
+
+
+def _random_weights(config: Any, out: Path, tokenizer_dir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    out = dest / name
     if (out / "config.json").is_file():
         return out
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(family_config(name), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with model_dir_written(out) as part:
         model.save_pretrained(part, safe_serialization=True)
         for f in tokenizer_dir.iterdir():

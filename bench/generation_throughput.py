@@ -66,7 +66,7 @@ def hbm_bandwidth(device: str) -> float | None:
 
 
 def random_model(shape: str, dest: Path) -> Path:
-    from bench.memory_calibration import prepare_model
+    from bench.family_models import prepare_model
     from medgpt_ray.tiny import ensure_tiny
 
     return prepare_model(shape, dest, ensure_tiny())

@@ -51,7 +51,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$W/gpu.txt
 # Below 30 GiB free, the earlier calls' work directories go (the models a call needs are rebuilt; /tmp/site stays).
 if (( $(df -k --output=avail /tmp | tail -1) < 30 * 1024 * 1024 )); then
   echo "== /tmp has $(df -h --output=avail /tmp | tail -1 | tr -d ' ') free: removing the earlier calls' work directories"
-  rm -rf /tmp/peers /tmp/rlt /tmp/rlt_* /tmp/rsr_* /tmp/medgpt-rsr /tmp/g /tmp/calls_*
+  rm -rf /tmp/peers /tmp/rlt /tmp/rlt_* /tmp/rsr_* /tmp/medgpt-rsr /tmp/g /tmp/ss /tmp/calls_*
 fi
 
 END=$((SECONDS + ${BUDGET:-580}))  # BUDGET: the seconds this call may run (a step is cut to what is left of them)
@@ -66,10 +66,19 @@ step() {  # step NAME SECONDS COMMAND...: output in $W/NAME.log; its exit status
   tar czf "$OUT/results.tgz" -C "$W" --exclude='*.parquet' --exclude='*.safetensors' .
 }
 
-model_1_5b() {  # the 1.5B shape with random weights where rl_stage_run would not build it, and its decodable copy
+random_1_5b() {  # the 1.5B shape with random weights where rl_stage_run would not build it
   [ -d "$G" ] || python3 -c "from pathlib import Path; from bench.generation_throughput import random_model; \
 random_model('qwen2.5-1.5b', Path('/tmp/g'))"
+}
+
+model_1_5b() {  # that, and its decodable copy
+  random_1_5b
   [ -d "$D" ] || python3 bench/decodable_model.py --src "$G" --dest "$D"
+}
+
+corpus() {  # the peers' real-length SFT mix (bench/make_real_length_corpus.py) in /tmp/ss/corpus, for ours.py
+  [ -f /tmp/ss/corpus/sft.jsonl ] || python3 bench/make_real_length_corpus.py --out /tmp/ss/corpus --sft 3000 \
+    --pref 10 >/dev/null
 }
 
 grpo_1_5b() {  # STEPS
@@ -245,11 +254,9 @@ call17() {  # issue 49 item 6: opd's peak within max(10 %, 0.5 GiB) of its plan,
 }
 
 call18() {  # issue 48: where the ~25 s before a stage's worker is up go, and the rest of its first step, piece by piece
-  [ -d "$G" ] || python3 -c "from pathlib import Path; from bench.generation_throughput import random_model; \
-random_model('qwen2.5-1.5b', Path('/tmp/g'))"
+  random_1_5b
   step startup_split 240 python3 bench/startup_split.py --model "$G" --out "$W/startup_split.json"
-  [ -f /tmp/ss/corpus/sft.jsonl ] || python3 bench/make_real_length_corpus.py --out /tmp/ss/corpus --sft 3000 \
-    --pref 10 >/dev/null
+  corpus
   for t in cold warm; do  # the same 1.5B sft, compiled, twice: the second finds the compile caches
     step "ours_startup_$t" 150 python3 bench/peers/ours.py --model-dir "$G" --data /tmp/ss/corpus/sft.jsonl \
       --steps 2 --work /tmp/ss --out "$W/ours_startup_$t.json" --profile-startup
@@ -260,8 +267,7 @@ call19() {  # the throughput model on compiled layers: one model, micro-batch an
   # The eager launch cost (40 us an op) put the 7B's compiled steps at 0.85/1.18 s where they took 0.595/0.574 s
   # (peers_h100_call2/, peers_h100_mb1/) and ranked them the wrong way round, while compiled 1.5B runs fit it:
   # the points below separate a per-op host cost from a per-token cost that narrow layers pay.
-  [ -f /tmp/ss/corpus/sft.jsonl ] || python3 bench/make_real_length_corpus.py --out /tmp/ss/corpus --sft 3000 \
-    --pref 10 >/dev/null
+  corpus
   for point in ${POINTS:-qwen2.5-7b:1:0.54 qwen2.5-7b:1:1 qwen2.5-7b:3:1 qwen2.5-1.5b:1:0.5 qwen2.5-1.5b:3:0.5 \
       qwen2.5-1.5b:3:1}; do
     IFS=: read -r m mb ck <<<"$point"

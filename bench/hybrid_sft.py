@@ -5,7 +5,7 @@ process's kernel probe chose named in the plan. Used where Ray cannot travel wit
 its 64 MiB); the pipeline's own bench is real_length_throughput.py.
 
 The data: bench/make_real_length_corpus.py's SFT mix (55 % short QA, 35 % consultations, 10 % long dialogues), the
-model random-init weights of its shape (bench/family_models.py, memory_calibration.prepare_model) with the tiny
+model random-init weights of its shape (bench/family_models.prepare_model) with the tiny
 preset's tokenizer. Measured from the stage's metrics.jsonl: tokens/s of every step (non-padding tokens), their
 median after --warmup steps, all measured steps' tokens over their time, the peak allocated GiB against the plan.
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def model_dir(name: str, work: Path) -> Path:
-    from memory_calibration import prepare_model  # a preset's shape, or a family model's (family_models.py)
+    from family_models import prepare_model  # a preset's shape, or a family model's
 
     from medgpt_ray.tiny import ensure_tiny
 

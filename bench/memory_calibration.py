@@ -34,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.family_models import prepare_model  # noqa: E402
+
 GIB = 2**30
 CAP_24_GIB = 24.0
 
@@ -119,32 +121,6 @@ def cfg_id(c: dict[str, Any]) -> str:
 
 
 # --- preparation (GPU machine) -------------------------------------------------------------------------------
-
-
-def prepare_model(shape_name: str, dest: Path, tokenizer_dir: Path) -> Path:
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import bench.family_models as fm
-
-    if shape_name in fm.FAMILY_MODELS:  # not a memory/shapes.py preset: its own config (Qwen3, Qwen3.5, the MoE)
-        return fm.prepare_family_model(shape_name, dest, tokenizer_dir)
-    out = dest / shape_name
-    if (out / "config.json").is_file():
-        return out
-    config = fm.shape_config(shape_name)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    with fm.model_dir_written(out) as part:
-        model.save_pretrained(part, safe_serialization=True)
-        for f in tokenizer_dir.iterdir():
-            if f.name.startswith("tokenizer") or f.name in fm.TOKENIZER_FILES:
-                shutil.copy(f, part / f.name)
-    del model
-    torch.cuda.empty_cache()
-    return out
 
 
 def prepare_data(dest: Path, n: int = 64) -> dict[str, Path]:

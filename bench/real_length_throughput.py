@@ -15,7 +15,7 @@ data is bench/make_real_length_corpus.py's (its module docstring has the length 
                checkpointed, no compiled layers or fused kernels, unpacked (`packing: false` where the config has
                the key)
 
-The model has random weights of a Qwen2.5 shape (memory_calibration.prepare_model, with the tiny preset's tokenizer;
+The model has random weights of a Qwen2.5 shape (family_models.prepare_model, with the tiny preset's tokenizer;
 needs CUDA), of a Qwen3 / Qwen3.5 / Qwen3-MoE shape (bench/family_models.py), or is the tiny preset itself (`--model
 tiny`, CPU). On a GPU every worker caps its CUDA allocator at --gpu-mem-gib (bench/capped_stage.py), the planner
 plans for that card, and the OOM back-off is off: an OOM is a result. Measured per configuration, from the stage's
@@ -57,7 +57,6 @@ sys.path[:0] = [str(ROOT), str(BENCH)]
 import capped_stage  # noqa: E402
 import family_models  # noqa: E402
 import make_real_length_corpus as corpus_gen  # noqa: E402
-import memory_calibration as calib  # noqa: E402
 
 CONFIGS = {"tiny": ROOT / "configs" / "tiny-cpu.yaml", "gpu": ROOT / "configs" / "qwen2.5-7b-4x4090.yaml"}
 FIELD_KNOBS = {"micro_batch": 1, "grad_ckpt": True, "compile": False, "fused_kernels": False}
@@ -330,7 +329,7 @@ def prepare(a: argparse.Namespace, use_gpu: bool) -> tuple[str, dict[str, Any]]:
         if not use_gpu:
             raise SystemExit(f"--model {a.model} builds its random-init weights on CUDA; here only --model tiny")
         models = Path(a.workdir) / "models"
-        model = str(calib.prepare_model(a.model, models, tokenizer))  # a preset's shape or a family model's
+        model = str(family_models.prepare_model(a.model, models, tokenizer))  # a preset's shape or a family's
         tok_dir = Path(model)
     where = Path(a.workdir) / f"corpus-{a.sft_records}-{a.pref_records}-{a.seed}"
     cached = where / "summary.json"  # the generator is deterministic: one made earlier with this tokenizer is it
