@@ -54,6 +54,11 @@ if (( $(df -k --output=avail /tmp | tail -1) < 30 * 1024 * 1024 )); then
   rm -rf /tmp/peers /tmp/rlt /tmp/rlt_* /tmp/rsr_* /tmp/medgpt-rsr /tmp/g /tmp/ss /tmp/calls_*
 fi
 
+# make_baseline_tree.sh leaves data/sample/*.jsonl out of .base/ where they equal the tree's: copy the tree's in.
+if [ -d .base/medgpt_ray ] && [ ! -d .base/data/sample ]; then
+  mkdir -p .base/data/sample && cp data/sample/*.jsonl .base/data/sample/
+fi
+
 END=$((SECONDS + ${BUDGET:-580}))  # BUDGET: the seconds this call may run (a step is cut to what is left of them)
 
 step() {  # step NAME SECONDS COMMAND...: output in $W/NAME.log; its exit status and seconds printed
