@@ -47,7 +47,13 @@ probe_tl() { step probe_tilelang 150 "$TL" python3 bench/hybrid_kernels.py --out
 probe_fla() { step probe_fla 90 "$FLA" python3 bench/hybrid_kernels.py --out "$W/hybrid_kernels_fla.json"; }
 sft_dense() { sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12; }
 sft_packed() { sft qwen3.5_packed_best "$(best)" qwen3.5-0.8b auto 12; }
-sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }
+sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }  # TRL's layout: padded to the longest
+# issue 47's padded-by-length target (>= 0.6x the dense packed): `packing: by_length`, the layout a refused packing
+# trains, then the dense baseline in the same call
+sft_by_length() {
+  sft qwen3.5_by_length_best "$(best)" qwen3.5-0.8b by_length 12
+  sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12
+}
 # The same runs with torch's profiler over steps 3-5 (hybrid_sft.py --profile); tokens/s from steps 7-16.
 profile_packed() { sft qwen3.5_packed_profiled "$(best)" qwen3.5-0.8b auto 16 --profile 3; }
 profile_dense() { sft dense_1.5b_packed_profiled "$BASE" qwen2.5-1.5b auto 16 --profile 3; }

@@ -156,7 +156,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3.5-0.8b")
     ap.add_argument("--model-dir", type=Path, help="a model directory instead of --model's random weights")
-    ap.add_argument("--packing", default="auto", choices=["auto", "false"])
+    ap.add_argument("--packing", default="auto", choices=["auto", "by_length", "false"],
+                    help="the stage's packing key (by_length: the padded-by-length layout a refused packing trains)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--records", type=int, default=3000)
@@ -185,7 +186,7 @@ def main() -> int:
     cfg = SFTStageConfig(method="lora", lora=LoraConfig(rank=8, alpha=16, dropout=0.0), lr=1e-4, seq_len=2048,
                          precision="bf16" if gpu else "fp32", effective_batch=args.effective_batch,
                          max_steps=args.steps, logging_steps=1, save_steps=10**6, warmup_ratio=0.0,
-                         packing="auto" if args.packing == "auto" else False,
+                         packing=False if args.packing == "false" else args.packing,
                          compile={"auto": "auto", "true": True, "false": False}[args.compile])
     plan, lengths = plan_for(model, cfg, data, args.cap)
     print("plan:", plan_line(plan), flush=True)

@@ -7,6 +7,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Auto = Literal["auto"]
+# `packing: by_length`: examples never share a row; padded micro-batches binned by length (trainer_kit/length_bins.py)
+ByLength = Literal["by_length"]
+BY_LENGTH: ByLength = "by_length"
 
 
 class ConfigError(ValueError):

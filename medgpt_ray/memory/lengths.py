@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from medgpt_ray.config import StageConfig
+from medgpt_ray.config.base import BY_LENGTH
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
 
 SAMPLE_RECORDS = 2048  # records of the train split tokenized to plan (hash order: a uniform sample)
@@ -136,8 +137,10 @@ def planned_seq_len(stage: str, cfg: StageConfig, lengths: LengthProfile | None,
         reasons.append(f"lengths: the train data was not read here; planned for rows of seq_len {cfg.seq_len}")
         return cfg.seq_len
     if packs(stage, cfg, lengths):
-        reasons.append(f"lengths: {lengths.describe()}; packed rows are {packed_width(stage, cfg.seq_len)} tokens "
-                       f"long")
+        width = packed_width(stage, cfg.seq_len)
+        reasons.append(f"lengths: {lengths.describe()}; " + (
+            f"padded by length (packing: by_length) in bins of up to {width} tokens, planned as packed rows that long"
+            if stage_packing(stage, cfg) == BY_LENGTH else f"packed rows are {width} tokens long"))
         return cfg.seq_len
     planned = lengths.padded_len()
     guard = "" if lengths.whole_split else " with a guard for rows the sample did not see"

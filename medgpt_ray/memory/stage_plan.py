@@ -223,12 +223,13 @@ def bin_shape(plan: StagePlan, cfg: StageConfig) -> tuple[int, int]:
     return packed_width(plan.stage, plan.seq_len_planned or cfg.seq_len), profile.sequences_per_example
 
 
-def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float) -> StagePlan:
-    """A plan made in packed rows (of conversations, or rm's pairs), for a worker whose model cannot pack: padded by
-    length instead (trainer_kit/length_bins.py), each bin at most one packed row's tokens (bin_shape), so a
-    micro-batch of as many bins as the plan had rows needs no more memory than they did (the same checkpointing);
-    as many bins a step as hold about the planned examples, at `examples_per_bin` (the sample's, for bin_shape's
-    numbers)."""
+def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float,
+           cause: str = "unavailable on the worker") -> StagePlan:
+    """A plan made in packed rows (of conversations, or rm's pairs), for a worker whose model cannot pack (or a
+    stage set to `packing: by_length`; `cause` says which): padded by length instead (trainer_kit/length_bins.py),
+    each bin at most one packed row's tokens (bin_shape), so a micro-batch of as many bins as the plan had rows
+    needs no more memory than they did (the same checkpointing); as many bins a step as hold about the planned
+    examples, at `examples_per_bin` (the sample's, for bin_shape's numbers)."""
     if plan.packing is None:
         return plan
     per_worker = int(plan.packing["conversations_per_step"])
@@ -239,7 +240,7 @@ def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float) -> StageP
     new = replace(plan, micro_batch=micro, grad_accum=bins // micro, packing=None, length_bins={
         "bin_tokens": width, "bins_per_step": bins, "examples_per_bin": round(examples_per_bin, 3),
         "sequences_per_example": sequences, "conversations_per_step": per_worker},
-        reasons=[*plan.reasons, f"packing: unavailable on the worker; padded by length: {bins} bins of up to "
+        reasons=[*plan.reasons, f"packing: {cause}; padded by length: {bins} bins of up to "
                                 f"{width} tokens a step ({examples_per_bin:.1f} {unit} a bin in the sample), "
                                 f"{micro} a micro-batch"])
     return replace(new, deepspeed=deepspeed_config(new, cfg))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from medgpt_ray.config import overlong_policy
+from medgpt_ray.config.base import BY_LENGTH
 from medgpt_ray.data.shards import read_records
 from medgpt_ray.memory.lengths import SAMPLE_RECORDS, packing_setting, rows_per_step
 from medgpt_ray.memory.profiles import stage_packing, stage_profile
@@ -65,10 +66,13 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
         why = stage_profile(inp.stage).auto_unpacked_reason
     if mode is None:
         report: dict[str, Any] = {"mode": None, "why": why}
+        if plan.packing is None and setting == BY_LENGTH:  # planned without the lengths: as packed rows, sampled here
+            per_row = _sampled_shape(inp, tok, template, kind).conversations_per_row
+            plan = packed_rows(plan, inp.cfg, rows_per_step(plan.per_worker_examples, per_row), per_row)
         if plan.packing is not None:  # padded by length, bins of a packed row's tokens (sft and rm alike)
             tokens, sequences = bin_shape(plan, inp.cfg)
             per_bin = examples_per_bin(_sample_lengths(inp, tok, template, kind), tokens, sequences)
-            plan = binned(plan, inp.cfg, per_bin)
+            plan = binned(plan, inp.cfg, per_bin, "by_length" if setting == BY_LENGTH else "unavailable on the worker")
         if plan.length_bins is not None:  # binned here, or by the first attempt (then halved by an OOM back-off)
             shard["length_bins"] = plan.length_bins
             report["planned_packed"] = (f"padded by length instead: {plan.length_bins['bins_per_step']} bins a step "
@@ -82,10 +86,7 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
     if plan.packing is None:
         sample = shape
         if shard["rows"] != [0, shard["split_rows"]] or shard["split_rows"] > SAMPLE_RECORDS:
-            # The split's first records size the step: the same on every worker, so all take the same accumulation.
-            head = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len,
-                               overlong_policy(inp.cfg))
-            sample = PackedShape.of(kind.pack(head[0], seq_len), width)
+            sample = _sampled_shape(inp, tok, template, kind)
         plan = packed_rows(plan, inp.cfg, rows_per_step(plan.per_worker_examples, sample.conversations_per_row),
                            sample.conversations_per_row)
     assert plan.packing is not None
@@ -96,6 +97,14 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
               f"sampled_{unit}_per_row": round(per_row, 3),
               f"{unit}_per_step_expected": round(per_step * per_row * plan.num_workers, 1)}
     return replace(inp, plan=plan), rows, kind.collator(mode, tok.pad_token_id, seq_len), report
+
+
+def _sampled_shape(inp: StageInputs, tok: Any, template: Any, kind: PackedKind) -> PackedShape:
+    """The split's first records packed: the same on every worker, so all take the same accumulation."""
+    seq_len = inp.cfg.seq_len
+    head = kind.encode(read_records(inp.train_file, 0, SAMPLE_RECORDS), tok, template, seq_len,
+                       overlong_policy(inp.cfg))
+    return PackedShape.of(kind.pack(head[0], seq_len), kind.width(seq_len))
 
 
 def _sample_lengths(inp: StageInputs, tok: Any, template: Any, kind: PackedKind) -> Any:
@@ -117,4 +126,5 @@ def _say_unpacked(inp: StageInputs, plan: StagePlan, why: str, shard: dict[str, 
             grouped = ", grouped by length" if plan.micro_batch > 1 and group_by_length(inp) else ""
             how = f"padded micro-batches of {plan.micro_batch}{grouped}"
         setting = str(stage_packing(inp.stage, inp.cfg)).lower()
-        print(f"[{inp.stage}] packing: {setting} -> {how}, not packed: {why}", flush=True)
+        because = "" if setting == BY_LENGTH else f", not packed: {why}"
+        print(f"[{inp.stage}] packing: {setting} -> {how}{because}", flush=True)

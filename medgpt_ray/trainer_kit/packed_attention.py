@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from medgpt_ray.config import ConfigError
+from medgpt_ray.config.base import BY_LENGTH
 from medgpt_ray.trainer_kit import linear_attention as linear
 from medgpt_ray.trainer_kit.checkpointing import decoder_layers
 
@@ -195,6 +196,8 @@ def resolve(setting: str | bool, model: Any, stage: str) -> tuple[str | None, st
     """The packing mode for the stage's `packing` setting and this model; true where unsupported is an error."""
     if setting is False:
         return None, "packing: false"
+    if setting == BY_LENGTH:
+        return None, "packing: by_length (never packed)"
     mode, why = attention_path(model)
     if mode is None and setting is True:
         raise ConfigError(f"stages.{stage}.packing: true, but {why}; set it to auto (packs where the attention "

@@ -254,6 +254,44 @@ def test_one_step_of_the_same_conversations_packed_or_not_has_the_same_loss_and_
     assert first[True]["grad_norm"] == pytest.approx(first[False]["grad_norm"], rel=1e-4)
 
 
+@pytest.mark.parametrize("planned_lengths", [False, True], ids=["planned-blind", "planned-packed"])
+def test_packing_by_length_trains_padded_bins_where_the_model_could_pack(planned_lengths, data, tiny_model, tmp_path,
+                                                                         capsys):
+    """`packing: by_length` never packs, on a model that could: each conversation its own row, micro-batches of
+    conversations of similar length under a packed row's tokens (trainer_kit/length_bins.py), the plan it trains
+    sent to the driver for plan.json, and it learns. Planned with the split's lengths (a packed plan, as the
+    pipeline plans) or without (the worker sizes the rows from a sample first)."""
+    from dataclasses import replace
+
+    from medgpt_ray.memory.lengths import BUCKET
+    from medgpt_ray.memory.stage_plan import packed_rows
+    from medgpt_ray.trainer_kit.length_bins import LengthBinSampler
+
+    inp = stage_inputs(data, tiny_model, tmp_path, max_steps=6, effective_batch=8, packing="by_length")
+    if planned_lengths:
+        inp = replace(inp, plan=packed_rows(inp.plan, inp.cfg, 4, 2.0))
+    records: list[dict] = []
+    built = build_stage(inp, records.append)
+    report = built.extras["packing"]
+    assert report["mode"] is None and report["why"] == "packing: by_length (never packed)"
+    assert "padded by length instead" in report["planned_packed"]
+    assert "[sft] packing: by_length -> padded by length, micro-batches of" in capsys.readouterr().out
+    sent = [r["worker_plan"] for r in records if "worker_plan" in r]
+    assert len(sent) == 1 and sent[0]["packing"] is None and sent[0]["length_bins"]["bin_tokens"] == SEQ_LEN
+    assert "packing: by_length; padded by length" in sent[0]["reasons"][-1]
+    loader = built.trainer.get_train_dataloader()
+    sampler = loader.base_dataloader.batch_sampler if hasattr(loader, "base_dataloader") else loader.batch_sampler
+    assert isinstance(sampler, LengthBinSampler)
+    for examples, batch in zip(sampler, loader, strict=True):
+        rows, width = batch["input_ids"].shape
+        assert rows == len(examples) and "position_ids" not in batch  # a row per conversation, none packed
+        assert rows * (-(-width // BUCKET) * BUCKET) <= sent[0]["micro_batch"] * SEQ_LEN
+    assert max(len(b) for b in sampler) > sent[0]["micro_batch"]  # short ones: many rows in a micro-batch
+    built.trainer.train()
+    logs = [h for h in built.trainer.state.log_history if "loss" in h]
+    assert len(logs) == 6 and logs[-1]["loss"] < logs[0]["loss"]
+
+
 def test_a_packed_stage_writes_its_rows_into_the_result_and_metrics(data, tiny_model, tmp_path):
     from medgpt_ray.stages import run_stage
 

@@ -82,6 +82,12 @@ def test_packed_sft_is_planned_in_rows_of_seq_len():
     # packing: false plans the same data padded, at its longest conversation
     padded = plan_stage("sft", sft(packing=False), 1, True, Q7, CARD, profile)
     assert padded.packing is None and padded.seq_len_planned == 512
+    # packing: by_length is planned as the packed rows' token budget, which its worker bins by length
+    by_length = plan_stage("sft", sft(packing="by_length"), 1, True, Q7, CARD, profile)
+    assert by_length.packing == packed.packing and by_length.micro_batch == packed.micro_batch
+    assert any("padded by length (packing: by_length) in bins of up to 2048 tokens" in r for r in by_length.reasons)
+    assert sft(packing="by_length").training_identity() not in (sft().training_identity(),
+                                                               sft(packing=False).training_identity())
 
 
 def test_packed_rm_is_planned_in_rows_of_two_seq_lens_that_hold_whole_pairs():
@@ -104,6 +110,9 @@ def test_packed_rm_is_planned_in_rows_of_two_seq_lens_that_hold_whole_pairs():
                         profile)
     assert padded.packing is None and padded.seq_len_planned == 896  # the longest pair side, to a bucket
     assert rm.model_copy(update={"packing": False}).training_identity() != rm.training_identity()  # fingerprinted
+    by_length = plan_stage("rm", rm.model_copy(update={"packing": "by_length"}), 1, True, PRESETS["qwen2.5-1.5b"],
+                           CARD, profile)  # the pair rows' token budget, binned by length on the worker
+    assert by_length.packing == packed.packing and any("bins of up to 2048 tokens" in r for r in by_length.reasons)
 
 
 def test_a_packed_plan_falls_back_safely_where_the_worker_cannot_pack():

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from medgpt_ray.config.base import Auto
+from medgpt_ray.config.base import Auto, ByLength
 from medgpt_ray.config.registry import PairAccuracy, StageKind, register_stage_kind
 from medgpt_ray.config.stage import LengthGroupedStageConfig
 
@@ -16,12 +16,13 @@ from medgpt_ray.config.stage import LengthGroupedStageConfig
 class RMStageConfig(LengthGroupedStageConfig):
     """The reward model's keys: the shared ones, the length grouping (unpacked) and packing."""
 
-    packing: Auto | bool = "auto"
+    packing: Auto | bool | ByLength = "auto"
     """Pack the pairs into rows of 2 x `seq_len` tokens (best-fit decreasing on a pair's two lengths; a pair's
     chosen and rejected sequences share a row), each sequence attending only to itself (position ids restart at
     every one) and scored at its last token, padding-free. auto: off (measured no faster than padded pairs under
     SDPA on the H200, slower on CPU; ~20 % less memory); true packs where the model's attention keeps a row's
-    sequences apart (as for sft), and where it cannot is an error. `effective_batch` still
+    sequences apart (as for sft), and where it cannot is an error; by_length: never packed, pairs of similar length
+    padded in bins of a packed row's tokens (as sft's by_length). `effective_batch` still
     counts pairs: a step takes as many packed rows as hold about that many (logged as pairs_per_step). Evaluation
     stays unpacked. Packed rows ignore group_by_length. In the fingerprint: it changes which pairs share a step."""
 

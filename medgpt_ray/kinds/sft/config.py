@@ -5,19 +5,23 @@ from __future__ import annotations
 
 from typing import Literal
 
-from medgpt_ray.config.base import Auto
+from medgpt_ray.config.base import Auto, ByLength
 from medgpt_ray.config.registry import StageKind, register_stage_kind
 from medgpt_ray.config.stage import LengthGroupedStageConfig
 
 
 class SFTStageConfig(LengthGroupedStageConfig):
-    packing: Auto | bool = "auto"
+    packing: Auto | bool | ByLength = "auto"
     """Pack the conversations into rows of `seq_len` tokens (best-fit decreasing), each conversation attending
     only to itself (position ids restart at every conversation); labels unchanged. auto: on where the model's
-    attention keeps a row's conversations apart (SDPA and eager, checked on the loaded model; FlashAttention), off
-    elsewhere; true there is an error. `effective_batch` still counts conversations: a step takes as many packed
-    rows as hold about that many (the real count is logged as conversations_per_step). Not a memory knob: it
-    changes which conversations share a step, so it is in the fingerprint."""
+    attention keeps a row's conversations apart (SDPA and eager, checked on the loaded model; FlashAttention), and
+    padded by length elsewhere (as by_length); true there is an error. by_length: never packed; micro-batches of
+    conversations of similar length, padded, each bin at most a packed row's tokens (short conversations fill a
+    micro-batch with many rows), the loss over the step's real tokens as packed. false: micro-batches of
+    `micro_batch` conversations padded to their longest (TRL's layout). `effective_batch` still counts
+    conversations: a step takes as many packed rows (or bins) as hold about that many (the real count is logged as
+    conversations_per_step). Not a memory knob: it changes which conversations share a step, so it is in the
+    fingerprint."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """The attention kernel of the model's attention layers. sdpa: PyTorch's SDPA, packed rows with a dense
     block-diagonal mask per row (its memory is planned); flex: PyTorch's flex attention (transformers'
