@@ -18,6 +18,8 @@ REFERENCE_FREE_DEFAULTS = {"enabled": False, "lr": 5e-6}
 class ReferenceFreeStageConfig(LengthGroupedStageConfig):
     """The keys of the reference-free preference kinds (orpo, simpo)."""
 
-    compile: Auto | bool = False
-    """Compile each decoder layer in place. Off by default here: TRL's ORPO and CPO collators pad each micro-batch
-    to its own longest pair (no length buckets), so compiled layers would recompile for new lengths."""
+    compile: Auto | bool = "auto"
+    """Compile each decoder layer in place, as for the other kinds (auto: GPU runs except QLoRA, ZeRO-3 and stages
+    capped below 50 steps). TRL's ORPO and CPO collators pad each micro-batch to its own longest pair; the fused
+    concatenated pass pads it on to a multiple of 128 tokens when compiled (trainer_kit/fused_preference.py), so the
+    compiled layers see a few lengths."""

@@ -31,12 +31,32 @@ def add_fused_head(model: Any) -> None:
     add_fused_lm_head(model, outputs=OUTPUTS)
 
 
+# The concatenated keys' padding: the ids' with the trainer's padding value, the mask's and the labels' as TRL pads them
+PAD_VALUES = {"concatenated_attention_mask": 0, "concatenated_labels": -100}
+
+
+def bucketed(cb: dict[str, Any], multiple: int | None, padding_value: int) -> dict[str, Any]:
+    """The concatenated batch padded on the right to a multiple of `multiple` tokens (None: as it is), so compiled
+    layers see a few lengths, not one per micro-batch's longest pair (TRL's ORPO and CPO collators pad to that, with
+    no `pad_to_multiple_of`). The padding is masked and labelled -100: no loss reads it."""
+    from trl.experimental.utils import pad_to_length
+
+    width = cb["concatenated_input_ids"].shape[1]
+    if not multiple or width % multiple == 0:
+        return cb
+    target = -(-width // multiple) * multiple
+    return {k: pad_to_length(v, target, PAD_VALUES.get(k, padding_value))
+            if k in ("concatenated_input_ids", *PAD_VALUES) and isinstance(v, torch.Tensor) else v
+            for k, v in cb.items()}
+
+
 def _pass(trainer: Any, model: Any, batch: dict[str, Any], padding_value: int
           ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:
-    """(the concatenated batch as the trainer's own forward builds it, each next real token's log-probability
-    [2B, L - 1] (0 elsewhere), the mean logit at those positions)."""
+    """(the concatenated batch as the trainer's own forward builds it, bucketed where the layers are compiled, each
+    next real token's log-probability [2B, L - 1] (0 elsewhere), the mean logit at those positions)."""
     cb = trainer.concatenated_inputs(batch, is_encoder_decoder=False, padding_value=padding_value,
                                      device=trainer.accelerator.device)
+    cb = bucketed(cb, trainer.pad_to_multiple_of, padding_value)
     ids, mask = cb["concatenated_input_ids"], cb["concatenated_attention_mask"]
     out = model(ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False,
                 fused_lm_head=True)
@@ -51,6 +71,8 @@ def _mean(logps: torch.Tensor, where: torch.Tensor, dim: int | None = None) -> t
 class _FusedPairs:
     """The shared concatenated forward: TRL's own where the fused head does not apply, else one fused pass and the
     subclass's reading of its per-token log-probabilities."""
+
+    pad_to_multiple_of: int | None = None  # set by the stage where its layers are compiled (bucket_kwargs)
 
     def concatenated_forward(self, model, batch):
         if self.is_encoder_decoder or self.aux_loss_enabled:

@@ -86,3 +86,31 @@ def test_the_fused_loss_and_gradients_are_the_trainers_own(kind, config, lora_mo
     assert got_grads.keys() == want_grads.keys() and len(got_grads) > 4 and all("lora_" in n for n in got_grads)
     for name in want_grads:
         torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize(("kind", "config"), [
+    ("orpo", {"beta": 0.1}),
+    ("simpo", {"loss_type": "simpo", "cpo_alpha": 0.5, "simpo_gamma": 0.5, "beta": 2.0}),
+])
+def test_a_bucketed_pass_pads_to_the_multiple_and_changes_no_loss_or_gradient(kind, config, lora_model, tiny_model,
+                                                                               tmp_path):
+    """Where the layers are compiled the stage sets pad_to_multiple_of (trainer_args.bucket_kwargs): the model sees
+    the concatenated rows padded to that multiple, and the loss and gradients are the trainer's own."""
+    tok = models.load_tokenizer(tiny_model)
+    plain, fused = _trainers("orpo" if kind == "orpo" else "cpo", lora_model, tok, tmp_path, **config)
+    fused.pad_to_multiple_of = 64
+    batch = plain._prepare_inputs(next(iter(plain.get_train_dataloader())))
+    width = max(batch["chosen_input_ids"].shape[1], batch["rejected_input_ids"].shape[1])
+    assert width % 64, width  # the collator's own width is not a multiple already
+    seen: list[int] = []
+    hook = lora_model.get_base_model().model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append((a[0] if a else kw["input_ids"]).shape[1]), with_kwargs=True)
+    try:
+        want, want_grads = _loss_and_grads(plain, lora_model, batch)
+        got, got_grads = _loss_and_grads(fused, lora_model, batch)
+    finally:
+        hook.remove()
+    assert seen == [width, -(-width // 64) * 64]
+    assert got == pytest.approx(want, abs=1e-4)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-3, msg=name)

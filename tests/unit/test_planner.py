@@ -327,7 +327,8 @@ def test_reference_free_methods_are_planned_on_the_chunked_head_and_no_reference
         plan = plan_stage(stage, cls(**kw), 1, True, Q7, budget)
         assert plan.fused_ce and plan.prediction.peak_gib <= 22.0
         assert plan.prediction.breakdown_gib["loss"] < 1.0  # no 2 x micro-batch x 1024 tokens x 152k logits
-        assert plan.train_setup(cls(**kw)).stage == "orpo" and not plan.compile
+        assert plan.train_setup(cls(**kw)).stage == "orpo" and plan.compile  # bucketed lengths: compiled on auto
+        assert not plan_stage(stage, cls(**kw, max_steps=16), 1, True, Q7, budget).compile  # below 50 steps
         with pytest.raises(ConfigError, match=f"stages.{stage}.fused_ce: false is not available"):
             plan_stage(stage, cls(**kw, fused_ce=False), 1, True, Q7, budget)
     dpo = dict(stage="dpo", method="lora", precision="bf16", micro_batch=2, seq_len=1024, ckpt_fraction=1.0,

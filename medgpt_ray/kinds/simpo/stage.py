@@ -19,7 +19,7 @@ from medgpt_ray.stages.inputs import BuiltStage, Sink, StageInputs
 from medgpt_ray.stages.pair_results import built_pairs, run_pairs
 from medgpt_ray.stages.preference_rows import preference_texts
 from medgpt_ray.stages.stage_data import open_stage_data
-from medgpt_ray.stages.trainer_args import training_kwargs
+from medgpt_ray.stages.trainer_args import bucket_kwargs, training_kwargs
 from medgpt_ray.trainer_kit.compose import trainer_class
 from medgpt_ray.trainer_kit.fused_preference import FusedCPO, add_fused_head
 from medgpt_ray.trainer_kit.pair_tokens import PairTokenCount
@@ -46,6 +46,7 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, processing_class=tok,
         peft_config=peft_config, callbacks=stage_callbacks(inp, sink, callbacks), shard=shard,
         group_by_length=cfg.group_by_length)
+    trainer.pad_to_multiple_of = bucket_kwargs(inp)["pad_to_multiple_of"]  # a few lengths for compiled layers
     return built_pairs(trainer, tok, lora, train_ds, eval_ds, skipped, template)
 
 
