@@ -123,7 +123,7 @@ def packing_reason(stage: str, seq_len: int, per_worker: int, rows: int, per_row
 def packs(stage: str, cfg: StageConfig, lengths: LengthProfile | None) -> bool:
     """Whether the stage is planned in packed rows: an SFT- or RM-kind stage with `packing` not false whose data
     was packed on the driver (the worker checks the attention path; stages/packing.py falls back safely where it
-    fails)."""
+    fails, and bins `packing: by_length` stages by length within those rows' tokens)."""
     return (lengths is not None and lengths.conversations_per_row is not None
             and stage_profile(stage).packs and stage_packing(stage, cfg) is not False)
 
