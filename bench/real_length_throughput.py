@@ -239,7 +239,8 @@ def collect(stage_dir: Path, warmup: int) -> dict[str, Any]:
         out["peak_over_prediction_pct"] = round(100 * (measured - pred["peak_gib"]) / pred["peak_gib"], 2)
     result = _read_json(stage_dir / "result.json")
     if result:
-        out["result"] = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None}
+        out["result"] = {k: v for k, v in result.items() if isinstance(v, int | float | str) or v is None
+                         or k == "startup_s"}  # the start-up marks (issue 48: where a first step's seconds go)
     return out
 
 

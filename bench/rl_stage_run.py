@@ -166,7 +166,8 @@ def rl_numbers(stage_dir: Path) -> dict[str, Any]:
     out = {"wall_s": receipt.get("wall_s"), "steps": len(rows), "predicted_peak_gib": pred,
            "measured_peak_gib": measured, "worker_peak_gib": worker_peak,
            "medians_after_first_step": medians, "per_step": rows, "plan": plan,
-           "result": {k: v for k, v in receipt.items() if isinstance(v, int | float | str) or v is None},
+           "result": {k: v for k, v in receipt.items() if isinstance(v, int | float | str) or v is None
+                      or k == "startup_s"},  # the start-up marks (issue 48)
            # the static path's: caches, calls, graphs compiled, cudagraph skips, attention, seconds in generate
            "decode": receipt.get("decode")}
     if measured and pred:
