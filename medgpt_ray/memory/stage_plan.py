@@ -223,10 +223,9 @@ def bin_shape(plan: StagePlan, cfg: StageConfig) -> tuple[int, int]:
     return packed_width(plan.stage, plan.seq_len_planned or cfg.seq_len), profile.sequences_per_example
 
 
-def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float,
-           cause: str = "unavailable on the worker") -> StagePlan:
-    """A plan made in packed rows (of conversations, or rm's pairs), for a worker whose model cannot pack (or a
-    stage set to `packing: by_length`; `cause` says which): padded by length instead (trainer_kit/length_bins.py),
+def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float, asked: bool = False) -> StagePlan:
+    """A plan made in packed rows (of conversations, or rm's pairs), for a worker whose model cannot pack (or, with
+    `asked`, a stage set to `packing: by_length`): padded by length instead (trainer_kit/length_bins.py),
     each bin at most one packed row's tokens (bin_shape), so a micro-batch of as many bins as the plan had rows
     needs no more memory than they did (the same checkpointing); as many bins a step as hold about the planned
     examples, at `examples_per_bin` (the sample's, for bin_shape's numbers)."""
@@ -237,6 +236,7 @@ def binned(plan: StagePlan, cfg: StageConfig, examples_per_bin: float,
     micro = max(d for d in range(1, min(bins, plan.micro_batch) + 1) if bins % d == 0)
     width, sequences = bin_shape(plan, cfg)
     unit = stage_profile(plan.stage).packed_unit
+    cause = "by_length" if asked else "unavailable on the worker"
     new = replace(plan, micro_batch=micro, grad_accum=bins // micro, packing=None, length_bins={
         "bin_tokens": width, "bins_per_step": bins, "examples_per_bin": round(examples_per_bin, 3),
         "sequences_per_example": sequences, "conversations_per_step": per_worker},

@@ -72,7 +72,7 @@ def _pack_train_split(inp: StageInputs, model: Any, tok: Any, template: Any, tra
         if plan.packing is not None:  # padded by length, bins of a packed row's tokens (sft and rm alike)
             tokens, sequences = bin_shape(plan, inp.cfg)
             per_bin = examples_per_bin(_sample_lengths(inp, tok, template, kind), tokens, sequences)
-            plan = binned(plan, inp.cfg, per_bin, "by_length" if setting == BY_LENGTH else "unavailable on the worker")
+            plan = binned(plan, inp.cfg, per_bin, asked=setting == BY_LENGTH)
         if plan.length_bins is not None:  # binned here, or by the first attempt (then halved by an OOM back-off)
             shard["length_bins"] = plan.length_bins
             report["planned_packed"] = (f"padded by length instead: {plan.length_bins['bins_per_step']} bins a step "
