@@ -262,7 +262,7 @@ call17() {  # issue 49 item 6: opd's peak within max(10 %, 0.5 GiB) of its plan,
 
 call18() {  # issue 48: where the ~25 s before a stage's worker is up go, and the rest of its first step, piece by piece
   random_1_5b
-  step startup_split 240 python3 bench/startup_split.py --model "$G" --out "$W/startup_split.json"
+  step startup_split 420 python3 bench/startup_split.py --model "$G" --out "$W/startup_split.json"
   corpus
   for t in cold warm; do  # the same 1.5B sft, compiled, twice: the second finds the compile caches
     step "ours_startup_$t" 150 python3 bench/peers/ours.py --model-dir "$G" --data /tmp/ss/corpus/sft.jsonl \

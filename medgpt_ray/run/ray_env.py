@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import ray
 from medgpt_ray.memory.budget import GPUMemory, tightest_local_gpu
 from medgpt_ray.run.native_logs import route_native_stderr
 from medgpt_ray.run.ray_logs import route_ray_logs
+from medgpt_ray.tiny import cache_root
 
 # Workers inherit these unless the driver's environment sets them: no doubled prints / dill dumps from Train V2's
 # print patch (FIELD-NOTES). The CUDA allocator grows segments instead of caching fixed blocks: with per-micro-batch
@@ -21,10 +24,47 @@ WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "fa
               "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
+# How Python keeps bytecode: the workers do as the driver does (after keep_bytecode()).
+BYTECODE_VARS = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+
+
 def worker_env() -> dict[str, str]:
-    """WORKER_ENV and the driver's own MEDGPT_RAY_* variables (the metrics port, the OOM back-off test hook)."""
+    """WORKER_ENV, the driver's own MEDGPT_RAY_* variables (the metrics port, the OOM back-off test hook) and its
+    bytecode settings."""
     return {**{k: os.environ.get(k, v) for k, v in WORKER_ENV.items()},
+            **{k: os.environ[k] for k in BYTECODE_VARS if k in os.environ},
             **{k: v for k, v in os.environ.items() if k.startswith("MEDGPT_RAY_")}}
+
+
+# A worker's heaviest imports: where one of them has no bytecode beside its sources, none is being kept.
+BYTECODE_PACKAGES = ("torch", "transformers", "peft", "trl", "ray")
+
+
+def keep_bytecode(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> str | None:
+    """Where the environment forbids writing bytecode (PYTHONDONTWRITEBYTECODE, as container images set it), names no
+    place for it, and the installed packages came without it (pip --no-compile, or --target), every new process
+    compiles every module it imports from source again: each Ray worker, each stage. On the H100 image (which sets
+    it) `import peft` took 20.5 s so, 11.6 s once its bytecode was kept; `import ray.train.torch` 8.9 s and 4.5 s
+    (bench/results/startup_h100/). Keep it under the cache directory instead, never beside the sources
+    (PYTHONPYCACHEPREFIX), for this process's later imports and for every process started after this (the local
+    cluster's, and through worker_env() each stage's workers). Returns the directory, or None where nothing changed."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return None
+    if not any(_without_bytecode(name) for name in packages):
+        return None  # compiled at install: redirecting would only compile them all once more
+    prefix = str(cache_root() / "pycache")
+    os.environ.update(PYTHONDONTWRITEBYTECODE="", PYTHONPYCACHEPREFIX=prefix)
+    sys.dont_write_bytecode, sys.pycache_prefix = False, prefix
+    return prefix
+
+
+def _without_bytecode(package: str) -> bool:
+    """Whether an installed package's __init__ has no bytecode beside it (found without importing it)."""
+    spec = importlib.util.find_spec(package)
+    origin = spec.origin if spec is not None else None
+    if not origin or not origin.endswith(".py"):
+        return False
+    return not Path(importlib.util.cache_from_source(origin)).is_file()
 
 
 def echo(line: str) -> None:
@@ -65,6 +105,7 @@ def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbo
             route_native_stderr(log_file)
     for k, v in WORKER_ENV.items():
         os.environ.setdefault(k, v)
+    keep_bytecode()  # before ray.init: a local cluster's processes inherit it
     if ray.is_initialized():
         return "existing"
     tighten_auth_token()  # a token copied here by hand

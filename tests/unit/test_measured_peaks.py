@@ -25,6 +25,7 @@ RUNS = [  # (result file, its stage, the teacher's preset where it is a director
     ("orpo_simpo_16steps_h100/real_length_throughput.json", "orpo", None),
     ("orpo_simpo_16steps_h100/real_length_throughput.json", "simpo", None),
     ("simpo_compiled_h100/real_length_throughput.json", "simpo", None),  # compiled layers
+    ("orpo_compiled_h100/real_length_throughput.json", "orpo", None),
     ("opd_peaks_h100/rl_stage_run.json", "opd", None),
     ("opd_chunked_h100/rl_stage_run.json", "opd", None),
     ("opd_7b_nf4_teacher_h100/rl_stage_run.json", "opd", "qwen2.5-7b"),
