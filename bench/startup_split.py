@@ -146,9 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     # Where this environment forbids bytecode (the GPU image does), each import is timed as the environment has it,
     # then twice as a worker of ours has it (run/ray_env.keep_bytecode: kept under a cache; the first run writes
     # it); elsewhere twice as it is.
-    kept = None
-    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
-        kept = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": tempfile.mkdtemp(prefix="pycache-")}
+    from medgpt_ray.run.ray_env import bytecode_unplaced
+
+    kept = ({"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": tempfile.mkdtemp(prefix="pycache-")}
+            if bytecode_unplaced() else None)
     doc["imports_runs"] = ["as is", "bytecode kept (writing)", "bytecode kept"] if kept else ["as is", "as is"]
     for statement in IMPORTS:
         doc["imports_s"][statement] = ([time_import(statement)] + [time_import(statement, kept) for _ in range(2)]

@@ -48,7 +48,7 @@ def keep_bytecode(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> str | None:
     (bench/results/startup_h100/). Keep it under the cache directory instead, never beside the sources
     (PYTHONPYCACHEPREFIX), for this process's later imports and for every process started after this (the local
     cluster's, and through worker_env() each stage's workers). Returns the directory, or None where nothing changed."""
-    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+    if not bytecode_unplaced():
         return None
     if not any(_without_bytecode(name) for name in packages):
         return None  # compiled at install: redirecting would only compile them all once more
@@ -56,6 +56,11 @@ def keep_bytecode(packages: tuple[str, ...] = BYTECODE_PACKAGES) -> str | None:
     os.environ.update(PYTHONDONTWRITEBYTECODE="", PYTHONPYCACHEPREFIX=prefix)
     sys.dont_write_bytecode, sys.pycache_prefix = False, prefix
     return prefix
+
+
+def bytecode_unplaced() -> bool:
+    """Whether this environment forbids writing bytecode and names no place of its own for it."""
+    return bool(os.environ.get("PYTHONDONTWRITEBYTECODE")) and not os.environ.get("PYTHONPYCACHEPREFIX")
 
 
 def _without_bytecode(package: str) -> bool:
