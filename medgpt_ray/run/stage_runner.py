@@ -159,6 +159,9 @@ def _fit(inputs: StageInputs, opts: RayOptions, scaling: dict[str, Any], env: di
                              logging_config=ray.LoggingConfig(log_level="WARNING"),
                              worker_runtime_env={"env_vars": env}),
     )
+    if opts.progress is not None:  # the first start-up mark: what the driver did after the start line ends here
+        progress = ray.get_actor(opts.progress[0], namespace=opts.progress[1])
+        progress.push.remote({"stage": inputs.stage, "phase": "fit", "fit_wall": time.time()})
     return trainer.fit()
 
 

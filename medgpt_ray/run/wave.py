@@ -33,11 +33,12 @@ from medgpt_ray.stages.inputs import StageInputs
 from medgpt_ray.stages.outputs import latest_checkpoint
 from medgpt_ray.stages.packing import WORKER_PLAN
 
-# A stage's start-up, in order, as its rank-0 worker stamps it: its process starts (Ray Train's controller and worker
-# actors spawned), it enters our train function (Ray's worker bootstrap and the imports unpickling it pulls in), it
-# is up (our worker set-up done), its model is loaded and data read, its trainer built and train() begun, its first
-# step ended (compiled, or the compile caches loaded).
-STARTUP_MARKS = ("worker_process", "train_fn", "worker_up", "model_and_data", "trainer_built", "first_step")
+# A stage's start-up, in order: the driver calls Ray Train's fit() (the driver's own work after the start line
+# done), then as its rank-0 worker stamps it: its process starts (Ray Train's controller and worker actors spawned),
+# it enters our train function (Ray's worker bootstrap and the imports unpickling it pulls in), it is up (our worker
+# set-up done), its model is loaded and data read, its trainer built and train() begun, its first step ended
+# (compiled, or the compile caches loaded).
+STARTUP_MARKS = ("fit", "worker_process", "train_fn", "worker_up", "model_and_data", "trainer_built", "first_step")
 
 
 def startup_seconds(marks: dict[str, float], started: float) -> dict[str, float]:

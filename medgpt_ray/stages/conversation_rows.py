@@ -17,10 +17,8 @@ def encode_conversations(records: list[dict], tokenizer, template, seq_len: int,
     from datasets import Dataset
 
     rows, tally, tools_unsupported = [], LengthTally(seq_len, policy, "conversations", "conversations"), 0
-    for r in records:
-        try:
-            enc = templates.encode_sft(tokenizer, template, r["conversations"], tools=r.get("tools"))
-        except templates.TemplateToolsUnsupported:
+    for r, enc in zip(records, _encoded(records, tokenizer, template), strict=True):
+        if isinstance(enc, templates.TemplateToolsUnsupported):
             tools_unsupported += 1
             continue
         n = len(enc["input_ids"])
@@ -38,3 +36,13 @@ def encode_conversations(records: list[dict], tokenizer, template, seq_len: int,
         "attention_mask": [r["attention_mask"] for r in rows],
         "labels": [r["labels"] for r in rows],
     }), {"too_long": tally.skipped, "tools_unsupported": tools_unsupported, "overlong": tally}
+
+
+BLOCK = 1024  # conversations a tokenizer call takes: batched, and the call's transient copies stay small
+
+
+def _encoded(records: list[dict], tokenizer, template):
+    """encode_sft of each record (or its TemplateToolsUnsupported), BLOCK conversations a tokenizer call."""
+    for start in range(0, len(records), BLOCK):
+        block = records[start:start + BLOCK]
+        yield from templates.encode_sft_many(tokenizer, template, [(r["conversations"], r.get("tools")) for r in block])

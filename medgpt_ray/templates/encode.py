@@ -187,6 +187,42 @@ def encode_sft(
             )
     return {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
 
+def encode_sft_many(
+    tokenizer: Any, template: Any, conversations: Sequence[tuple[list[dict], list[dict] | None]]
+) -> list[dict[str, list[int]] | TemplateToolsUnsupported]:
+    """encode_sft of each (conversation, tools), the same ids and labels, the segments of every conversation that
+    types no control token tokenized in one call: the tokenizer encodes a batch across its threads, and a call per
+    conversation spent most of a stage's encoding in the call itself (issue 48). A conversation with tools the
+    template cannot format comes back as its TemplateToolsUnsupported; any other template error is raised."""
+    template = resolve(template, tokenizer)
+    _ensure_checked(template, tokenizer)
+    out: list[Any] = [None] * len(conversations)
+    pending: list[tuple[int, list[tuple[str, bool]]]] = []
+    for i, (conversation, tools) in enumerate(conversations):
+        validate_conversation(conversation, "assistant")
+        tools = check_tools(tools)
+        try:
+            _require_tool_format(template, conversation, tools, tokenizer)
+        except TemplateToolsUnsupported as e:
+            out[i] = e
+            continue
+        contents = [t["content"] for t in conversation]
+        if isinstance(template, JinjaTemplate) or typed_controls.forged(tokenizer, contents):
+            out[i] = encode_sft(tokenizer, template, conversation, tools=tools)  # its own path, one at a time
+        else:
+            pending.append((i, _segments(template, tokenizer, conversation, generation_prompt=False, tools=tools)))
+    texts = [text for _, segs in pending for text, _ in segs]
+    ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    for i, segs in pending:
+        input_ids: list[int] = []
+        labels: list[int] = []
+        for _, trained in segs:
+            piece = next(ids)
+            input_ids += piece
+            labels += piece if trained else [IGNORE_INDEX] * len(piece)
+        out[i] = {"input_ids": input_ids, "labels": labels, "attention_mask": [1] * len(input_ids)}
+    return out
+
 def render_prompt(template: Any, tokenizer: Any, turns: list[dict], tools: list[dict] | None = None) -> str:
     """BOS + system (the template default if none) + tools + turns + generation prompt.
 

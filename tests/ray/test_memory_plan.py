@@ -54,6 +54,7 @@ def test_a_stage_says_how_long_its_first_step_took_from_its_start_line(tiny_run)
     assert 0 < up["train_fn_s"] <= up["worker_up_s"] < up["model_and_data_s"] < up["trainer_built_s"] < first
     assert first == up["first_step_s"]
     assert up.get("worker_process_s", 0) <= up["train_fn_s"]  # absent where Ray reused a worker process
+    assert 0 <= up["fit_s"] <= up["train_fn_s"]  # the driver called fit() before any worker ran our function
     assert first - up["model_and_data_s"] == pytest.approx(metrics[0]["first_step_s"], abs=0.2)
     assert first < tiny_run.summary["stages"]["sft"]["wall_s"]
     done = next(line for line in tiny_run.lines if line.startswith("[sft] done in "))

@@ -58,9 +58,9 @@ def test_start_up_marks_are_seconds_after_the_start_line_and_a_skewed_clock_give
     from medgpt_ray.run.wave import startup_seconds
 
     marks = {"first_step": 115.0, "worker_up": 104.0, "trainer_built": 110.0, "worker_process": 101.5,
-             "train_fn": 103.25, "model_and_data": 108.0}
+             "train_fn": 103.25, "model_and_data": 108.0, "fit": 100.5}
     assert list(startup_seconds(marks, 100.0).items()) == [  # in the order they happen
-        ("worker_process_s", 1.5), ("train_fn_s", 3.2), ("worker_up_s", 4.0), ("model_and_data_s", 8.0),
+        ("fit_s", 0.5), ("worker_process_s", 1.5), ("train_fn_s", 3.2), ("worker_up_s", 4.0), ("model_and_data_s", 8.0),
         ("trainer_built_s", 10.0), ("first_step_s", 15.0)]
     assert startup_seconds({"worker_up": 99.0, "first_step": 103.0}, 100.0) == {}  # a worker's clock behind ours
     # A worker process Ray reused started before the line: that mark alone goes.

@@ -30,9 +30,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
         # TRL precomputes over the train set as if every rank held all of it (it splits it across ranks again and
         # shares rank 0's cache file): with a shard per worker that would pair pairs with other pairs' log-probs.
         raise ValueError("dpo: precompute_ref_log_probs needs num_workers: 1 (each worker trains on its own shard)")
-    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
-
-    model = models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method)
+    model, (train_ds, skipped, eval_ds) = data.encoded_while(
+        lambda: models.load_causal_lm(model_path, inp.plan.precision, inp.plan.method),
+        preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     # Full-parameter DPO needs an explicit frozen copy as reference (FIELD-NOTES); LoRA does not.
     ref_model = models.load_causal_lm(model_path, inp.plan.precision, "full") if peft_config is None else None

@@ -32,8 +32,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
-    train_ds, skipped, eval_ds = data.encoded(preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
-    model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
+    model, (train_ds, skipped, eval_ds) = data.encoded_while(
+        lambda: models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method),
+        preference_texts, inp.cfg.seq_len, overlong_policy(inp.cfg))
     peft_config = models.lora_config(inp.cfg.lora, "CAUSAL_LM", model) if inp.plan.method != "full" else None
     lora = peft_config is not None
     add_fused_head(model)  # before PEFT wraps it: the concatenated forward's log-probabilities without logits

@@ -38,9 +38,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     data = open_stage_data(inp)
     tok, template, shard = data.tokenizer, data.template, data.shard
-    train_ds, skipped, eval_ds = data.encoded(encode_conversations, inp.cfg.seq_len, overlong_policy(inp.cfg))
-
-    model = models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method)
+    model, (train_ds, skipped, eval_ds) = data.encoded_while(
+        lambda: models.load_causal_lm(Path(inp.model_path), inp.plan.precision, inp.plan.method),
+        encode_conversations, inp.cfg.seq_len, overlong_policy(inp.cfg))
     use_attention(model, inp.plan.attention)
     train_inp, train_ds, collator, packed = packing.pack_train_split(inp, model, tok, template, train_ds, shard,
                                                                       CONVERSATIONS, sink)
