@@ -24,6 +24,11 @@ WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "fa
               "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 
 
+# Ray Train's controller notices a stage's workers have finished at its next poll of them, every 2 s by default: each
+# stage then ends ~1 s later than it could on average. The driver sets it; Ray Train propagates it to the controller.
+CONTROLLER_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
 # How Python keeps bytecode: the workers do as the driver does (after keep_bytecode()).
 BYTECODE_VARS = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 
@@ -108,7 +113,7 @@ def connect_ray(num_cpus: int | None = None, log_file: Path | None = None, verbo
         route_ray_logs(log_file, verbose)
         if not verbose:
             route_native_stderr(log_file)
-    for k, v in WORKER_ENV.items():
+    for k, v in {**WORKER_ENV, **CONTROLLER_ENV}.items():
         os.environ.setdefault(k, v)
     keep_bytecode()  # before ray.init: a local cluster's processes inherit it
     if ray.is_initialized():
