@@ -13,11 +13,11 @@ from pathlib import Path
 # A `ray job submit --working-dir .` copy is not pip-installed: make the package importable from it.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from medgpt_ray.cli.run import add_run_args, run_pipeline  # noqa: E402
+from medgpt_ray.cli.run import RUN_HELP, add_run_args, run_pipeline  # noqa: E402
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Run the medgpt-ray pipeline (pt -> sft -> rm, dpo) on Ray")
+    parser = argparse.ArgumentParser(description=f"medgpt-ray on Ray: {RUN_HELP}")
     add_run_args(parser)
     return run_pipeline(parser.parse_args())
 

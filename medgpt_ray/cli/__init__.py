@@ -16,8 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="medgpt-ray", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {
-        "run": (run.add_run_args, run.run_pipeline,
-                "run the config's enabled stages in order (pt, sft, rm, dpo, grpo, ...; data cleaned first)"),
+        "run": (run.add_run_args, run.run_pipeline, run.RUN_HELP),
         "clean": (clean.add_clean_args, clean.run_clean, "clean a raw corpus with Ray Data"),
         "estimate": (memory.add_estimate_args, memory.run_estimate, "predict one training setup's peak GPU memory"),
         "plan": (memory.add_plan_args, memory.run_plan, "plan every stage of a config to fit the GPU memory"),

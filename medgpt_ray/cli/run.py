@@ -12,6 +12,8 @@ from medgpt_ray.cli.args import config_error, positive_int
 from medgpt_ray.config import STAGE_KINDS, ConfigError, load_config
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
+# What `medgpt-ray run --help` and `python jobs/pipeline.py --help` say the command does.
+RUN_HELP = "run the config's enabled stages in order (pt, sft, rm, dpo, grpo, ...; data cleaned first)"
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

@@ -136,3 +136,17 @@ def test_max_steps_0_passes_the_stages_input_on(tmp_path):
     rl = str(REPO / "configs" / "tiny-cpu-rl.yaml")
     with pytest.raises(ConfigError, match=r"stages.rloo.needs: stage 'rm' trains nothing \(max_steps: 0\)"):
         load_config(rl, ["stages.rm.max_steps=0", "stages.rloo.enabled=true"])
+
+
+def test_both_entry_points_say_what_run_does_and_name_more_than_four_stages(capsys):
+    """Issue 48 item 10: `--help` said "(pt -> sft -> rm, dpo)" where a run has eleven kinds of stage."""
+    from medgpt_ray.cli.run import RUN_HELP
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    job = subprocess.run([sys.executable, str(REPO / "jobs" / "pipeline.py"), "--help"], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    for text in (listed, job):
+        assert "pt -> sft -> rm, dpo" not in text
+        assert " ".join(RUN_HELP.split()[:6]) in " ".join(text.split()) and "grpo" in text
