@@ -51,8 +51,9 @@ def build(inp: StageInputs, sink: Sink | None = None, callbacks: Sequence[Traine
 
     data = open_stage_data(inp)
     tok, shard = data.tokenizer, data.shard
+    pad_id = tok.pad_token_id  # read before the encoding thread starts: the load then never touches the tokenizer
     model, (train_ds, skipped, eval_ds) = data.encoded_while(
-        lambda: models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, tok.pad_token_id),
+        lambda: models.load_reward_model(Path(inp.model_path), inp.plan.precision, inp.plan.method, pad_id),
         encode_pairs, inp.cfg.seq_len, overlong_policy(inp.cfg))
     # The score head and the pairwise loss on its scores in fp32 under bf16 (stages/score_head.py: a bf16 margin
     # rounds to 0); PEFT's trainable copy of the head (modules_to_save) is a copy of this one, fp32 too.
