@@ -20,6 +20,7 @@ benchmark's): the kernels by their GPU time, the ops by CPU time, and the GPU's 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import statistics
 import sys
@@ -152,6 +153,24 @@ def profiled(run: Any, warmup: int, active: int) -> tuple[Any, dict[str, Any]]:
         "by_cpu_time": events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)}
 
 
+def step_lines() -> None:
+    """A line on stderr at every optimizer step's end (the stage's own progress is in metrics.jsonl, which a GPU call
+    cut short does not bring back): how far a slow run got, and each step's seconds."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    t0 = last = time.monotonic()
+    count = 0
+
+    def line(*_: Any) -> None:
+        nonlocal last, count
+        now, count = time.monotonic(), count + 1
+        print(f"[step {count}] {now - t0:.1f} s since start, {now - last:.2f} s this step", file=sys.stderr,
+              flush=True)
+        last = now
+
+    register_optimizer_step_post_hook(line)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3.5-0.8b")
@@ -166,6 +185,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hybrid_sft"))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--profile", type=int, default=0, help="profile this many optimizer steps after --warmup")
+    ap.add_argument("--stacks-every", type=float, default=0,
+                    help="print every thread's stack each this many seconds (where a run with no step is stuck)")
     ap.add_argument("--compile", default="auto", choices=["auto", "true", "false"],
                     help="the stage's compile key (auto: eager for a hybrid, and below 50 steps)")
     args = ap.parse_args()
@@ -178,6 +199,9 @@ def main() -> int:
     from medgpt_ray.stages.inputs import StageInputs
 
     single_process_env()
+    step_lines()
+    if args.stacks_every:
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True)
     if torch.cuda.is_available() and args.cap:
         cap_allocator(args.cap)
     model = args.model_dir or model_dir(args.model, args.work)

@@ -19,7 +19,11 @@ from medgpt_ray.tiny import cache_root
 # print patch (FIELD-NOTES). The CUDA allocator grows segments instead of caching fixed blocks: with per-micro-batch
 # padded lengths and the preference losses' full-vocabulary logits, cached blocks fragment; on the H200 under a
 # 24 GiB cap, ORPO on Qwen2.5-0.5B (full) died with 7.3 GiB reserved but unallocated at 15.8 GiB allocated.
-WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "false",
+# The tokenizer's own threads on: sft encodes a block of conversations a call (templates.encode_sft_many), which on
+# the H100 host's 16 cores took 0.71 s for 3,000 conversations with them and 1.81 s without
+# (bench/results/first_step_h100_overlap/encode_speed.json). Set, not left unset: a worker that forks after encoding
+# (inductor's compile pool) then gets no "parallelism has already been used" warning; no forked child tokenizes.
+WORKER_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "TOKENIZERS_PARALLELISM": "true",
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
               "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 

@@ -1,0 +1,1 @@
+python3 bench/serve_load.py --model /tmp/g/qwen3.5-0.8b-decodable --clients 32 --max-tokens 256 --engine slots --max-prompt-tokens 512 --max-tokens-limit 256 --stream-interval 1 --rounds 3 --out /tmp/calls/serve_load_qwen3.5-0.8b_slots_1.json
