@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.promserver import PromServer
+from tests.promserver import PromServer, tiny_run_series
 
 # A simulated 0.27 GiB card (the CPU has no allocator to cap): the tiny model no longer fits at micro-batch 8
 # without checkpointing, so the planner must trade.
@@ -24,7 +24,7 @@ class TinyRun:
     lines: list[str]
     budget_gib: float
     max_steps: int
-    prom: PromServer  # a real Prometheus that scraped the shared cluster while the run went on
+    prom: PromServer  # a real Prometheus that scraped the shared cluster while the run went on, and stopped after
     cfg: object  # the PipelineConfig, for a run of the same config
 
 
@@ -50,6 +50,10 @@ def tiny_run(ray_cluster, ray_temp_dir, repo, tmp_path_factory):
                                "logging_steps": 1}}})
         lines: list[str] = []
         summary = Pipeline(cfg, RunOptions(echo=lines.append)).run()
+        # Scraped until the run's series are in, then not: each scrape of the shared cluster costs its metrics
+        # agent more as the session's series pile up (PromServer.stop_scraping).
+        prom.settle(tiny_run_series(cfg.name))
+        prom.stop_scraping()
         yield TinyRun(cfg.name, tmp / "runs" / cfg.name, summary, lines, BUDGET_GIB, MAX_STEPS, prom, cfg)
     finally:
         prom.stop()
