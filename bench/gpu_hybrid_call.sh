@@ -51,7 +51,7 @@ sft_padded() { sft qwen3.5_padded_best "$(best)" qwen3.5-0.8b false 12; }  # TRL
 # issue 47's padded-by-length target (>= 0.6x the dense packed): `packing: by_length`, the layout a refused packing
 # trains, then the dense baseline in the same call
 sft_by_length() {
-  sft qwen3.5_by_length_best "$(best)" qwen3.5-0.8b by_length 12 --stacks-every 100
+  sft qwen3.5_by_length_best "$(best)" qwen3.5-0.8b by_length "${BY_LENGTH_STEPS:-12}" --stacks-every 100
   sft dense_1.5b_packed "$BASE" qwen2.5-1.5b auto 12
 }
 # The same runs with torch's profiler over steps 3-5 (hybrid_sft.py --profile); tokens/s from steps 7-16.
