@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray_startup import SHARED_CLUSTER, free_port, start_shared_cluster
+from tests.ray_startup import free_port, start_shared_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
@@ -60,14 +60,17 @@ def ray_cluster():
                  # with it the raylet ("node timed out during startup", reproduced with a held port).
                  _temp_dir=str(temp_dir), dashboard_port=free_port())
 
-    SHARED_CLUSTER["init"] = init
-    SHARED_CLUSTER["temp_dir"] = start_shared_cluster(init)
+    temp_dir = start_shared_cluster(init)
+    _SHARED_CLUSTER["temp_dir"] = temp_dir
     yield ray
     ray.shutdown()
-    shutil.rmtree(SHARED_CLUSTER["temp_dir"], ignore_errors=True)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_SHARED_CLUSTER: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="session")
 def ray_temp_dir(ray_cluster) -> Path:
     """The temp dir of the shared cluster (its Prometheus service-discovery file is there)."""
-    return SHARED_CLUSTER["temp_dir"]
+    return _SHARED_CLUSTER["temp_dir"]

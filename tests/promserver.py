@@ -28,7 +28,7 @@ class PromServer:
         self._write_config([scrape])
         self.log = (workdir / "prometheus.log").open("w")
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+            [binary, f"--config.file={self.config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}"], stdout=self.log, stderr=subprocess.STDOUT)
         self._wait_ready()
 

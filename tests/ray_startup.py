@@ -106,20 +106,3 @@ def start_shared_cluster(init: Callable[[Path], None]) -> Path:
             if attempt < ATTEMPTS:
                 warnings.warn(f"the shared Ray cluster did not start; trying once more.\n{report}", stacklevel=2)
     raise RayStartupError("the shared Ray cluster did not start:\n" + "\n\n".join(reports))
-
-
-# The session's shared cluster (tests/conftest.py's ray_cluster): its init and temp dir. Here, not in conftest.py,
-# which pytest imports as a module of its own: a second import of it would hold a second, empty registry.
-SHARED_CLUSTER: dict = {}
-
-
-def restart_shared_cluster() -> None:
-    """The shared cluster stopped and started afresh, where one is up: what earlier tests left on it goes (Ray
-    Data's and Ray Train's helper actors, idle workers: measured idle, 15 actors cost ~20 % of a core)."""
-    import ray
-
-    if not ray.is_initialized() or "init" not in SHARED_CLUSTER:
-        return
-    ray.shutdown()
-    shutil.rmtree(SHARED_CLUSTER["temp_dir"], ignore_errors=True)
-    SHARED_CLUSTER["temp_dir"] = start_shared_cluster(SHARED_CLUSTER["init"])

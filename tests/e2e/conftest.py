@@ -8,16 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ray_startup import restart_shared_cluster
-
-
-@pytest.fixture(scope="package", autouse=True)
-def _fresh_shared_cluster():
-    """The e2e tests start clusters of their own beside the shared one, on two cores: the shared one starts them
-    without the idle actors the Ray tests before them left on it."""
-    restart_shared_cluster()
-    yield
-
 
 @pytest.fixture
 def own_ray_connection():
